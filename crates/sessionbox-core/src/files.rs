@@ -1,0 +1,133 @@
+//! File operations: their requests, results and limits.
+
+use serde::{Deserialize, Serialize};
+
+/// What kind of file a path names (links are not followed when listing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Directory,
+    /// A symbolic link.
+    Symlink,
+    /// Anything else (FIFO, socket, device).
+    Other,
+}
+
+/// Metadata of one path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStat {
+    /// The path as the runtime presents it (for example `/workspace/a.txt`).
+    pub path: String,
+    /// Its kind.
+    pub kind: FileKind,
+    /// Size in bytes.
+    pub size: u64,
+    /// Permission bits (`st_mode & 0o7777`).
+    pub mode: u32,
+    /// Last modification, in seconds since the Unix epoch.
+    pub modified_unix: i64,
+}
+
+/// One entry of a directory listing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    /// The entry's name (lossy UTF-8).
+    pub name: String,
+    /// Its kind, without following links.
+    pub kind: FileKind,
+    /// Size in bytes (of the link itself for links).
+    pub size: u64,
+    /// Last modification, in seconds since the Unix epoch.
+    pub modified_unix: i64,
+}
+
+/// Replace an exact string in a file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EditRequest {
+    /// The text to find; must not be empty.
+    pub old: String,
+    /// Its replacement.
+    pub new: String,
+    /// Replace every occurrence. Without it, `old` must occur exactly once.
+    #[serde(default)]
+    pub replace_all: bool,
+}
+
+/// What an edit did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EditResult {
+    /// How many occurrences were replaced.
+    pub replacements: usize,
+}
+
+/// Search file contents with a regular expression (Rust `regex` syntax), line by line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrepRequest {
+    /// The regular expression.
+    pub pattern: String,
+    /// File or directory to search, a workspace path; `None` is the whole workspace.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Only files whose workspace-relative path matches this glob (for example `**/*.rs`).
+    #[serde(default)]
+    pub glob: Option<String>,
+    /// Match case-insensitively.
+    #[serde(default)]
+    pub case_insensitive: bool,
+    /// Stop after this many matches; `None` is [`Limits::max_matches`].
+    #[serde(default)]
+    pub max_matches: Option<usize>,
+}
+
+impl GrepRequest {
+    /// A search for `pattern` in the whole workspace.
+    pub fn new(pattern: impl Into<String>) -> Self {
+        GrepRequest {
+            pattern: pattern.into(),
+            path: None,
+            glob: None,
+            case_insensitive: false,
+            max_matches: None,
+        }
+    }
+}
+
+/// One matching line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrepMatch {
+    /// The file, relative to the workspace root.
+    pub path: String,
+    /// 1-based line number.
+    pub line_number: u64,
+    /// The line without its newline, lossy UTF-8, cut to 4 KiB.
+    pub line: String,
+}
+
+/// Limits on file operations. Defaults are what an agent's tools need; runtimes take them from
+/// configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Limits {
+    /// Largest file `read`, `write` or `edit` handles, in bytes (default 64 MiB).
+    pub max_file_bytes: u64,
+    /// Most entries `list` and `glob` return (default 10 000).
+    pub max_entries: usize,
+    /// Most matches `grep` returns (default 1 000).
+    pub max_matches: usize,
+    /// Largest file `grep` searches, in bytes; larger ones are skipped (default 8 MiB).
+    pub max_grep_file_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_file_bytes: 64 * 1024 * 1024,
+            max_entries: 10_000,
+            max_matches: 1_000,
+            max_grep_file_bytes: 8 * 1024 * 1024,
+        }
+    }
+}

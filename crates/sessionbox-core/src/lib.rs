@@ -1,0 +1,30 @@
+//! The vocabulary of sessionbox, shared by every runtime, store and front end.
+//!
+//! - [`ConversationId`], [`TenantId`] and [`ConversationKey`]: who a conversation is, and the
+//!   opaque key under which its record and workspace are kept.
+//! - [`WorkspacePath`]: the workspace path policy. Every path a caller gives passes through it
+//!   before anything touches a file system.
+//! - [`Runtime`] and [`Session`]: what an isolation backend provides.
+//! - [`ExecRequest`], [`ExecResult`] and the file types: requests and results.
+//! - [`Error`]: the one error type, with a stable [`Error::code`] for wire formats.
+//!
+//! Architecture invariant: this crate does no I/O and depends on no runtime crate.
+
+mod error;
+mod exec;
+mod files;
+mod ids;
+mod path;
+mod runtime;
+
+pub use error::{Error, Result};
+pub use exec::{
+    BASE_PATH, DEFAULT_OUTPUT_LIMIT, DEFAULT_TIMEOUT, ExecRequest, ExecResult, ExitStatus,
+    MAX_OUTPUT_LIMIT, MAX_TIMEOUT, base_environment, validate_env_name,
+};
+pub use files::{
+    DirEntry, EditRequest, EditResult, FileKind, FileStat, GrepMatch, GrepRequest, Limits,
+};
+pub use ids::{ConversationId, ConversationKey, ConversationRef, IdKind, TenantId};
+pub use path::{MAX_PATH_BYTES, WorkspacePath};
+pub use runtime::{DestroyReport, Runtime, RuntimeConversation, RuntimeInfo, Session};

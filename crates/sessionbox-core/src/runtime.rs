@@ -1,0 +1,124 @@
+//! The traits every isolation backend implements.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+use crate::exec::{ExecRequest, ExecResult};
+use crate::files::{DirEntry, EditRequest, EditResult, FileStat, GrepMatch, GrepRequest};
+use crate::ids::{ConversationKey, ConversationRef};
+
+/// What a runtime says about itself, for reports and `doctor`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuntimeInfo {
+    /// `host`, `isolated`, `aio` or `opensandbox`.
+    pub name: String,
+    /// The remote endpoint, for remote runtimes.
+    pub endpoint: Option<String>,
+    /// The remote server's version, where it reports one.
+    pub version: Option<String>,
+    /// One sentence on the security boundary it gives.
+    pub boundary: String,
+}
+
+/// A conversation as a runtime sees it: its key and the processes it has running.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuntimeConversation {
+    /// The conversation's key (its workspace's name).
+    pub key: ConversationKey,
+    /// Host process ids that belong to it now.
+    pub processes: Vec<u32>,
+}
+
+/// What [`Runtime::destroy`] removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DestroyReport {
+    /// Processes killed.
+    pub processes_killed: usize,
+    /// True when a workspace existed and was removed.
+    pub workspace_removed: bool,
+    /// True when a sandbox existed and was removed.
+    pub sandbox_removed: bool,
+}
+
+/// An isolation backend: maps conversations to workspaces and sandboxes.
+///
+/// Implementations are cheap to share (`Arc<dyn Runtime>`) and safe to call concurrently, from
+/// one process or several: two concurrent `open`s of one conversation give one workspace.
+#[async_trait]
+pub trait Runtime: Send + Sync {
+    /// Name and boundary, for reports.
+    fn info(&self) -> RuntimeInfo;
+
+    /// Opens a conversation, creating its workspace (and sandbox) on first use and resuming it
+    /// afterwards.
+    ///
+    /// # Errors
+    /// [`crate::Error::RuntimeUnavailable`] when the backend cannot run here;
+    /// [`crate::Error::Backend`] when it fails.
+    async fn open(&self, conversation: &ConversationRef) -> Result<Box<dyn Session>>;
+
+    /// Ends a conversation: kills its processes, removes its sandbox and workspace. Destroying a
+    /// conversation that does not exist succeeds and reports that nothing was removed.
+    async fn destroy(&self, key: &ConversationKey) -> Result<DestroyReport>;
+
+    /// Every conversation this runtime holds state for (its inventory).
+    async fn list(&self) -> Result<Vec<RuntimeConversation>>;
+}
+
+/// An open conversation. Every path argument is a workspace path (see [`crate::WorkspacePath`]):
+/// relative to the workspace root, or absolute inside the root as [`Session::workspace_root`]
+/// presents it.
+///
+/// Dropping a session is the same as [`Session::close`] without waiting.
+#[async_trait]
+pub trait Session: Send + Sync {
+    /// The conversation's key.
+    fn key(&self) -> &ConversationKey;
+
+    /// The workspace root as commands see it (`/workspace` in a sandbox, the host directory for
+    /// the `host` runtime).
+    fn workspace_root(&self) -> &str;
+
+    /// Runs `/bin/sh -c COMMAND` in the workspace. A command that fails or times out is a
+    /// successful call: see [`ExecResult`].
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidRequest`] or a path error before anything runs.
+    async fn exec(&self, request: ExecRequest) -> Result<ExecResult>;
+
+    /// Reads a whole regular file.
+    async fn read(&self, path: &str) -> Result<Vec<u8>>;
+
+    /// Writes a whole file atomically (temporary file, then rename), creating parent
+    /// directories. Refuses links that lead out and files with more than one hard link.
+    async fn write(&self, path: &str, data: &[u8]) -> Result<()>;
+
+    /// Replaces an exact string in a file, atomically.
+    ///
+    /// # Errors
+    /// [`crate::Error::Conflict`] saying how many times `old` occurs when that is not exactly
+    /// once (without `replace_all`) or zero (with it).
+    async fn edit(&self, path: &str, edit: &EditRequest) -> Result<EditResult>;
+
+    /// Lists a directory, sorted by name.
+    async fn list(&self, path: &str) -> Result<Vec<DirEntry>>;
+
+    /// Workspace-relative paths of files matching a glob (for example `src/**/*.rs`), sorted.
+    async fn glob(&self, pattern: &str) -> Result<Vec<String>>;
+
+    /// Searches file contents.
+    async fn grep(&self, request: &GrepRequest) -> Result<Vec<GrepMatch>>;
+
+    /// Metadata of one path (links inside the workspace are followed).
+    async fn stat(&self, path: &str) -> Result<FileStat>;
+
+    /// Removes a file, a link, or a directory (`recursive` for a non-empty one).
+    async fn remove(&self, path: &str, recursive: bool) -> Result<()>;
+
+    /// Creates a directory and its parents; succeeds when it exists.
+    async fn mkdir(&self, path: &str) -> Result<()>;
+
+    /// Releases this handle. All state (files, sandbox) is kept for the next `open`.
+    async fn close(self: Box<Self>) -> Result<()>;
+}
