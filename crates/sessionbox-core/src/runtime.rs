@@ -50,6 +50,16 @@ pub trait Runtime: Send + Sync {
     /// Name and boundary, for reports.
     fn info(&self) -> RuntimeInfo;
 
+    /// The workspace root of `key` as commands and path arguments see it (`/workspace` in a
+    /// sandbox, the host directory for `host`). Front ends check paths against it with
+    /// [`crate::WorkspacePath::resolve`] before opening a conversation, so bad input creates
+    /// nothing.
+    fn presented_root(&self, key: &ConversationKey) -> String;
+
+    /// Where the workspace of `key` lives from the runtime's side (a host directory, a path in a
+    /// container). Used by the isolation experiment to aim one conversation at another's files.
+    fn workspace_location(&self, key: &ConversationKey) -> String;
+
     /// Opens a conversation, creating its workspace (and sandbox) on first use and resuming it
     /// afterwards.
     ///
