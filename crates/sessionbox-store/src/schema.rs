@@ -1,0 +1,98 @@
+//! The schema, as an ordered, append-only list of migrations.
+//!
+//! Migration `i` (0-based) takes the database from `PRAGMA user_version = i` to `i + 1`. Each
+//! runs in its own IMMEDIATE transaction together with the `user_version` bump, so a crash leaves
+//! the previous version and the next open resumes. Never edit or reorder a step that has shipped;
+//! append a new one (for example a table of a new runtime) instead.
+
+use rusqlite::{Connection, TransactionBehavior};
+use sessionbox_core::{Error, Result};
+
+use crate::sql_error;
+
+/// The migrations, oldest first. Append only.
+const MIGRATIONS: &[&str] = &[
+    // 1: conversations and the audit log.
+    "CREATE TABLE conversations (
+        key             TEXT PRIMARY KEY NOT NULL CHECK (length(key) = 64),
+        tenant          TEXT NOT NULL,
+        conversation_id TEXT NOT NULL,
+        runtime         TEXT NOT NULL,
+        sandbox_ref     TEXT,
+        state           TEXT NOT NULL CHECK (state IN ('active', 'destroying')),
+        created_at      INTEGER NOT NULL,
+        last_used_at    INTEGER NOT NULL,
+        expires_at      INTEGER,
+        UNIQUE (tenant, conversation_id)
+    );
+    CREATE INDEX conversations_by_last_use ON conversations (last_used_at);
+    CREATE TABLE audit (
+        id               INTEGER PRIMARY KEY AUTOINCREMENT,
+        at               INTEGER NOT NULL,
+        tenant           TEXT NOT NULL,
+        conversation_key TEXT,
+        operation        TEXT NOT NULL,
+        outcome          TEXT NOT NULL,
+        detail           TEXT
+    );
+    CREATE INDEX audit_by_tenant ON audit (tenant, at);
+    CREATE INDEX audit_by_key ON audit (conversation_key, at);",
+    // 2: one sandbox uid per conversation, for the isolated runtime.
+    "CREATE TABLE sandbox_uids (
+        uid              INTEGER PRIMARY KEY,
+        conversation_key TEXT UNIQUE NOT NULL REFERENCES conversations (key) ON DELETE CASCADE
+    );",
+];
+
+/// The schema version this build writes: the number of migrations.
+pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
+
+/// Brings the database up to [`SCHEMA_VERSION`]; a no-op when it is there already.
+///
+/// # Errors
+/// [`Error::Backend`] when the database is newer than this build, or a step fails.
+pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {
+    loop {
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql_error("start a migration"))?;
+        let version: u32 = tx
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(sql_error("read the schema version"))?;
+        if version > SCHEMA_VERSION {
+            return Err(Error::Backend(format!(
+                "the store's schema version is {version}, newer than the {SCHEMA_VERSION} this \
+                 sessionbox understands; upgrade sessionbox, or use another store file"
+            )));
+        }
+        let Some(step) = MIGRATIONS.get(version as usize) else {
+            return Ok(()); // up to date; dropping `tx` ends it without changes
+        };
+        tx.execute_batch(step)
+            .map_err(sql_error(&format!("apply migration {}", version + 1)))?;
+        tx.pragma_update(None, "user_version", version + 1)
+            .map_err(sql_error("record the schema version"))?;
+        tx.commit()
+            .map_err(sql_error(&format!("commit migration {}", version + 1)))?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_older_database_is_upgraded_step_by_step() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(MIGRATIONS[0]).unwrap();
+        conn.pragma_update(None, "user_version", 1).unwrap();
+        migrate(&mut conn).unwrap();
+        let version: u32 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        conn.prepare("SELECT uid, conversation_key FROM sandbox_uids")
+            .unwrap();
+        migrate(&mut conn).unwrap(); // and again: a no-op
+    }
+}
