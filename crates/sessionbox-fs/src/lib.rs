@@ -1,1 +1,408 @@
-//! placeholder
+//! File operations confined to one workspace directory.
+//!
+//! A [`Workspace`] holds a descriptor of the workspace root (`O_PATH | O_DIRECTORY`) and never
+//! looks at the host path again. Every operation:
+//!
+//! 1. passes the caller's path through the workspace path policy ([`WorkspacePath::resolve`]):
+//!    relative paths start at the root, absolute ones are accepted only inside the presented
+//!    root, `..` above the root is refused, empty paths and NUL bytes are invalid;
+//! 2. resolves the normalised path beneath the root descriptor with `openat2(2)` and
+//!    `RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS`, so symbolic links that stay inside are followed
+//!    and any component that would leave (an absolute link, a `..` link, a link to a sibling
+//!    workspace) is refused by the kernel with [`Error::OutsideWorkspace`];
+//! 3. acts through descriptors from then on (`*at` calls on a directory descriptor and a single
+//!    component), so a directory renamed or replaced by a link while the operation runs cannot
+//!    redirect it outside.
+//!
+//! Writes are atomic (temporary file in the same directory, `fsync`, `renameat`), refuse files
+//! with more than one hard link, and never follow a final-component link that leads out.
+//! Directory walks (`list`, `glob`, `grep`, recursive `remove`) never follow links.
+//!
+//! Everything here is synchronous; async callers use `spawn_blocking`. [`Workspace`] is
+//! `Send + Sync` and every method takes `&self`. It needs Linux 5.6 or later (`openat2`).
+//!
+//! Error messages name workspace-relative paths, never the host path of the workspace.
+
+mod resolve;
+mod walk;
+mod write;
+
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
+use sessionbox_core::{
+    DirEntry, EditRequest, EditResult, Error, FileKind, FileStat, GrepMatch, GrepRequest, Limits,
+    Result, WorkspacePath,
+};
+
+use crate::resolve::{RESOLVE, io_error, open_beneath, resolve_error, stat_mtime, stat_size};
+
+/// A workspace directory, held by descriptor, with the limits that apply to it.
+///
+/// See the [crate documentation](crate) for what is enforced.
+#[derive(Debug)]
+pub struct Workspace {
+    root: OwnedFd,
+    presented_root: String,
+    limits: Limits,
+}
+
+impl Workspace {
+    /// Opens the existing directory `dir` as the workspace root. Callers see it as
+    /// `presented_root` (absolute, for example `/workspace`, or the host directory itself for the
+    /// `host` runtime): absolute paths given to the other methods must lie inside it.
+    ///
+    /// `dir` is trusted (it comes from the runtime, not from a caller); links in it are followed
+    /// once, here.
+    ///
+    /// # Errors
+    /// - [`Error::InvalidRequest`]: `presented_root` is not absolute, has a `.` or `..`
+    ///   component, or contains a NUL byte.
+    /// - [`Error::NotFound`] / [`Error::Conflict`]: `dir` does not exist / is not a directory.
+    /// - [`Error::RuntimeUnavailable`]: the kernel lacks `openat2` (Linux < 5.6) or a seccomp
+    ///   filter forbids it.
+    /// - [`Error::Backend`]: any other failure.
+    pub fn open(dir: &Path, presented_root: &str, limits: Limits) -> Result<Workspace> {
+        if !presented_root.starts_with('/')
+            || presented_root.contains('\0')
+            || presented_root.split('/').any(|c| c == "." || c == "..")
+        {
+            return Err(Error::InvalidRequest(format!(
+                "the presented workspace root {presented_root:?} must be an absolute, normalised \
+                 path"
+            )));
+        }
+        let trimmed = presented_root.trim_end_matches('/');
+        let presented_root = if trimmed.is_empty() { "/" } else { trimmed }.to_owned();
+        let root = rustix::fs::open(
+            dir,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            Errno::NOENT => Error::NotFound(format!("workspace directory {presented_root}")),
+            Errno::NOTDIR => Error::Conflict(format!(
+                "workspace directory {presented_root} is not a directory"
+            )),
+            e => Error::Backend(format!(
+                "cannot open workspace directory {presented_root}: {e}"
+            )),
+        })?;
+        // Probe openat2 once, so a kernel without it fails here with a clear message rather than
+        // on the first file operation.
+        match rustix::fs::openat2(
+            &root,
+            ".",
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
+        ) {
+            Ok(_) => {}
+            Err(e @ (Errno::NOSYS | Errno::PERM)) => {
+                return Err(Error::RuntimeUnavailable {
+                    runtime: "sessionbox-fs".into(),
+                    reason: format!("the openat2 system call is unavailable ({e})"),
+                    hint: "workspace file operations need Linux 5.6 or later, and a seccomp \
+                           profile that allows openat2"
+                        .into(),
+                });
+            }
+            Err(e) => return Err(Error::backend(format!("openat2 probe failed: {e}"))),
+        }
+        Ok(Workspace {
+            root,
+            presented_root,
+            limits,
+        })
+    }
+
+    /// The workspace root as callers see it (absolute, without a trailing slash).
+    pub fn presented_root(&self) -> &str {
+        &self.presented_root
+    }
+
+    /// The limits that apply to this workspace's operations.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Applies the workspace path policy ([`WorkspacePath::resolve`] with the presented root).
+    /// Looks at no file.
+    ///
+    /// # Errors
+    /// [`Error::InvalidPath`] (empty, NUL byte, too long) or [`Error::OutsideWorkspace`]
+    /// (absolute outside the presented root, `..` above the root).
+    pub fn resolve(&self, path: &str) -> Result<WorkspacePath> {
+        WorkspacePath::resolve(&self.presented_root, path)
+    }
+
+    /// Opens a directory beneath the root, for a command's working directory (use it with
+    /// `fchdir`). The descriptor is `O_PATH | O_DIRECTORY | O_CLOEXEC`; links that stay inside
+    /// are followed.
+    ///
+    /// # Errors
+    /// Path policy errors; [`Error::OutsideWorkspace`] when a link leads out;
+    /// [`Error::NotFound`]; [`Error::Conflict`] when the path is not a directory.
+    pub fn open_dir(&self, path: &str) -> Result<OwnedFd> {
+        let rel = self.resolve(path)?;
+        resolve::open_dir(self.root.as_fd(), rel.as_relative())
+    }
+
+    /// Reads a whole regular file. Links that stay inside are followed. A FIFO never blocks.
+    ///
+    /// # Errors
+    /// Path policy errors; [`Error::OutsideWorkspace`] when a link leads out;
+    /// [`Error::NotFound`]; [`Error::Conflict`] for a directory or anything that is not a
+    /// regular file; [`Error::TooLarge`] above [`Limits::max_file_bytes`].
+    pub fn read(&self, path: &str) -> Result<Vec<u8>> {
+        let rel = self.resolve(path)?;
+        let shown = rel.as_relative();
+        let (file, st) = self.open_regular(shown)?;
+        let limit = self.limits.max_file_bytes;
+        if stat_size(&st) > limit {
+            return Err(too_large_file(shown, limit));
+        }
+        let mut data = Vec::with_capacity(usize::try_from(stat_size(&st)).unwrap_or(0));
+        file.take(limit.saturating_add(1))
+            .read_to_end(&mut data)
+            .map_err(|e| io_error(errno_of(&e), "read", shown))?;
+        if data.len() as u64 > limit {
+            return Err(too_large_file(shown, limit));
+        }
+        Ok(data)
+    }
+
+    /// Reads at most `len` bytes of a regular file starting at byte `offset` (for HTTP range
+    /// requests). Fewer bytes come back at the end of the file, none past it. `len` is capped at
+    /// [`Limits::max_file_bytes`]; the file itself may be larger than that limit.
+    ///
+    /// # Errors
+    /// As [`Workspace::read`], without [`Error::TooLarge`].
+    pub fn read_range(&self, path: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let rel = self.resolve(path)?;
+        let shown = rel.as_relative();
+        let (file, st) = self.open_regular(shown)?;
+        let want = len
+            .min(self.limits.max_file_bytes)
+            .min(stat_size(&st).saturating_sub(offset));
+        let mut buf = vec![0u8; usize::try_from(want).unwrap_or(usize::MAX)];
+        let mut got = 0usize;
+        while got < buf.len() {
+            match file.read_at(&mut buf[got..], offset + got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_error(errno_of(&e), "read", shown)),
+            }
+        }
+        buf.truncate(got);
+        Ok(buf)
+    }
+
+    /// Writes a whole file atomically: a temporary file `.NAME.sbx-tmp-<random>` in the same
+    /// directory, `fsync`, then `renameat` over the target; on failure the temporary file is
+    /// removed and the target is untouched. Missing parent directories are created (mode
+    /// `0o755` before umask), each beneath the root.
+    ///
+    /// Permission bits (`0o777`) of an existing file are kept; a new file gets `0o644`. Owner,
+    /// extended attributes and setuid/setgid/sticky bits are not carried over. When the final
+    /// component is a link that resolves inside to an existing regular file, that file is
+    /// replaced and the link stays.
+    ///
+    /// # Errors
+    /// Path policy errors; [`Error::OutsideWorkspace`] when any component (the final one
+    /// included, even when its target does not exist) is a link that leads out;
+    /// [`Error::Conflict`] for the root, a directory, a non-regular file, a file with more than
+    /// one hard link, a dangling in-workspace link, or a parent that is not a directory;
+    /// [`Error::TooLarge`] when `data` is above [`Limits::max_file_bytes`].
+    pub fn write(&self, path: &str, data: &[u8]) -> Result<()> {
+        let rel = self.resolve(path)?;
+        if data.len() as u64 > self.limits.max_file_bytes {
+            return Err(Error::TooLarge {
+                what: format!("data for {}", rel.as_relative()),
+                limit: self.limits.max_file_bytes,
+            });
+        }
+        let target = write::locate(self, &rel, true)?;
+        let mode = target
+            .existing
+            .map(|st| st.st_mode & 0o777)
+            .unwrap_or(write::NEW_FILE_MODE);
+        write::replace_contents(&target, data, mode)
+    }
+
+    /// Replaces an exact string in a file, then writes it atomically as [`Workspace::write`]
+    /// does. Occurrences are counted as non-overlapping byte matches.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] when `old` is empty; [`Error::Conflict`] when `old` does not
+    /// occur, or occurs more than once without `replace_all` (the message gives the count); as
+    /// [`Workspace::write`] otherwise, with [`Error::NotFound`] for a missing file and
+    /// [`Error::TooLarge`] when the file or the result is above [`Limits::max_file_bytes`].
+    pub fn edit(&self, path: &str, edit: &EditRequest) -> Result<EditResult> {
+        write::edit(self, path, edit)
+    }
+
+    /// Lists a directory, sorted by name. Entries' links are not followed (a link is reported as
+    /// [`FileKind::Symlink`] with the link's own size); the directory named by `path` may be
+    /// reached through a link that stays inside.
+    ///
+    /// # Errors
+    /// Path policy errors; [`Error::OutsideWorkspace`]; [`Error::NotFound`];
+    /// [`Error::Conflict`] when `path` is not a directory; [`Error::TooLarge`] when it has more
+    /// than [`Limits::max_entries`] entries.
+    pub fn list(&self, path: &str) -> Result<Vec<DirEntry>> {
+        let rel = self.resolve(path)?;
+        walk::list(self, &rel)
+    }
+
+    /// Workspace-relative paths of the non-directory entries (files, links, others) matching a
+    /// glob (`globset` syntax; `*` stays within a component, `**` crosses them), sorted. The
+    /// walk never follows links. An absolute pattern must start with the presented root, which
+    /// is stripped.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] for an empty or malformed pattern; [`Error::OutsideWorkspace`]
+    /// for a pattern with a `..` component or absolute outside the root; [`Error::TooLarge`]
+    /// for more than [`Limits::max_entries`] matches.
+    pub fn glob(&self, pattern: &str) -> Result<Vec<String>> {
+        walk::glob(self, pattern)
+    }
+
+    /// Searches file contents line by line with a regular expression (`regex` crate syntax).
+    /// Walks `req.path` (default: the root) without following links; skips binary files (a NUL
+    /// byte in the first 8 KiB) and files above [`Limits::max_grep_file_bytes`]; stops at
+    /// `req.max_matches` (capped at [`Limits::max_matches`]). Matches come in path order.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] for a bad regular expression or glob; path errors for
+    /// `req.path` as [`Workspace::stat`]; [`Error::TooLarge`] when `req.path` names one file
+    /// above the grep limit.
+    pub fn grep(&self, req: &GrepRequest) -> Result<Vec<GrepMatch>> {
+        walk::grep(self, req)
+    }
+
+    /// Metadata of one path; links that stay inside are followed.
+    ///
+    /// # Errors
+    /// Path policy errors; [`Error::OutsideWorkspace`] when a link leads out;
+    /// [`Error::NotFound`] (also for a dangling link); [`Error::Conflict`] when a parent is not
+    /// a directory.
+    pub fn stat(&self, path: &str) -> Result<FileStat> {
+        let rel = self.resolve(path)?;
+        let fd = open_beneath(
+            self.root.as_fd(),
+            rel.as_relative(),
+            OFlags::PATH | OFlags::CLOEXEC,
+            RESOLVE,
+        )
+        .map_err(|e| resolve_error(e, rel.as_relative()))?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| io_error(e, "stat", rel.as_relative()))?;
+        Ok(FileStat {
+            path: rel.presented(&self.presented_root),
+            kind: kind_of(FileType::from_raw_mode(st.st_mode)),
+            size: stat_size(&st),
+            mode: st.st_mode & 0o7777,
+            modified_unix: stat_mtime(&st),
+        })
+    }
+
+    /// Removes a file, a link (the link itself, never its target) or a directory (`recursive`
+    /// for a non-empty one; the recursive walk never follows links).
+    ///
+    /// # Errors
+    /// Path policy errors; [`Error::Conflict`] for the root or a non-empty directory without
+    /// `recursive`; [`Error::OutsideWorkspace`] when a parent component is a link that leads
+    /// out; [`Error::NotFound`].
+    pub fn remove(&self, path: &str, recursive: bool) -> Result<()> {
+        let rel = self.resolve(path)?;
+        walk::remove(self, &rel, recursive)
+    }
+
+    /// Creates a directory and its parents, each beneath the root; succeeds when it exists as a
+    /// directory (also through a link that stays inside).
+    ///
+    /// # Errors
+    /// Path policy errors; [`Error::OutsideWorkspace`] when a component is a link that leads
+    /// out (nothing is created outside); [`Error::Conflict`] when a component exists and is not
+    /// a directory.
+    pub fn mkdir(&self, path: &str) -> Result<()> {
+        let rel = self.resolve(path)?;
+        resolve::ensure_dirs(self.root.as_fd(), &rel).map(drop)
+    }
+
+    /// Renames `from` to `to` (both inside), creating `to`'s missing parents. A link is moved as
+    /// a link. An existing file at `to` is replaced, as `rename(2)` does.
+    ///
+    /// # Errors
+    /// Path policy errors for either path; [`Error::OutsideWorkspace`] when a parent of either
+    /// is a link that leads out; [`Error::NotFound`] when `from` does not exist;
+    /// [`Error::Conflict`] for the root, moving a directory into itself, a non-empty directory
+    /// at `to`, a file/directory mismatch, or a move across file systems.
+    pub fn rename(&self, from: &str, to: &str) -> Result<()> {
+        let from = self.resolve(from)?;
+        let to = self.resolve(to)?;
+        walk::rename(self, &from, &to)
+    }
+
+    pub(crate) fn root(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.root.as_fd()
+    }
+
+    /// Opens `rel` (following inside links) for reading and checks it is a regular file.
+    fn open_regular(&self, rel: &str) -> Result<(File, rustix::fs::Stat)> {
+        let fd = open_beneath(
+            self.root.as_fd(),
+            rel,
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            RESOLVE,
+        )
+        .map_err(|e| resolve_error(e, rel))?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| io_error(e, "stat", rel))?;
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::RegularFile => Ok((File::from(fd), st)),
+            FileType::Directory => Err(Error::Conflict(format!(
+                "{rel} is a directory, not a file; use list"
+            ))),
+            _ => Err(Error::Conflict(format!("{rel} is not a regular file"))),
+        }
+    }
+}
+
+pub(crate) fn kind_of(t: FileType) -> FileKind {
+    match t {
+        FileType::RegularFile => FileKind::File,
+        FileType::Directory => FileKind::Directory,
+        FileType::Symlink => FileKind::Symlink,
+        _ => FileKind::Other,
+    }
+}
+
+pub(crate) fn too_large_file(rel: &str, limit: u64) -> Error {
+    Error::TooLarge {
+        what: format!("file {rel}"),
+        limit,
+    }
+}
+
+pub(crate) fn errno_of(e: &std::io::Error) -> Errno {
+    e.raw_os_error()
+        .map(Errno::from_raw_os_error)
+        .unwrap_or(Errno::IO)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workspace_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Workspace>();
+    }
+}
