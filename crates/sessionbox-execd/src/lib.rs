@@ -1,1 +1,51 @@
-//! placeholder
+//! The OpenSandbox execd wire protocol: types, the command event-stream parser, and an async
+//! client. Only this crate knows the execd wire format.
+//!
+//! sessionbox runs an in-sandbox agent that serves the OpenSandbox execd HTTP API, so one protocol
+//! serves every runtime: our own `isolated` runtime over a Unix socket, and real OpenSandbox
+//! sandboxes over HTTP. The server side (another crate) takes its paths, headers and bodies from
+//! here as well.
+//!
+//! - [`wire`]: every path, header, query name and fixed string.
+//! - [`types`]: serde bodies ([`RunCommandRequest`], [`ServerStreamEvent`], [`FileInfo`], ...).
+//! - [`EventStreamParser`]: the body of `POST /command` as events, tolerant of upstream quirks.
+//! - [`multipart`]: the upload body, laid out as the SDK lays it out.
+//! - [`ExecdClient`]: every endpoint, over a Unix socket or `http(s)://`.
+//! - [`ExecdError`]: what can fail; converts into [`sessionbox_core::Error`].
+//!
+//! Sources, in order of authority: the released `opensandbox==1.1.1` Python SDK and the upstream
+//! daemon it talks to, then `execd-api.yaml` (spec 1.0.0). Each rule's doc comment names its
+//! source; the crate's README lists the upstream quirks tolerated.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), sessionbox_execd::ExecdError> {
+//! use sessionbox_execd::{ExecdClient, RunCommandRequest};
+//! let client = ExecdClient::unix("/run/sessionbox/execd.sock")?;
+//! let outcome = client.run_command(&RunCommandRequest::shell("echo hi")).await?;
+//! assert_eq!(outcome.stdout, "hi\n");
+//! # Ok(()) }
+//! ```
+
+mod client;
+mod error;
+pub mod multipart;
+mod outcome;
+mod stream;
+mod token;
+pub mod types;
+pub mod wire;
+
+pub use client::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, Endpoint, EventStream, ExecdClient,
+    ExecdClientBuilder, STREAM_GRACE,
+};
+pub use error::ExecdError;
+pub use outcome::{CommandOutcome, OutcomeCollector};
+pub use stream::{DEFAULT_MAX_EVENT_BYTES, EventStreamParser, StreamError};
+pub use token::AccessToken;
+pub use types::{
+    CommandLogs, CommandStatus, ErrorResponse, EventError, EventType, FileInfo, FileMetadata,
+    FileType, Metrics, Permission, RenameFileItem, ReplaceFileContentItem,
+    ReplaceFileContentResult, RunCommandRequest, ServerStreamEvent, UploadFile, mode_from_wire,
+    mode_to_wire,
+};

@@ -1,0 +1,181 @@
+//! Folding a command's events into its result.
+
+use std::time::{Duration, Instant};
+
+use crate::types::{EventError, EventType, RunCommandRequest, ServerStreamEvent};
+use crate::wire;
+
+/// The collected result of `POST /command`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommandOutcome {
+    /// Command id from the `init` event (use it for status, logs and interrupt).
+    pub id: Option<String>,
+    /// All `stdout` text, in order.
+    pub stdout: String,
+    /// All `stderr` text, in order.
+    pub stderr: String,
+    /// Exit code of a foreground command: 0 on `execution_complete`, the integer in
+    /// `error.evalue` on `error`, `None` when `evalue` is not a number (the command did not
+    /// start) and always `None` for a background command (as the SDK's
+    /// `infer_foreground_exit_code`).
+    pub exit_code: Option<i32>,
+    /// Server-measured run time from `execution_complete.execution_time`.
+    pub execution_time: Option<Duration>,
+    /// Client-measured time from sending the request to the terminal event.
+    pub elapsed: Duration,
+    /// The command was killed at its `timeout`: either the server said so
+    /// ([`wire::COMMAND_TIMEOUT_ERROR`]), or a timeout was requested and the command died of
+    /// SIGKILL (upstream reports exit code `-1`, a shell `137`) no earlier than that timeout.
+    pub timed_out: bool,
+    /// The terminal `error` event's details, if the stream ended with one.
+    pub error: Option<EventError>,
+    /// The request ran in the background: the stream only confirmed the start.
+    pub background: bool,
+}
+
+impl CommandOutcome {
+    /// True when a foreground command exited 0.
+    pub fn success(&self) -> bool {
+        self.exit_code == Some(0)
+    }
+}
+
+/// Builds a [`CommandOutcome`] from events, for callers that consume the stream themselves.
+#[derive(Debug, Clone)]
+pub struct OutcomeCollector {
+    outcome: CommandOutcome,
+    timeout: Option<Duration>,
+    started: Instant,
+    terminal: bool,
+}
+
+impl OutcomeCollector {
+    /// A collector for `request`, timing from now.
+    pub fn new(request: &RunCommandRequest) -> Self {
+        OutcomeCollector {
+            outcome: CommandOutcome {
+                background: request.background,
+                ..Default::default()
+            },
+            timeout: request.timeout_ms.map(Duration::from_millis),
+            started: Instant::now(),
+            terminal: false,
+        }
+    }
+
+    /// Takes one event into account.
+    pub fn apply(&mut self, event: &ServerStreamEvent) {
+        let o = &mut self.outcome;
+        match &event.kind {
+            EventType::Init => o.id = event.text.clone(),
+            EventType::Stdout => o.stdout.push_str(event.text.as_deref().unwrap_or("")),
+            EventType::Stderr => o.stderr.push_str(event.text.as_deref().unwrap_or("")),
+            EventType::ExecutionComplete => {
+                self.terminal = true;
+                o.elapsed = self.started.elapsed();
+                o.execution_time = event
+                    .execution_time_ms
+                    .and_then(|ms| u64::try_from(ms).ok())
+                    .map(Duration::from_millis);
+                if !o.background {
+                    o.exit_code = Some(0);
+                }
+            }
+            EventType::Error => {
+                self.terminal = true;
+                o.elapsed = self.started.elapsed();
+                let err = event.error.clone().unwrap_or_default();
+                if !o.background {
+                    o.exit_code = err.exit_code();
+                }
+                let killed = matches!(err.exit_code(), Some(-1 | 137));
+                o.timed_out = err.ename == wire::COMMAND_TIMEOUT_ERROR
+                    || (killed && self.timeout.is_some_and(|t| o.elapsed >= t));
+                o.error = Some(err);
+            }
+            _ => {}
+        }
+    }
+
+    /// True once a terminal event was applied.
+    pub fn is_complete(&self) -> bool {
+        self.terminal
+    }
+
+    /// The outcome so far.
+    pub fn finish(self) -> CommandOutcome {
+        self.outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn folds_events() {
+        let req = RunCommandRequest::shell("x");
+        let mut c = OutcomeCollector::new(&req);
+        for e in [
+            ServerStreamEvent::init("id1"),
+            ServerStreamEvent::stdout("a"),
+            ServerStreamEvent::stderr("b"),
+            ServerStreamEvent::stdout("c"),
+            ServerStreamEvent::execution_complete(Duration::from_millis(7)),
+        ] {
+            c.apply(&e);
+        }
+        assert!(c.is_complete());
+        let o = c.finish();
+        assert_eq!(o.id.as_deref(), Some("id1"));
+        assert_eq!((o.stdout.as_str(), o.stderr.as_str()), ("ac", "b"));
+        assert_eq!(o.exit_code, Some(0));
+        assert!(o.success());
+        assert_eq!(o.execution_time, Some(Duration::from_millis(7)));
+        assert!(!o.timed_out);
+    }
+
+    #[test]
+    fn error_exit_codes_and_timeouts() {
+        let req = RunCommandRequest::shell("x");
+        let mut c = OutcomeCollector::new(&req);
+        c.apply(&ServerStreamEvent::exit_error(3, vec![]));
+        let o = c.finish();
+        assert_eq!(o.exit_code, Some(3));
+        assert!(!o.timed_out);
+
+        let mut c = OutcomeCollector::new(&req);
+        c.apply(&ServerStreamEvent::start_error(
+            "fork/exec /bin/nope: no such file",
+        ));
+        assert_eq!(c.finish().exit_code, None);
+
+        let mut c = OutcomeCollector::new(&req);
+        c.apply(&ServerStreamEvent::timeout_error(
+            137,
+            Duration::from_secs(1),
+        ));
+        let o = c.finish();
+        assert!(o.timed_out);
+        assert_eq!(o.exit_code, Some(137));
+
+        // Upstream style: SIGKILL at the deadline reports -1.
+        let req = RunCommandRequest::shell("x").timeout(Duration::from_millis(1));
+        let mut c = OutcomeCollector::new(&req);
+        std::thread::sleep(Duration::from_millis(2));
+        c.apply(&ServerStreamEvent::exit_error(-1, vec![]));
+        assert!(c.finish().timed_out);
+    }
+
+    #[test]
+    fn background_commands_have_no_exit_code() {
+        let req = RunCommandRequest::shell("sleep 9").background(true);
+        let mut c = OutcomeCollector::new(&req);
+        c.apply(&ServerStreamEvent::init("bg"));
+        c.apply(&ServerStreamEvent::execution_complete(Duration::ZERO));
+        let o = c.finish();
+        assert!(o.background);
+        assert_eq!(o.exit_code, None);
+        assert_eq!(o.id.as_deref(), Some("bg"));
+    }
+}

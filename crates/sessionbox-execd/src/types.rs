@@ -1,0 +1,786 @@
+//! Request and response bodies of the execd API, as serde types.
+//!
+//! Field names and optionality follow what the released `opensandbox==1.1.1` SDK sends and
+//! accepts, which is the oracle where it differs from `execd-api.yaml`. Deserialization is lenient
+//! (unknown fields are ignored, `null` reads as absent) so that both the upstream daemon and our
+//! own server are understood; serialization omits absent fields, as upstream's Go `omitempty` does.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::wire;
+
+/// Body of `POST /command` (`RunCommandRequest`).
+///
+/// Exactly one of `command` (shell text, run with `bash -c` upstream) and `argv` (an executable
+/// and its literal arguments, SDK 1.1.1 only, not in the YAML) is set. Absent fields are left out
+/// of the JSON, as the SDK does; `background` is sent only when true.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunCommandRequest {
+    /// Shell text to run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// Executable and arguments, not shell-expanded (SDK 1.1.1: `argv`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub argv: Option<Vec<String>>,
+    /// Working directory. Upstream expands `$NAME`, `${NAME}` and a leading `~` in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Run detached: the stream ends right after `init` and `execution_complete`, and the output
+    /// is read with `GET /command/{id}/logs`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub background: bool,
+    /// Deadline in **milliseconds** (spec: "Maximum allowed execution time in milliseconds"; the
+    /// SDK sends `int(timedelta.total_seconds() * 1000)`). Absent means no deadline. Upstream
+    /// rejects values below 1.
+    #[serde(default, rename = "timeout", skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// Unix user id to run as.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    /// Unix group id to run as; upstream requires `uid` with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<u32>,
+    /// Environment variables added to the command's environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envs: Option<BTreeMap<String, String>>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+impl RunCommandRequest {
+    /// A foreground request for shell text.
+    pub fn shell(command: impl Into<String>) -> Self {
+        RunCommandRequest {
+            command: Some(command.into()),
+            ..Default::default()
+        }
+    }
+
+    /// A foreground request for an executable and its arguments.
+    pub fn argv<I, S>(argv: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RunCommandRequest {
+            argv: Some(argv.into_iter().map(Into::into).collect()),
+            ..Default::default()
+        }
+    }
+
+    /// Sets the working directory.
+    pub fn cwd(mut self, cwd: impl Into<String>) -> Self {
+        self.cwd = Some(cwd.into());
+        self
+    }
+
+    /// Sets the deadline (sent in whole milliseconds, at least 1).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout_ms = Some((timeout.as_millis().min(u64::MAX as u128) as u64).max(1));
+        self
+    }
+
+    /// Runs the command detached.
+    pub fn background(mut self, background: bool) -> Self {
+        self.background = background;
+        self
+    }
+
+    /// Adds one environment variable.
+    pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.envs
+            .get_or_insert_with(BTreeMap::new)
+            .insert(name.into(), value.into());
+        self
+    }
+
+    /// Checks the rules both sides agree on: exactly one of `command` and `argv`, a non-blank
+    /// command, a non-empty `argv[0]` without NUL bytes, `gid` only with `uid`, `timeout >= 1`.
+    pub fn validate(&self) -> Result<(), String> {
+        match (&self.command, &self.argv) {
+            (Some(_), Some(_)) => return Err("give either command or argv, not both".into()),
+            (None, None) => return Err("a command or argv is required".into()),
+            (Some(c), None) if c.trim().is_empty() => return Err("command is empty".into()),
+            (None, Some(argv)) => {
+                if argv.first().is_none_or(|a| a.is_empty()) {
+                    return Err("argv needs a non-empty executable".into());
+                }
+                if argv.iter().any(|a| a.contains('\0')) {
+                    return Err("argv must not contain NUL bytes".into());
+                }
+            }
+            _ => {}
+        }
+        if self.gid.is_some() && self.uid.is_none() {
+            return Err("uid is required when gid is given".into());
+        }
+        if self.timeout_ms == Some(0) {
+            return Err("timeout must be at least 1 ms".into());
+        }
+        Ok(())
+    }
+}
+
+/// The `type` of a [`ServerStreamEvent`]. Unknown types are kept as [`EventType::Other`] and
+/// ignored by the collector, so a newer server does not break an older client.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum EventType {
+    /// First event; `text` is the command id.
+    Init,
+    /// Status text (code interpreter).
+    Status,
+    /// Terminal for commands: `error.evalue` is the exit code, or why the command did not start.
+    Error,
+    /// A piece of standard output in `text`.
+    Stdout,
+    /// A piece of standard error in `text`.
+    Stderr,
+    /// A rich result in `results` (code interpreter).
+    Result,
+    /// Terminal: the command exited 0 (or, for a background command, started).
+    ExecutionComplete,
+    /// Cell number in `execution_count` (code interpreter).
+    ExecutionCount,
+    /// Keep-alive, every 3 s upstream; `text` is `pong`.
+    Ping,
+    /// Any other type.
+    Other(String),
+}
+
+impl EventType {
+    /// The wire name.
+    pub fn as_str(&self) -> &str {
+        match self {
+            EventType::Init => "init",
+            EventType::Status => "status",
+            EventType::Error => "error",
+            EventType::Stdout => "stdout",
+            EventType::Stderr => "stderr",
+            EventType::Result => "result",
+            EventType::ExecutionComplete => "execution_complete",
+            EventType::ExecutionCount => "execution_count",
+            EventType::Ping => "ping",
+            EventType::Other(s) => s,
+        }
+    }
+
+    /// Reads a wire name.
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "init" => EventType::Init,
+            "status" => EventType::Status,
+            "error" => EventType::Error,
+            "stdout" => EventType::Stdout,
+            "stderr" => EventType::Stderr,
+            "result" => EventType::Result,
+            "execution_complete" => EventType::ExecutionComplete,
+            "execution_count" => EventType::ExecutionCount,
+            "ping" => EventType::Ping,
+            other => EventType::Other(other.to_owned()),
+        }
+    }
+
+    /// True for the events that end a command's stream: `execution_complete` and `error`
+    /// (upstream sends exactly one of them, last; see `runCommand` in execd).
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, EventType::ExecutionComplete | EventType::Error)
+    }
+}
+
+impl Serialize for EventType {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for EventType {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Ok(EventType::parse(&s))
+    }
+}
+
+/// One event of a command's stream (`ServerStreamEvent`).
+///
+/// The SDK requires `type` and `timestamp` (its `EventNode` model), so a server must always send
+/// both; the constructors below do. When reading, only `type` is required.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServerStreamEvent {
+    /// What the event is.
+    #[serde(rename = "type")]
+    pub kind: EventType,
+    /// Output text, the command id (`init`) or `pong` (`ping`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Cell number (code interpreter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execution_count: Option<i64>,
+    /// Run time in milliseconds, on `execution_complete` (wire name `execution_time`).
+    #[serde(
+        default,
+        rename = "execution_time",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub execution_time_ms: Option<i64>,
+    /// When the event was made, in Unix milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<i64>,
+    /// Rich results by MIME type (code interpreter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub results: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Error details, on `error`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<EventError>,
+}
+
+impl ServerStreamEvent {
+    /// An event of `kind` stamped with the current time and nothing else.
+    pub fn new(kind: EventType) -> Self {
+        ServerStreamEvent {
+            kind,
+            text: None,
+            execution_count: None,
+            execution_time_ms: None,
+            timestamp: Some(now_millis()),
+            results: None,
+            error: None,
+        }
+    }
+
+    /// `init` carrying the command id.
+    pub fn init(command_id: impl Into<String>) -> Self {
+        Self::new(EventType::Init).with_text(command_id)
+    }
+
+    /// A piece of standard output.
+    pub fn stdout(text: impl Into<String>) -> Self {
+        Self::new(EventType::Stdout).with_text(text)
+    }
+
+    /// A piece of standard error.
+    pub fn stderr(text: impl Into<String>) -> Self {
+        Self::new(EventType::Stderr).with_text(text)
+    }
+
+    /// Keep-alive, as upstream sends it.
+    pub fn ping() -> Self {
+        Self::new(EventType::Ping).with_text("pong")
+    }
+
+    /// Terminal success event.
+    pub fn execution_complete(elapsed: Duration) -> Self {
+        let mut e = Self::new(EventType::ExecutionComplete);
+        e.execution_time_ms = Some(elapsed.as_millis().min(i64::MAX as u128) as i64);
+        e
+    }
+
+    /// Terminal event of a command that exited with a non-zero `code` (upstream: ename
+    /// `CommandExecError`, evalue the decimal code).
+    pub fn exit_error(code: i32, traceback: Vec<String>) -> Self {
+        Self::error_event(wire::COMMAND_EXEC_ERROR, code.to_string(), traceback)
+    }
+
+    /// Terminal event of a command killed at its deadline: ename [`wire::COMMAND_TIMEOUT_ERROR`],
+    /// evalue the exit code, so SDK clients still read an exit code.
+    pub fn timeout_error(code: i32, timeout: Duration) -> Self {
+        Self::error_event(
+            wire::COMMAND_TIMEOUT_ERROR,
+            code.to_string(),
+            vec![format!("timed out after {} ms", timeout.as_millis())],
+        )
+    }
+
+    /// Terminal event of a command that could not start; `message` is not a number, so clients
+    /// report no exit code.
+    pub fn start_error(message: impl Into<String>) -> Self {
+        let message = message.into();
+        Self::error_event(wire::COMMAND_EXEC_ERROR, message.clone(), vec![message])
+    }
+
+    fn error_event(ename: &str, evalue: String, traceback: Vec<String>) -> Self {
+        let mut e = Self::new(EventType::Error);
+        e.error = Some(EventError {
+            ename: ename.to_owned(),
+            evalue,
+            traceback,
+        });
+        e
+    }
+
+    fn with_text(mut self, text: impl Into<String>) -> Self {
+        self.text = Some(text.into());
+        self
+    }
+
+    /// True for `execution_complete` and `error`.
+    pub fn is_terminal(&self) -> bool {
+        self.kind.is_terminal()
+    }
+
+    /// The event as upstream frames it: compact JSON followed by one blank line.
+    pub fn to_frame(&self) -> Vec<u8> {
+        let mut out = serde_json::to_vec(self).expect("a stream event always serializes");
+        out.extend_from_slice(wire::EVENT_SEPARATOR);
+        out
+    }
+}
+
+/// The current time in Unix milliseconds.
+pub fn now_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis().min(i64::MAX as u128) as i64)
+        .unwrap_or(0)
+}
+
+/// `error` of a [`ServerStreamEvent`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventError {
+    /// Error name; upstream commands use `CommandExecError`.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub ename: String,
+    /// Error value: for a command that ran, its exit code as decimal text.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub evalue: String,
+    /// Trace lines. Upstream Go sends `null` for none; a single string is accepted too (the SDK
+    /// normalizes both).
+    #[serde(default, deserialize_with = "lenient_lines")]
+    pub traceback: Vec<String>,
+}
+
+impl EventError {
+    /// The exit code carried in `evalue`, if it is an integer (the SDK does `int(evalue)`).
+    pub fn exit_code(&self) -> Option<i32> {
+        self.evalue.trim().parse().ok()
+    }
+}
+
+fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+fn lenient_lines<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let v = serde_json::Value::deserialize(d)?;
+    Ok(match v {
+        serde_json::Value::Null => Vec::new(),
+        serde_json::Value::Array(items) => items
+            .into_iter()
+            .map(|i| match i {
+                serde_json::Value::String(s) => s,
+                other => other.to_string(),
+            })
+            .collect(),
+        serde_json::Value::String(s) => vec![s],
+        other => vec![other.to_string()],
+    })
+}
+
+/// Body of `GET /command/status/{id}` (`CommandStatusResponse`).
+///
+/// Times are RFC 3339 text as sent (upstream: Go's `time.Time`); they are kept as text so that
+/// nothing is lost in a round trip.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandStatus {
+    /// Command id.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub id: String,
+    /// The command text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    /// Whether it still runs.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub running: bool,
+    /// Exit code once finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Why it failed, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Start time, RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    /// Finish time, RFC 3339; absent while running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+}
+
+/// Answer of `GET /command/{id}/logs`: the text body and the `EXECD-COMMANDS-TAIL-CURSOR` header.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommandLogs {
+    /// Combined stdout and stderr after the requested cursor.
+    pub content: String,
+    /// Cursor for the next call; `None` when the header was missing or not a number.
+    pub cursor: Option<i64>,
+}
+
+/// `type` of a [`FileInfo`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FileType {
+    /// A regular file.
+    File,
+    /// A directory.
+    Directory,
+    /// A symbolic link (not followed).
+    Symlink,
+    /// Anything else, including types this crate does not know.
+    Other,
+}
+
+impl FileType {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FileType::File => "file",
+            FileType::Directory => "directory",
+            FileType::Symlink => "symlink",
+            FileType::Other => "other",
+        }
+    }
+}
+
+impl Serialize for FileType {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for FileType {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(match String::deserialize(d)?.as_str() {
+            "file" => FileType::File,
+            "directory" => FileType::Directory,
+            "symlink" => FileType::Symlink,
+            _ => FileType::Other,
+        })
+    }
+}
+
+/// File metadata (`FileInfo`), as returned by `/files/info`, `/files/search` and
+/// `/directories/list`.
+///
+/// `mode` is the permission bits written as octal digits read as a decimal number: `755` means
+/// `rwxr-xr-x` (upstream: `strconv.Atoi(strconv.FormatInt(perm, 8))`). Use [`mode_to_wire`] and
+/// [`mode_from_wire`] to convert. The SDK requires every field but `type`; a server must send them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileInfo {
+    /// Absolute path.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub path: String,
+    /// Entry type; older servers leave it out.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<FileType>,
+    /// Size in bytes.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub size: u64,
+    /// Last modification, RFC 3339.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub modified_at: String,
+    /// Creation (upstream: change) time, RFC 3339.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub created_at: String,
+    /// Owner user name.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub owner: String,
+    /// Group name.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub group: String,
+    /// Permission bits as octal digits (see the type's docs).
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub mode: u32,
+}
+
+/// Writes permission bits the way execd does: `0o755` becomes `755`.
+pub fn mode_to_wire(bits: u32) -> u32 {
+    format!("{:o}", bits & 0o7777).parse().unwrap_or(0)
+}
+
+/// Reads execd's mode: `755` becomes `0o755`. `None` when a digit is 8 or 9.
+pub fn mode_from_wire(mode: u32) -> Option<u32> {
+    u32::from_str_radix(&mode.to_string(), 8).ok()
+}
+
+/// Ownership and mode for `POST /directories` and `POST /files/permissions` (`Permission`).
+///
+/// The SDK always sends `mode` (755 unless told otherwise) and sends `owner`/`group` only when set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Permission {
+    /// Owner user name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// Group name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// Mode as octal digits (`755`).
+    #[serde(default = "default_mode")]
+    pub mode: u32,
+}
+
+fn default_mode() -> u32 {
+    755
+}
+
+impl Default for Permission {
+    fn default() -> Self {
+        Permission {
+            owner: None,
+            group: None,
+            mode: default_mode(),
+        }
+    }
+}
+
+impl Permission {
+    /// Just a mode, given as octal digits (`755`).
+    pub fn mode(mode: u32) -> Self {
+        Permission {
+            mode,
+            ..Default::default()
+        }
+    }
+}
+
+/// The JSON of one upload metadata part (`FileMetadata`).
+///
+/// The SDK always writes all four keys, with `null` for an owner or group it was not given and
+/// 755 as the default mode: `{"path": "/w/a.txt", "owner": null, "group": null, "mode": 755}`.
+/// Serde writes the same keys compactly; [`crate::multipart::metadata_json`] writes them exactly
+/// as the SDK does, and is what the client sends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileMetadata {
+    /// Target path. Upstream expands `$NAME` in it, so a literal `$` fails there.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub path: String,
+    /// Owner user name.
+    #[serde(default)]
+    pub owner: Option<String>,
+    /// Group name.
+    #[serde(default)]
+    pub group: Option<String>,
+    /// Mode as octal digits (`644`); `None` leaves the server's default.
+    #[serde(default)]
+    pub mode: Option<u32>,
+}
+
+impl FileMetadata {
+    /// Metadata for `path` with the SDK's default mode 755.
+    pub fn new(path: impl Into<String>) -> Self {
+        FileMetadata {
+            path: path.into(),
+            owner: None,
+            group: None,
+            mode: Some(default_mode()),
+        }
+    }
+}
+
+/// One item of `POST /files/mv` (`RenameFileItem`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenameFileItem {
+    /// Source path.
+    pub src: String,
+    /// Destination path; its directory must exist.
+    pub dest: String,
+}
+
+/// One value of the `POST /files/replace` map (`ReplaceFileContentItem`): replace every `old`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplaceFileContentItem {
+    /// Text to find; must not be empty.
+    pub old: String,
+    /// Replacement.
+    pub new: String,
+}
+
+/// One value of the verbose `POST /files/replace` answer (`ReplaceFileContentResult`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplaceFileContentResult {
+    /// Occurrences replaced (wire name `replacedCount`, camel case unlike everything else).
+    #[serde(rename = "replacedCount")]
+    pub replaced_count: u64,
+}
+
+/// Body of `GET /metrics` (`Metrics`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Metrics {
+    /// CPU cores.
+    pub cpu_count: f64,
+    /// CPU use in percent.
+    pub cpu_used_pct: f64,
+    /// Total memory in MiB.
+    pub mem_total_mib: f64,
+    /// Used memory in MiB.
+    pub mem_used_mib: f64,
+    /// When measured, Unix milliseconds.
+    pub timestamp: i64,
+}
+
+/// Error body (`ErrorResponse`). Upstream's 401 uses `{"error": "..."}` instead, read into
+/// `error`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorResponse {
+    /// Machine-readable code, e.g. `FILE_NOT_FOUND`.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub code: String,
+    /// Human-readable message.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub message: String,
+    /// The message of the access-token middleware's body; never serialized.
+    #[serde(default, skip_serializing, deserialize_with = "null_as_default")]
+    pub error: String,
+}
+
+impl ErrorResponse {
+    /// A body with a code and a message.
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        ErrorResponse {
+            code: code.into(),
+            message: message.into(),
+            error: String::new(),
+        }
+    }
+}
+
+/// One file for [`crate::ExecdClient::upload`]: where it goes and its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UploadFile {
+    /// The metadata part.
+    pub metadata: FileMetadata,
+    /// The file data.
+    pub data: bytes::Bytes,
+}
+
+impl UploadFile {
+    /// A file for `path` with the default mode 755, as the SDK's `write_file` sends it.
+    pub fn new(path: impl Into<String>, data: impl Into<bytes::Bytes>) -> Self {
+        UploadFile {
+            metadata: FileMetadata::new(path),
+            data: data.into(),
+        }
+    }
+
+    /// Sets the mode (octal digits, `644`).
+    pub fn mode(mut self, mode: u32) -> Self {
+        self.metadata.mode = Some(mode);
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn run_command_request_serializes_like_the_sdk() {
+        let r = RunCommandRequest::shell("ls").cwd("/w");
+        assert_eq!(
+            serde_json::to_value(&r).unwrap(),
+            json!({"command": "ls", "cwd": "/w"})
+        );
+        let r = RunCommandRequest::shell("sleep 9")
+            .background(true)
+            .timeout(Duration::from_secs(2))
+            .env("A", "1");
+        assert_eq!(
+            serde_json::to_value(&r).unwrap(),
+            json!({"command": "sleep 9", "background": true, "timeout": 2000, "envs": {"A": "1"}})
+        );
+        let r = RunCommandRequest::argv(["python3", "-c", "print(1)"]);
+        assert_eq!(
+            serde_json::to_value(&r).unwrap(),
+            json!({"argv": ["python3", "-c", "print(1)"]})
+        );
+    }
+
+    #[test]
+    fn run_command_request_validation() {
+        assert!(RunCommandRequest::shell("true").validate().is_ok());
+        assert!(RunCommandRequest::shell("  ").validate().is_err());
+        assert!(RunCommandRequest::default().validate().is_err());
+        assert!(RunCommandRequest::argv([""]).validate().is_err());
+        assert!(RunCommandRequest::argv(["a\0"]).validate().is_err());
+        let mut r = RunCommandRequest::shell("x");
+        r.gid = Some(1);
+        assert!(r.validate().is_err());
+    }
+
+    #[test]
+    fn events_read_upstream_shapes() {
+        let e: ServerStreamEvent = serde_json::from_str(
+            r#"{"type":"error","timestamp":1,"error":{"ename":"CommandExecError","evalue":"3","traceback":null}}"#,
+        )
+        .unwrap();
+        assert!(e.is_terminal());
+        let err = e.error.unwrap();
+        assert_eq!(err.exit_code(), Some(3));
+        assert!(err.traceback.is_empty());
+
+        let e: ServerStreamEvent =
+            serde_json::from_str(r#"{"type":"fancy","eid":4,"text":null}"#).unwrap();
+        assert_eq!(e.kind, EventType::Other("fancy".into()));
+        assert_eq!(e.text, None);
+
+        let err: EventError =
+            serde_json::from_str(r#"{"ename":null,"evalue":"x","traceback":"one"}"#).unwrap();
+        assert_eq!(err.traceback, vec!["one".to_string()]);
+        assert_eq!(err.exit_code(), None);
+    }
+
+    #[test]
+    fn event_constructors_always_stamp_and_frame_as_upstream() {
+        let e = ServerStreamEvent::exit_error(2, vec![]);
+        let frame = e.to_frame();
+        assert!(frame.ends_with(b"}\n\n"));
+        let v: serde_json::Value = serde_json::from_slice(&frame).unwrap();
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["evalue"], "2");
+        assert!(v["timestamp"].is_i64());
+        let c = ServerStreamEvent::execution_complete(Duration::from_millis(15));
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["execution_time"], 15);
+    }
+
+    #[test]
+    fn modes_are_octal_digits() {
+        assert_eq!(mode_to_wire(0o755), 755);
+        assert_eq!(mode_to_wire(0o4750), 4750);
+        assert_eq!(mode_from_wire(644), Some(0o644));
+        assert_eq!(mode_from_wire(800), None);
+    }
+
+    #[test]
+    fn file_info_and_friends() {
+        let f: FileInfo = serde_json::from_value(json!({
+            "path": "/w/a", "type": "weird", "size": 3, "modified_at": "2025-01-01T00:00:00Z",
+            "created_at": "2025-01-01T00:00:00Z", "owner": "u", "group": "g", "mode": 644
+        }))
+        .unwrap();
+        assert_eq!(f.kind, Some(FileType::Other));
+        assert_eq!(
+            serde_json::to_value(FileMetadata::new("/w/a")).unwrap(),
+            json!({"path": "/w/a", "owner": null, "group": null, "mode": 755})
+        );
+        assert_eq!(
+            serde_json::to_value(Permission::mode(700)).unwrap(),
+            json!({"mode": 700})
+        );
+        let r: ReplaceFileContentResult = serde_json::from_str(r#"{"replacedCount":2}"#).unwrap();
+        assert_eq!(r.replaced_count, 2);
+        let e: ErrorResponse = serde_json::from_str(r#"{"error":"Unauthorized"}"#).unwrap();
+        assert_eq!(e.error, "Unauthorized");
+        let s: CommandStatus = serde_json::from_str(
+            r#"{"id":"c1","running":false,"exit_code":0,"started_at":"2025-12-22T09:08:05Z"}"#,
+        )
+        .unwrap();
+        assert_eq!(s.exit_code, Some(0));
+    }
+}
