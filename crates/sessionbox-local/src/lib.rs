@@ -1,1 +1,3 @@
-//! placeholder
+//! sessionbox's local runtime: a conversation's commands run as host processes in its workspace.
+
+pub mod process;

@@ -1,0 +1,406 @@
+//! Running one shell command as a host process, the way every runtime that runs commands on
+//! Linux must.
+//!
+//! [`run`] starts `/bin/sh -c COMMAND` with:
+//! - a clean environment: [`base_environment`] plus the request's additions, nothing of the
+//!   caller's;
+//! - a new session (so a new process group, led by the shell, and no controlling terminal);
+//! - its working directory set by `fchdir` on a directory descriptor the caller opened beneath the
+//!   workspace, never by a path string;
+//! - every inherited descriptor above 2 marked close-on-exec, so none leaks into the command;
+//! - stdin fed from the request (written while output is read) or `/dev/null`;
+//! - stdout and stderr read concurrently, each kept up to the request's output limit and drained
+//!   (discarded) past it, so memory stays bounded whatever the command prints;
+//! - a timeout that sends `SIGTERM` to the whole process group, then `SIGKILL` after a grace;
+//! - whatever is left in the group sent `SIGKILL` as soon as the shell exits (normally, or during
+//!   the grace), so nothing outlives the call; output already in the pipes is then read for at
+//!   most [`DRAIN_DEADLINE`], in case a process that left the group still holds a pipe open.
+//!
+//! [`processes_under`] and [`kill_all`] find and kill host processes still working in a
+//! directory, for tearing a workspace down.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use rustix::process::{Pid, Signal};
+use sessionbox_core::{Error, ExecRequest, ExecResult, ExitStatus, Result, base_environment};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::{ChildStdin, Command};
+use tokio::time::{Instant, sleep_until};
+
+/// Default time between `SIGTERM` and `SIGKILL` when a command times out: 2 s.
+pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
+
+/// How long output is still read after the shell exited and its process group was killed: 200 ms.
+/// Only a process that left the group (say with `setsid`) can hold a pipe open past that; its
+/// output is then abandoned rather than waited for.
+pub const DRAIN_DEADLINE: Duration = Duration::from_millis(200);
+
+/// Size of each read from a pipe, in bytes (the chunk size [`run`]'s `on_output` sees at most).
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Highest descriptor marked close-on-exec one by one when the kernel lacks `close_range`
+/// (before Linux 5.11).
+const FALLBACK_MAX_FD: u64 = 1 << 20;
+
+/// What [`run`] runs, and where.
+#[derive(Debug, Clone, Copy)]
+pub struct Spawn<'a> {
+    /// The command, environment additions, timeout, stdin and per-stream output limit. [`run`]
+    /// validates it again.
+    pub request: &'a ExecRequest,
+    /// A directory descriptor opened beneath the workspace; the child `fchdir`s to it before
+    /// `exec`. It need not be close-on-exec: the child marks it so.
+    pub cwd: BorrowedFd<'a>,
+    /// `HOME` as the command sees the workspace (for example `/workspace`, or the host path).
+    pub home: &'a str,
+    /// Time between `SIGTERM` and `SIGKILL` to the process group when the timeout expires. The
+    /// grace ends early when the shell exits: the rest of the group gets `SIGKILL` then.
+    pub kill_grace: Duration,
+}
+
+impl<'a> Spawn<'a> {
+    /// A spawn with [`DEFAULT_KILL_GRACE`].
+    pub fn new(request: &'a ExecRequest, cwd: BorrowedFd<'a>, home: &'a str) -> Self {
+        Spawn {
+            request,
+            cwd,
+            home,
+            kill_grace: DEFAULT_KILL_GRACE,
+        }
+    }
+}
+
+/// One of the command's two output streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Stream {
+    /// Standard output (fd 1).
+    Stdout,
+    /// Standard error (fd 2).
+    Stderr,
+}
+
+/// A sink for output as it arrives: called with the stream and a chunk of bytes (see [`run`]).
+pub type OnOutput<'a> = &'a mut (dyn FnMut(Stream, &[u8]) + Send);
+
+/// Runs `/bin/sh -c COMMAND` as described in the [module docs](self) and waits for it and its
+/// output.
+///
+/// `on_output`, when given, receives every chunk of output as it is read (up to 64 KiB each,
+/// before the output limit is applied), so a server can stream it; it is called from this future,
+/// never concurrently, and should return quickly.
+///
+/// The result's `status` is how the shell ended: its exit code, or the signal that killed it
+/// (after a timeout, usually `SIGTERM` or `SIGKILL`, with `timed_out` set). `duration` runs from
+/// spawn to the end of output. If this future is dropped before it completes, the process group
+/// is sent `SIGKILL`.
+///
+/// # Errors
+/// - [`Error::InvalidRequest`] when the request fails [`ExecRequest::validate`].
+/// - [`Error::Backend`] when the command cannot be started (no `/bin/sh`, `cwd` not a directory,
+///   no process slots, ...) or waiting for it fails.
+pub async fn run(spawn: Spawn<'_>, mut on_output: Option<OnOutput<'_>>) -> Result<ExecResult> {
+    let req = spawn.request;
+    req.validate()?;
+    let limit = req.output_limit;
+
+    let mut cmd = Command::new("/bin/sh");
+    cmd.arg("-c")
+        .arg(&req.command)
+        .env_clear()
+        .envs(base_environment(spawn.home))
+        .envs(&req.env)
+        .stdin(if req.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let cwd_fd: RawFd = spawn.cwd.as_raw_fd();
+    let fallback_max_fd = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(FALLBACK_MAX_FD)
+        .min(FALLBACK_MAX_FD) as RawFd;
+    // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
+    // calls are allowed. It captures two integers and makes only raw system calls: setsid,
+    // fchdir, close_range and fcntl (rustix issues these as direct system calls or plain libc
+    // wrappers; libc::syscall is a thin wrapper). It allocates nothing, takes no lock and touches no shared state; errors are
+    // returned as `io::Error::from_raw_os_error`, which does not allocate. `cwd_fd` stays open
+    // for the whole spawn because `spawn.cwd` borrows it for longer than this function.
+    unsafe {
+        cmd.pre_exec(move || {
+            rustix::process::setsid()?;
+            rustix::process::fchdir(BorrowedFd::borrow_raw(cwd_fd))?;
+            mark_inherited_fds_cloexec(fallback_max_fd)
+        });
+    }
+
+    let started = Instant::now();
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Error::Backend(format!("could not start /bin/sh -c for the command: {e}")))?;
+    let group = child.id().and_then(|id| Pid::from_raw(id as i32));
+    let mut guard = GroupGuard(group);
+    let mut stdin = child.stdin.take();
+    let mut stdout = child.stdout.take();
+    let mut stderr = child.stderr.take();
+    let stdin_data: &[u8] = req.stdin.as_deref().unwrap_or_default();
+    let mut stdin_pos = 0;
+
+    let mut out = Capped::new(limit);
+    let mut err = Capped::new(limit);
+    let mut out_buf = vec![0u8; READ_CHUNK];
+    let mut err_buf = vec![0u8; READ_CHUNK];
+
+    let timeout_at = started + req.timeout;
+    let mut status: Option<std::process::ExitStatus> = None;
+    // Set when the timeout sent SIGTERM: when SIGKILL follows.
+    let mut kill_at: Option<Instant> = None;
+    let mut killed = false;
+    // Set once the shell is gone and its group killed: when to stop waiting for output.
+    let mut drain_until: Option<Instant> = None;
+
+    if stdin_data.is_empty() {
+        stdin = None;
+    }
+
+    while status.is_none() || stdout.is_some() || stderr.is_some() {
+        tokio::select! {
+            r = write_some(&mut stdin, &stdin_data[stdin_pos..]), if stdin.is_some() => {
+                match r {
+                    Ok(n) if n > 0 => {
+                        stdin_pos += n;
+                        if stdin_pos == stdin_data.len() {
+                            stdin = None;
+                        }
+                    }
+                    // Zero bytes or an error (EPIPE: the command stopped reading): give up on it.
+                    _ => stdin = None,
+                }
+            }
+            r = read_some(&mut stdout, &mut out_buf), if stdout.is_some() => {
+                match r {
+                    Ok(n) if n > 0 => {
+                        if let Some(f) = on_output.as_mut() {
+                            f(Stream::Stdout, &out_buf[..n]);
+                        }
+                        out.push(&out_buf[..n]);
+                    }
+                    _ => stdout = None,
+                }
+            }
+            r = read_some(&mut stderr, &mut err_buf), if stderr.is_some() => {
+                match r {
+                    Ok(n) if n > 0 => {
+                        if let Some(f) = on_output.as_mut() {
+                            f(Stream::Stderr, &err_buf[..n]);
+                        }
+                        err.push(&err_buf[..n]);
+                    }
+                    _ => stderr = None,
+                }
+            }
+            r = child.wait(), if status.is_none() => {
+                let s = r.map_err(|e| Error::Backend(format!("could not wait for the command: {e}")))?;
+                status = Some(s);
+                stdin = None;
+                // Nothing of the command may outlive the shell (after a timeout too: the grace
+                // ends when the shell does).
+                signal_group(group, Signal::KILL);
+                killed = true;
+                drain_until = Some(Instant::now() + DRAIN_DEADLINE);
+            }
+            _ = sleep_until(timeout_at), if status.is_none() && kill_at.is_none() => {
+                tracing::debug!(timeout = ?req.timeout, "command timed out; sending SIGTERM to its process group");
+                signal_group(group, Signal::TERM);
+                kill_at = Some(Instant::now() + spawn.kill_grace);
+            }
+            _ = sleep_until(kill_at.unwrap_or(timeout_at)), if kill_at.is_some() && !killed => {
+                signal_group(group, Signal::KILL);
+                killed = true;
+            }
+            _ = sleep_until(drain_until.unwrap_or(timeout_at)), if drain_until.is_some() => {
+                tracing::debug!("a process outside the command's group still holds its output open; not waiting for it");
+                break;
+            }
+        }
+    }
+
+    // The loop ends only after the shell exited, when the group was killed; `guard` is disarmed.
+    guard.0 = None;
+    let duration = started.elapsed();
+
+    let status = status.expect("the loop ends only after the shell exited");
+    let status = match (status.code(), status.signal()) {
+        (Some(c), _) => ExitStatus::Code(c),
+        (None, Some(sig)) => ExitStatus::Signal(sig),
+        (None, None) => return Err(Error::Backend(format!("unexpected wait status {status}"))),
+    };
+    Ok(ExecResult {
+        status,
+        stdout: out.data,
+        stderr: err.data,
+        stdout_truncated: out.truncated,
+        stderr_truncated: err.truncated,
+        timed_out: kill_at.is_some(),
+        duration,
+    })
+}
+
+/// Marks every descriptor from 3 up close-on-exec. Runs in the forked child: async-signal-safe.
+fn mark_inherited_fds_cloexec(fallback_max_fd: RawFd) -> io::Result<()> {
+    // SAFETY: close_range(2) with CLOSE_RANGE_CLOEXEC only changes descriptor flags; it takes
+    // three integer arguments and touches no memory.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if !matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EINVAL)) {
+        return Err(e);
+    }
+    // Before Linux 5.11: one by one, up to the descriptor limit.
+    for fd in 3..fallback_max_fd {
+        // SAFETY: fcntl on a descriptor that may not exist is harmless (EBADF, ignored); the
+        // borrow lasts for this one call.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let _ = rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::CLOEXEC);
+    }
+    Ok(())
+}
+
+/// Writes some of `data` to the pipe; waits forever when there is none (the branch is disabled).
+async fn write_some(pipe: &mut Option<ChildStdin>, data: &[u8]) -> io::Result<usize> {
+    match pipe {
+        Some(p) => p.write(data).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Reads a chunk from the pipe; waits forever when there is none (the branch is disabled).
+async fn read_some<R: AsyncRead + Unpin>(
+    pipe: &mut Option<R>,
+    buf: &mut [u8],
+) -> io::Result<usize> {
+    match pipe {
+        Some(p) => p.read(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Output kept up to a limit; the rest counted as truncated.
+struct Capped {
+    data: Vec<u8>,
+    limit: usize,
+    truncated: bool,
+}
+
+impl Capped {
+    fn new(limit: usize) -> Self {
+        Capped {
+            data: Vec::new(),
+            limit,
+            truncated: false,
+        }
+    }
+
+    fn push(&mut self, chunk: &[u8]) {
+        let room = self.limit - self.data.len();
+        if chunk.len() > room {
+            self.truncated = true;
+        }
+        self.data.extend_from_slice(&chunk[..chunk.len().min(room)]);
+    }
+}
+
+/// Sends `sig` to the process group led by the shell, ignoring "no such group".
+fn signal_group(group: Option<Pid>, sig: Signal) {
+    if let Some(g) = group {
+        let _ = rustix::process::kill_process_group(g, sig);
+    }
+}
+
+/// Sends `SIGKILL` to the group on drop unless disarmed, so a cancelled [`run`] leaves nothing.
+struct GroupGuard(Option<Pid>);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        signal_group(self.0, Signal::KILL);
+    }
+}
+
+/// Pids of the host processes whose working directory or root directory is `dir` or beneath it,
+/// compared component-wise (`/a/bc` is not beneath `/a/b`), read from `/proc/PID/cwd` and
+/// `/proc/PID/root`. The calling process is left out.
+///
+/// `dir` is canonicalised first when it exists. Processes whose links cannot be read (gone
+/// meanwhile, or another user's without the privilege to look) are skipped; so is everything
+/// when `/proc` cannot be read. Pids are in `/proc`'s order. Every process is under `/`.
+pub fn processes_under(dir: &Path) -> Vec<u32> {
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let me = std::process::id();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let link =
+            |name: &str| -> Option<PathBuf> { std::fs::read_link(entry.path().join(name)).ok() };
+        let inside = |p: Option<PathBuf>| p.is_some_and(|p| p.starts_with(&dir));
+        if inside(link("cwd")) || inside(link("root")) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Sends `SIGKILL` to each pid and, when it leads a process group, to that group; returns how
+/// many of `pids` were signalled (a pid counts once when it or its group was).
+///
+/// Pids 0 and 1, pids above `i32::MAX`, the calling process and the caller's own process group
+/// are never signalled. Pids already gone are skipped.
+pub fn kill_all(pids: &[u32]) -> usize {
+    let me = std::process::id();
+    let my_group = rustix::process::getpgrp();
+    let mut signalled = 0;
+    for &raw in pids {
+        if raw <= 1 || raw == me {
+            continue;
+        }
+        let Some(pid) = i32::try_from(raw).ok().and_then(Pid::from_raw) else {
+            continue;
+        };
+        let mut hit = false;
+        if rustix::process::getpgid(Some(pid)).is_ok_and(|g| g == pid && g != my_group) {
+            hit |= rustix::process::kill_process_group(pid, Signal::KILL).is_ok();
+        }
+        hit |= rustix::process::kill_process(pid, Signal::KILL).is_ok();
+        if hit {
+            signalled += 1;
+        }
+    }
+    signalled
+}
