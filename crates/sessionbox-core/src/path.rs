@@ -290,7 +290,7 @@ mod tests {
                 assert!(WorkspacePath::resolve(root, &bad).is_err(), "{root} {bad}");
             }
             for good in [
-                format!("{r}"),
+                r.to_string(),
                 format!("{r}/"),
                 format!("{r}//a"),
                 format!("{r}/./a/./b"),

@@ -1,1 +1,306 @@
-//! placeholder
+//! Conversation lifecycle: the one sequence every front end (CLI, HTTP, MCP) runs.
+//!
+//! [`Manager::open`] records the conversation in the store (insert-if-absent, so concurrent
+//! first calls make one record), then asks the runtime for a session. The [`Conversation`] it
+//! returns is itself a [`Session`]: every operation is passed to the runtime's session and
+//! recorded in the audit log (operation and outcome; never file contents, commands or secrets).
+//! [`Manager::destroy`] ends the conversation in the runtime, then deletes its record.
+//!
+//! Architecture invariant: this crate knows no wire format and no runtime in particular; it sees
+//! only the [`Runtime`] and [`Session`] traits and the store.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::Utc;
+use sessionbox_core::{
+    ConversationKey, ConversationRef, DestroyReport, DirEntry, EditRequest, EditResult, Error,
+    ExecRequest, ExecResult, FileStat, GrepMatch, GrepRequest, Result, Runtime, Session, TenantId,
+    WorkspacePath,
+};
+use sessionbox_store::{AuditEntry, ConversationRecord, Store};
+
+/// Store plus runtime: opens, lists and destroys conversations, and audits what is done to them.
+///
+/// Cheap to clone; share one per process.
+#[derive(Clone)]
+pub struct Manager {
+    store: Store,
+    runtime: Arc<dyn Runtime>,
+}
+
+/// What [`Manager::destroy`] removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DestroyOutcome {
+    /// What the runtime removed.
+    pub runtime: DestroyReport,
+    /// True when a store record existed and was deleted.
+    pub record_removed: bool,
+}
+
+impl DestroyOutcome {
+    /// True when nothing existed to remove.
+    pub fn nothing_removed(&self) -> bool {
+        !self.record_removed
+            && !self.runtime.workspace_removed
+            && !self.runtime.sandbox_removed
+            && self.runtime.processes_killed == 0
+    }
+}
+
+impl Manager {
+    /// Serves conversations of `runtime`, recorded in `store`.
+    pub fn new(store: Store, runtime: Arc<dyn Runtime>) -> Self {
+        Manager { store, runtime }
+    }
+
+    /// The runtime.
+    pub fn runtime(&self) -> &Arc<dyn Runtime> {
+        &self.runtime
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Checks a caller's path for `conversation` without opening it (so bad input creates
+    /// nothing).
+    ///
+    /// # Errors
+    /// [`Error::InvalidPath`] or [`Error::OutsideWorkspace`].
+    pub fn check_path(&self, conversation: &ConversationRef, path: &str) -> Result<WorkspacePath> {
+        WorkspacePath::resolve(&self.runtime.presented_root(&conversation.key), path)
+    }
+
+    /// Opens `conversation`, creating its record and workspace on first use.
+    ///
+    /// # Errors
+    /// [`Error::Conflict`] when the conversation belongs to another runtime; the runtime's errors.
+    pub async fn open(&self, conversation: &ConversationRef) -> Result<Conversation> {
+        let runtime_name = self.runtime.info().name;
+        let store = self.store.clone();
+        let conv = conversation.clone();
+        let recorded =
+            blocking(move || store.get_or_create(&conv, &runtime_name, Utc::now())).await;
+        let (record, created) = match recorded {
+            Ok(r) => r,
+            Err(e) => {
+                self.audit(conversation, "open", &Err::<(), _>(e.clone()), None)
+                    .await;
+                return Err(e);
+            }
+        };
+        let session = self.runtime.open(conversation).await;
+        let detail = created.then(|| "created".to_owned());
+        self.audit(conversation, "open", &session, detail).await;
+        if !created {
+            let store = self.store.clone();
+            let key = conversation.key.clone();
+            blocking(move || store.touch(&key, Utc::now())).await?;
+        }
+        Ok(Conversation {
+            session: session?,
+            conversation: conversation.clone(),
+            record,
+            created,
+            store: self.store.clone(),
+        })
+    }
+
+    /// Ends `conversation`: its processes, sandbox, workspace and record. Idempotent.
+    pub async fn destroy(&self, conversation: &ConversationRef) -> Result<DestroyOutcome> {
+        let result = self.destroy_inner(&conversation.key).await;
+        let detail = result.as_ref().ok().map(|o| {
+            format!(
+                "processes_killed={} workspace_removed={} sandbox_removed={} record_removed={}",
+                o.runtime.processes_killed,
+                o.runtime.workspace_removed,
+                o.runtime.sandbox_removed,
+                o.record_removed
+            )
+        });
+        self.audit(conversation, "destroy", &result, detail).await;
+        result
+    }
+
+    async fn destroy_inner(&self, key: &ConversationKey) -> Result<DestroyOutcome> {
+        let runtime = self.runtime.destroy(key).await?;
+        let store = self.store.clone();
+        let k = key.clone();
+        let record_removed = blocking(move || store.delete(&k)).await?;
+        Ok(DestroyOutcome {
+            runtime,
+            record_removed,
+        })
+    }
+
+    /// The recorded conversations, of one tenant or all, most recently used first.
+    pub async fn list(&self, tenant: Option<&TenantId>) -> Result<Vec<ConversationRecord>> {
+        let store = self.store.clone();
+        let tenant = tenant.cloned();
+        blocking(move || store.list(tenant.as_ref())).await
+    }
+
+    async fn audit<T>(
+        &self,
+        conversation: &ConversationRef,
+        operation: &str,
+        outcome: &Result<T>,
+        detail: Option<String>,
+    ) {
+        audit(&self.store, conversation, operation, outcome, detail).await;
+    }
+}
+
+/// Appends one audit record. A failing audit write is logged, not returned: the operation it
+/// describes has already happened.
+async fn audit<T>(
+    store: &Store,
+    conversation: &ConversationRef,
+    operation: &str,
+    outcome: &Result<T>,
+    detail: Option<String>,
+) {
+    let entry = AuditEntry {
+        at: Utc::now(),
+        tenant: conversation.tenant.clone(),
+        conversation_key: Some(conversation.key.clone()),
+        operation: operation.to_owned(),
+        outcome: match outcome {
+            Ok(_) => "ok".to_owned(),
+            Err(e) => e.code().to_owned(),
+        },
+        detail,
+    };
+    let store = store.clone();
+    if let Err(e) = blocking(move || store.audit(&entry)).await {
+        tracing::warn!(error = %e, "audit record not written");
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Backend(format!("store task failed: {e}")))?
+}
+
+/// An open conversation: a runtime [`Session`] whose every operation is audited.
+pub struct Conversation {
+    session: Box<dyn Session>,
+    conversation: ConversationRef,
+    record: ConversationRecord,
+    created: bool,
+    store: Store,
+}
+
+impl Conversation {
+    /// True when this open created the conversation (it did not exist before).
+    pub fn created(&self) -> bool {
+        self.created
+    }
+
+    /// The store record as it was when opened.
+    pub fn record(&self) -> &ConversationRecord {
+        &self.record
+    }
+
+    /// Tenant, id and key.
+    pub fn conversation(&self) -> &ConversationRef {
+        &self.conversation
+    }
+
+    async fn audited<T>(&self, operation: &str, detail: Option<String>, r: Result<T>) -> Result<T> {
+        audit(&self.store, &self.conversation, operation, &r, detail).await;
+        r
+    }
+}
+
+#[async_trait]
+impl Session for Conversation {
+    fn key(&self) -> &ConversationKey {
+        self.session.key()
+    }
+
+    fn workspace_root(&self) -> &str {
+        self.session.workspace_root()
+    }
+
+    async fn exec(&self, request: ExecRequest) -> Result<ExecResult> {
+        let r = self.session.exec(request).await;
+        // The command line is not recorded: it may carry secrets.
+        let detail = r.as_ref().ok().map(|r| {
+            format!(
+                "exit={} timed_out={} duration_ms={}",
+                r.shell_exit_code(),
+                r.timed_out,
+                r.duration.as_millis()
+            )
+        });
+        self.audited("exec", detail, r).await
+    }
+
+    async fn read(&self, path: &str) -> Result<Vec<u8>> {
+        let r = self.session.read(path).await;
+        self.audited("read", Some(path_detail(path)), r).await
+    }
+
+    async fn write(&self, path: &str, data: &[u8]) -> Result<()> {
+        let r = self.session.write(path, data).await;
+        let detail = format!("{} bytes={}", path_detail(path), data.len());
+        self.audited("write", Some(detail), r).await
+    }
+
+    async fn edit(&self, path: &str, edit: &EditRequest) -> Result<EditResult> {
+        let r = self.session.edit(path, edit).await;
+        self.audited("edit", Some(path_detail(path)), r).await
+    }
+
+    async fn list(&self, path: &str) -> Result<Vec<DirEntry>> {
+        let r = self.session.list(path).await;
+        self.audited("list", Some(path_detail(path)), r).await
+    }
+
+    async fn glob(&self, pattern: &str) -> Result<Vec<String>> {
+        let r = self.session.glob(pattern).await;
+        self.audited("glob", None, r).await
+    }
+
+    async fn grep(&self, request: &GrepRequest) -> Result<Vec<GrepMatch>> {
+        let r = self.session.grep(request).await;
+        self.audited("grep", None, r).await
+    }
+
+    async fn stat(&self, path: &str) -> Result<FileStat> {
+        let r = self.session.stat(path).await;
+        self.audited("stat", Some(path_detail(path)), r).await
+    }
+
+    async fn remove(&self, path: &str, recursive: bool) -> Result<()> {
+        let r = self.session.remove(path, recursive).await;
+        self.audited("remove", Some(path_detail(path)), r).await
+    }
+
+    async fn mkdir(&self, path: &str) -> Result<()> {
+        let r = self.session.mkdir(path).await;
+        self.audited("mkdir", Some(path_detail(path)), r).await
+    }
+
+    async fn close(self: Box<Self>) -> Result<()> {
+        let Conversation {
+            session,
+            conversation,
+            store,
+            ..
+        } = *self;
+        let r = session.close().await;
+        audit(&store, &conversation, "close", &r, None).await;
+        r
+    }
+}
+
+/// A path for the audit log: escaped, cut to 256 characters.
+fn path_detail(path: &str) -> String {
+    let cut: String = path.chars().take(256).collect();
+    format!("path={cut:?}")
+}

@@ -1,1 +1,545 @@
-fn main() {}
+//! `sessionbox`: isolated, resumable workspaces for AI-agent conversations.
+//!
+//! This binary is wiring: it reads settings, builds the store, runtime and manager, and maps
+//! each subcommand onto [`sessionbox_manager::Manager`] and [`sessionbox_core::Session`].
+
+mod config;
+mod verify;
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use sessionbox_core::{
+    ConversationRef, EditRequest, Error, ExecRequest, FileKind, GrepRequest, Runtime, Session,
+    TenantId,
+};
+use sessionbox_local::host::{HostConfig, HostRuntime};
+use sessionbox_manager::Manager;
+use sessionbox_store::Store;
+
+use crate::config::{FileConfig, RuntimeKind};
+
+/// Isolated, resumable workspaces for AI-agent conversations.
+///
+/// Each conversation id (within a tenant) maps to its own workspace: the same id resumes its
+/// files on the next call, different ids never see each other's files.
+#[derive(Debug, Parser)]
+#[command(version, propagate_version = true)]
+struct Cli {
+    /// Data directory [default: $SESSIONBOX_HOME, else the XDG data directory + /sessionbox].
+    #[arg(long, global = true, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Configuration file [default: <data dir>/sessionbox.toml].
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Tenant whose conversations to use [default: "default"].
+    #[arg(long, global = true, env = "SESSIONBOX_TENANT")]
+    tenant: Option<String>,
+    /// Isolation runtime [default: host].
+    #[arg(long, global = true, env = "SESSIONBOX_RUNTIME", value_enum)]
+    runtime: Option<RuntimeKind>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, clap::Args)]
+struct Conv {
+    /// The conversation id: 1-128 ASCII letters, digits, '.', '_', '-', starting with a letter or digit.
+    #[arg(long, short = 'c', value_name = "ID")]
+    conversation: String,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a shell command in a conversation's workspace; exits with its exit code (124 on timeout).
+    ///
+    /// One argument is a shell command line (`sessionbox exec -c a -- 'ls | wc -l'`); several are
+    /// quoted and joined (`sessionbox exec -c a -- ls -la`).
+    Exec {
+        #[command(flatten)]
+        conv: Conv,
+        /// Working directory, a workspace path [default: the workspace root].
+        #[arg(long)]
+        cwd: Option<String>,
+        /// Seconds before the command's process group is killed (at most 600).
+        #[arg(long, default_value_t = 120.0)]
+        timeout: f64,
+        /// Extra environment variable for the command, NAME=VALUE (repeatable).
+        #[arg(long = "env", short = 'e', value_name = "NAME=VALUE")]
+        env: Vec<String>,
+        /// Pass this process's stdin to the command.
+        #[arg(long)]
+        stdin: bool,
+        /// The command.
+        #[arg(last = true, required = true, value_name = "CMD")]
+        command: Vec<String>,
+    },
+    /// Write stdin to a file in the workspace (atomically; parent directories are created).
+    Write {
+        #[command(flatten)]
+        conv: Conv,
+        path: String,
+    },
+    /// Print a file of the workspace.
+    Read {
+        #[command(flatten)]
+        conv: Conv,
+        path: String,
+    },
+    /// Replace an exact string in a file; it must occur exactly once unless --all.
+    Edit {
+        #[command(flatten)]
+        conv: Conv,
+        path: String,
+        #[arg(long)]
+        old: String,
+        #[arg(long)]
+        new: String,
+        /// Replace every occurrence.
+        #[arg(long)]
+        all: bool,
+    },
+    /// List a directory of the workspace.
+    Ls {
+        #[command(flatten)]
+        conv: Conv,
+        #[arg(default_value = ".")]
+        path: String,
+    },
+    /// Show a path's metadata as JSON.
+    Stat {
+        #[command(flatten)]
+        conv: Conv,
+        path: String,
+    },
+    /// Remove a file, link or directory.
+    Rm {
+        #[command(flatten)]
+        conv: Conv,
+        path: String,
+        /// Remove a directory and everything in it.
+        #[arg(long, short = 'r')]
+        recursive: bool,
+    },
+    /// Create a directory and its parents.
+    Mkdir {
+        #[command(flatten)]
+        conv: Conv,
+        path: String,
+    },
+    /// List files matching a glob such as `src/**/*.rs`.
+    Glob {
+        #[command(flatten)]
+        conv: Conv,
+        pattern: String,
+    },
+    /// Search file contents with a regular expression.
+    Grep {
+        #[command(flatten)]
+        conv: Conv,
+        pattern: String,
+        /// File or directory to search [default: the whole workspace].
+        path: Option<String>,
+        /// Only files matching this glob.
+        #[arg(long)]
+        glob: Option<String>,
+        /// Case-insensitive.
+        #[arg(long, short = 'i')]
+        ignore_case: bool,
+    },
+    /// List this tenant's conversations with their state and last use.
+    Conversations {
+        /// Every tenant's conversations.
+        #[arg(long)]
+        all_tenants: bool,
+    },
+    /// End a conversation: kill its processes, remove its workspace and record. Idempotent.
+    Destroy {
+        #[command(flatten)]
+        conv: Conv,
+    },
+    /// Run the isolation experiment (resume, isolation, concurrency, cleanup) on the runtime.
+    Verify(verify::VerifyArgs),
+}
+
+/// Everything a subcommand needs.
+pub struct App {
+    pub manager: Manager,
+    pub tenant: TenantId,
+    pub runtime_name: &'static str,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            // clap exits 2 for usage errors and 0 for --help/--version.
+            e.exit();
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SESSIONBOX_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            let invalid = e
+                .downcast_ref::<Error>()
+                .is_some_and(Error::is_invalid_input)
+                || e.downcast_ref::<UsageError>().is_some();
+            ExitCode::from(if invalid { 2 } else { 1 })
+        }
+    }
+}
+
+/// A usage error found after parsing (exit code 2).
+#[derive(Debug)]
+struct UsageError(String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let data_dir = config::data_dir(cli.data_dir.clone())?;
+    let (config_path, required) = match &cli.config {
+        Some(p) => (p.clone(), true),
+        None => (data_dir.join("sessionbox.toml"), false),
+    };
+    let file = FileConfig::load(&config_path, required)?;
+    let tenant = cli
+        .tenant
+        .clone()
+        .or(file.tenant.clone())
+        .unwrap_or_else(|| TenantId::DEFAULT.to_owned());
+    let tenant = TenantId::new(tenant)?;
+    let kind = cli.runtime.or(file.runtime).unwrap_or(RuntimeKind::Host);
+
+    // Validate the conversation id before anything is created.
+    let conversation = match command_conversation(&cli.command) {
+        Some(id) => Some(ConversationRef::new(tenant.clone(), id.parse()?)),
+        None => None,
+    };
+
+    let runtime: Arc<dyn Runtime> = match kind {
+        RuntimeKind::Host => {
+            let mut host = HostConfig::new(&data_dir);
+            if let Some(l) = file.limits {
+                host.limits = l;
+            }
+            if let Some(ms) = file.host.kill_grace_ms {
+                host.kill_grace = Duration::from_millis(ms);
+            }
+            Arc::new(HostRuntime::new(host)?)
+        }
+    };
+    let store = Store::open(&data_dir.join("sessionbox.db"))?;
+    let ctx = App {
+        manager: Manager::new(store, runtime),
+        tenant,
+        runtime_name: kind.name(),
+    };
+
+    match cli.command {
+        Command::Verify(args) => verify::run(&ctx, args).await,
+        Command::Conversations { all_tenants } => {
+            let tenant = (!all_tenants).then_some(&ctx.tenant);
+            let records = ctx.manager.list(tenant).await?;
+            println!(
+                "{:<20} {:<32} {:<10} {:<9} {:<25}",
+                "TENANT", "CONVERSATION", "RUNTIME", "STATE", "LAST USED"
+            );
+            for r in records {
+                println!(
+                    "{:<20} {:<32} {:<10} {:<9} {:<25}",
+                    r.tenant.as_str(),
+                    r.conversation_id.as_str(),
+                    r.runtime,
+                    r.state.as_str(),
+                    r.last_used_at
+                        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Destroy { .. } => {
+            let conv = conversation.expect("destroy names a conversation");
+            let out = ctx.manager.destroy(&conv).await?;
+            if out.nothing_removed() {
+                println!("conversation {} did not exist; nothing removed", conv.id);
+            } else {
+                println!(
+                    "destroyed conversation {}: {} process(es) killed, workspace {}, record {}",
+                    conv.id,
+                    out.runtime.processes_killed,
+                    if out.runtime.workspace_removed {
+                        "removed"
+                    } else {
+                        "absent"
+                    },
+                    if out.record_removed {
+                        "removed"
+                    } else {
+                        "absent"
+                    },
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        command => {
+            let conv = conversation.expect("every other subcommand names a conversation");
+            session_command(&ctx, &conv, command).await
+        }
+    }
+}
+
+fn command_conversation(c: &Command) -> Option<&str> {
+    match c {
+        Command::Exec { conv, .. }
+        | Command::Write { conv, .. }
+        | Command::Read { conv, .. }
+        | Command::Edit { conv, .. }
+        | Command::Ls { conv, .. }
+        | Command::Stat { conv, .. }
+        | Command::Rm { conv, .. }
+        | Command::Mkdir { conv, .. }
+        | Command::Glob { conv, .. }
+        | Command::Grep { conv, .. }
+        | Command::Destroy { conv } => Some(&conv.conversation),
+        Command::Conversations { .. } | Command::Verify(_) => None,
+    }
+}
+
+/// Checks every input of `command` that can be checked before the conversation is opened.
+fn precheck(ctx: &App, conv: &ConversationRef, command: &Command) -> anyhow::Result<()> {
+    let check = |p: &str| ctx.manager.check_path(conv, p).map(|_| ());
+    match command {
+        Command::Exec { cwd: Some(cwd), .. } => check(cwd)?,
+        Command::Write { path, .. }
+        | Command::Read { path, .. }
+        | Command::Edit { path, .. }
+        | Command::Ls { path, .. }
+        | Command::Stat { path, .. }
+        | Command::Rm { path, .. }
+        | Command::Mkdir { path, .. } => check(path)?,
+        Command::Grep { path: Some(p), .. } => check(p)?,
+        _ => {}
+    }
+    Ok(())
+}
+
+fn exec_request(
+    command: &[String],
+    cwd: Option<String>,
+    timeout: f64,
+    env: &[String],
+    stdin: bool,
+) -> anyhow::Result<ExecRequest> {
+    let line = match command {
+        [one] => one.clone(),
+        many => shell_words::join(many),
+    };
+    let timeout = Duration::try_from_secs_f64(timeout).map_err(|_| {
+        UsageError(format!(
+            "--timeout {timeout}: give a number of seconds from 0.001 to 600"
+        ))
+    })?;
+    let mut req = ExecRequest::new(line).timeout(timeout);
+    req.cwd = cwd;
+    for kv in env {
+        let Some((k, v)) = kv.split_once('=') else {
+            return Err(UsageError(format!("--env {kv:?}: expected NAME=VALUE")).into());
+        };
+        req = req.env(k, v);
+    }
+    if stdin {
+        let mut buf = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut buf)
+            .context("cannot read stdin")?;
+        req = req.stdin(buf);
+    }
+    req.validate()?;
+    Ok(req)
+}
+
+async fn session_command(
+    ctx: &App,
+    conv: &ConversationRef,
+    command: Command,
+) -> anyhow::Result<ExitCode> {
+    precheck(ctx, conv, &command)?;
+    // Build (and validate) everything before opening, so bad input creates nothing.
+    let exec = match &command {
+        Command::Exec {
+            cwd,
+            timeout,
+            env,
+            stdin,
+            command,
+            ..
+        } => Some(exec_request(command, cwd.clone(), *timeout, env, *stdin)?),
+        _ => None,
+    };
+    let write_data = match &command {
+        Command::Write { .. } => {
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .context("cannot read stdin")?;
+            Some(buf)
+        }
+        _ => None,
+    };
+    if let Command::Edit { old, .. } = &command
+        && old.is_empty()
+    {
+        return Err(UsageError("--old must not be empty".into()).into());
+    }
+
+    let session = ctx.manager.open(conv).await?;
+    let result = run_on_session(&session, command, exec, write_data).await;
+    let closed = Box::new(session).close().await;
+    let code = result?;
+    closed?;
+    Ok(code)
+}
+
+async fn run_on_session(
+    s: &sessionbox_manager::Conversation,
+    command: Command,
+    exec: Option<ExecRequest>,
+    write_data: Option<Vec<u8>>,
+) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
+    match command {
+        Command::Exec { .. } => {
+            let r = s.exec(exec.expect("built above")).await?;
+            out.write_all(&r.stdout)?;
+            out.flush()?;
+            std::io::stderr().write_all(&r.stderr)?;
+            if r.stdout_truncated || r.stderr_truncated {
+                eprintln!("sessionbox: output was cut at the output limit");
+            }
+            if r.timed_out {
+                eprintln!(
+                    "sessionbox: the command timed out after {:.1} s and was killed",
+                    r.duration.as_secs_f64()
+                );
+            }
+            Ok(ExitCode::from(
+                u8::try_from(r.shell_exit_code() & 0xff).unwrap_or(1),
+            ))
+        }
+        Command::Write { path, .. } => {
+            let data = write_data.expect("read above");
+            s.write(&path, &data).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Read { path, .. } => {
+            out.write_all(&s.read(&path).await?)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Edit {
+            path,
+            old,
+            new,
+            all,
+            ..
+        } => {
+            let r = s
+                .edit(
+                    &path,
+                    &EditRequest {
+                        old,
+                        new,
+                        replace_all: all,
+                    },
+                )
+                .await?;
+            eprintln!("{} replacement(s)", r.replacements);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Ls { path, .. } => {
+            for e in s.list(&path).await? {
+                let kind = match e.kind {
+                    FileKind::File => "-",
+                    FileKind::Directory => "d",
+                    FileKind::Symlink => "l",
+                    FileKind::Other => "?",
+                };
+                writeln!(out, "{kind} {:>12} {}", e.size, e.name)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Stat { path, .. } => {
+            writeln!(
+                out,
+                "{}",
+                serde_json::to_string_pretty(&s.stat(&path).await?)?
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Rm {
+            path, recursive, ..
+        } => {
+            s.remove(&path, recursive).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Mkdir { path, .. } => {
+            s.mkdir(&path).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Glob { pattern, .. } => {
+            for p in s.glob(&pattern).await? {
+                writeln!(out, "{p}")?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Grep {
+            pattern,
+            path,
+            glob,
+            ignore_case,
+            ..
+        } => {
+            let mut req = GrepRequest::new(pattern);
+            req.path = path;
+            req.glob = glob;
+            req.case_insensitive = ignore_case;
+            let matches = s.grep(&req).await?;
+            for m in &matches {
+                writeln!(out, "{}:{}:{}", m.path, m.line_number, m.line)?;
+            }
+            Ok(if matches.is_empty() {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+        Command::Conversations { .. } | Command::Destroy { .. } | Command::Verify(_) => {
+            unreachable!("handled without a session")
+        }
+    }
+}

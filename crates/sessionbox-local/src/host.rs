@@ -1,0 +1,280 @@
+//! The `host` runtime: one plain directory per conversation, commands run as the calling user.
+//!
+//! Boundary: directory separation only. File operations are confined to the workspace (paths go
+//! through the workspace path policy and are resolved beneath a descriptor of the workspace with
+//! `openat2`), but a shell command runs as the calling OS user and can reach whatever that user
+//! can. For trusted local development only.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sessionbox_core::{
+    ConversationKey, ConversationRef, DestroyReport, DirEntry, EditRequest, EditResult, Error,
+    ExecRequest, ExecResult, FileStat, GrepMatch, GrepRequest, Limits, Result, Runtime,
+    RuntimeConversation, RuntimeInfo, Session,
+};
+use sessionbox_fs::Workspace;
+
+use crate::process;
+
+/// Settings of the `host` runtime.
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// The data directory; workspaces live in `<data_dir>/workspaces/<conversation key>`.
+    pub data_dir: PathBuf,
+    /// File operation limits.
+    pub limits: Limits,
+    /// Time between SIGTERM and SIGKILL when a command times out.
+    pub kill_grace: Duration,
+}
+
+impl HostConfig {
+    /// Defaults for `data_dir`.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        HostConfig {
+            data_dir: data_dir.into(),
+            limits: Limits::default(),
+            kill_grace: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The `host` runtime. See the module documentation for its boundary.
+#[derive(Debug, Clone)]
+pub struct HostRuntime {
+    workspaces: PathBuf,
+    limits: Limits,
+    kill_grace: Duration,
+}
+
+impl HostRuntime {
+    /// The boundary this runtime gives, in one sentence.
+    pub const BOUNDARY: &'static str = "directory separation only: file operations stay in the workspace, but shell commands run as the calling OS user and can reach whatever it can";
+
+    /// Creates `<data_dir>/workspaces` (mode 0700) if needed.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when the directory cannot be created.
+    pub fn new(config: HostConfig) -> Result<Self> {
+        let workspaces = config.data_dir.join("workspaces");
+        create_private_dir_all(&workspaces)?;
+        let workspaces = std::fs::canonicalize(&workspaces)
+            .map_err(|e| Error::Backend(format!("cannot resolve {}: {e}", workspaces.display())))?;
+        Ok(HostRuntime {
+            workspaces,
+            limits: config.limits,
+            kill_grace: config.kill_grace,
+        })
+    }
+
+    fn dir_of(&self, key: &ConversationKey) -> PathBuf {
+        self.workspaces.join(key.as_str())
+    }
+}
+
+/// Creates `dir` and its parents; the last component gets mode 0700.
+pub(crate) fn create_private_dir_all(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| Error::Backend(format!("cannot create {}: {e}", dir.display())))
+}
+
+#[async_trait]
+impl Runtime for HostRuntime {
+    fn info(&self) -> RuntimeInfo {
+        RuntimeInfo {
+            name: "host".into(),
+            endpoint: None,
+            version: None,
+            boundary: Self::BOUNDARY.into(),
+        }
+    }
+
+    fn presented_root(&self, key: &ConversationKey) -> String {
+        self.dir_of(key).to_string_lossy().into_owned()
+    }
+
+    fn workspace_location(&self, key: &ConversationKey) -> String {
+        self.presented_root(key)
+    }
+
+    async fn open(&self, conversation: &ConversationRef) -> Result<Box<dyn Session>> {
+        let dir = self.dir_of(&conversation.key);
+        let root = dir.to_string_lossy().into_owned();
+        let limits = self.limits;
+        let ws = tokio::task::spawn_blocking(move || {
+            use std::os::unix::fs::DirBuilderExt;
+            // Concurrent first opens race here; whoever loses sees AlreadyExists, which is fine:
+            // the key names exactly one directory.
+            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => {
+                    return Err(Error::Backend(format!("cannot create the workspace: {e}")));
+                }
+            }
+            Workspace::open(&dir, &root, limits)
+        })
+        .await
+        .map_err(Error::backend)??;
+        Ok(Box::new(HostSession {
+            key: conversation.key.clone(),
+            workspace: Arc::new(ws),
+            kill_grace: self.kill_grace,
+        }))
+    }
+
+    async fn destroy(&self, key: &ConversationKey) -> Result<DestroyReport> {
+        let dir = self.dir_of(key);
+        let key = key.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut report = DestroyReport::default();
+            // Kill until none is left: a dying shell may have forked once more.
+            for _ in 0..10 {
+                let pids = process::processes_under(&dir);
+                if pids.is_empty() {
+                    break;
+                }
+                report.processes_killed += process::kill_all(&pids);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            match std::fs::symlink_metadata(&dir) {
+                Ok(_) => {
+                    std::fs::remove_dir_all(&dir).map_err(|e| {
+                        Error::Backend(format!("cannot remove the workspace of {key}: {e}"))
+                    })?;
+                    report.workspace_removed = true;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::Backend(format!("cannot inspect the workspace: {e}"))),
+            }
+            Ok(report)
+        })
+        .await
+        .map_err(Error::backend)?
+    }
+
+    async fn list(&self) -> Result<Vec<RuntimeConversation>> {
+        let dir = self.workspaces.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            let entries = std::fs::read_dir(&dir)
+                .map_err(|e| Error::Backend(format!("cannot list {}: {e}", dir.display())))?;
+            for entry in entries {
+                let entry = entry.map_err(Error::backend)?;
+                let Some(key) = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| ConversationKey::parse(n).ok())
+                else {
+                    continue;
+                };
+                let processes = process::processes_under(&entry.path());
+                out.push(RuntimeConversation { key, processes });
+            }
+            out.sort_by(|a, b| a.key.cmp(&b.key));
+            Ok(out)
+        })
+        .await
+        .map_err(Error::backend)?
+    }
+}
+
+/// An open `host` conversation.
+struct HostSession {
+    key: ConversationKey,
+    workspace: Arc<Workspace>,
+    kill_grace: Duration,
+}
+
+impl HostSession {
+    async fn fs<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Workspace) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let ws = self.workspace.clone();
+        tokio::task::spawn_blocking(move || f(&ws))
+            .await
+            .map_err(Error::backend)?
+    }
+}
+
+#[async_trait]
+impl Session for HostSession {
+    fn key(&self) -> &ConversationKey {
+        &self.key
+    }
+
+    fn workspace_root(&self) -> &str {
+        self.workspace.presented_root()
+    }
+
+    async fn exec(&self, request: ExecRequest) -> Result<ExecResult> {
+        request.validate()?;
+        let cwd = request.cwd.clone().unwrap_or_else(|| ".".to_owned());
+        let cwd_fd = self.fs(move |ws| ws.open_dir(&cwd)).await?;
+        let spawn = process::Spawn {
+            request: &request,
+            cwd: std::os::fd::AsFd::as_fd(&cwd_fd),
+            home: self.workspace.presented_root(),
+            kill_grace: self.kill_grace,
+        };
+        process::run(spawn, None).await
+    }
+
+    async fn read(&self, path: &str) -> Result<Vec<u8>> {
+        let path = path.to_owned();
+        self.fs(move |ws| ws.read(&path)).await
+    }
+
+    async fn write(&self, path: &str, data: &[u8]) -> Result<()> {
+        let path = path.to_owned();
+        let data = data.to_vec();
+        self.fs(move |ws| ws.write(&path, &data)).await
+    }
+
+    async fn edit(&self, path: &str, edit: &EditRequest) -> Result<EditResult> {
+        let path = path.to_owned();
+        let edit = edit.clone();
+        self.fs(move |ws| ws.edit(&path, &edit)).await
+    }
+
+    async fn list(&self, path: &str) -> Result<Vec<DirEntry>> {
+        let path = path.to_owned();
+        self.fs(move |ws| ws.list(&path)).await
+    }
+
+    async fn glob(&self, pattern: &str) -> Result<Vec<String>> {
+        let pattern = pattern.to_owned();
+        self.fs(move |ws| ws.glob(&pattern)).await
+    }
+
+    async fn grep(&self, request: &GrepRequest) -> Result<Vec<GrepMatch>> {
+        let request = request.clone();
+        self.fs(move |ws| ws.grep(&request)).await
+    }
+
+    async fn stat(&self, path: &str) -> Result<FileStat> {
+        let path = path.to_owned();
+        self.fs(move |ws| ws.stat(&path)).await
+    }
+
+    async fn remove(&self, path: &str, recursive: bool) -> Result<()> {
+        let path = path.to_owned();
+        self.fs(move |ws| ws.remove(&path, recursive)).await
+    }
+
+    async fn mkdir(&self, path: &str) -> Result<()> {
+        let path = path.to_owned();
+        self.fs(move |ws| ws.mkdir(&path)).await
+    }
+
+    async fn close(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+}

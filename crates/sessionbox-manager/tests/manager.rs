@@ -1,0 +1,105 @@
+//! The manager over the real `host` runtime and a real SQLite store.
+
+use std::sync::Arc;
+
+use sessionbox_core::{ConversationRef, ExecRequest, Session};
+use sessionbox_local::host::{HostConfig, HostRuntime};
+use sessionbox_manager::Manager;
+use sessionbox_store::{AuditFilter, Store};
+
+fn manager(dir: &std::path::Path) -> Manager {
+    let store = Store::open(&dir.join("sessionbox.db")).unwrap();
+    let runtime = HostRuntime::new(HostConfig::new(dir)).unwrap();
+    Manager::new(store, Arc::new(runtime))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_opens_in_one_process_make_one_record_and_one_workspace() {
+    let d = tempfile::tempdir().unwrap();
+    let m = manager(d.path());
+    let conv = ConversationRef::parse("default", "race").unwrap();
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let m = m.clone();
+            let conv = conv.clone();
+            tokio::spawn(async move { m.open(&conv).await.unwrap().created() })
+        })
+        .collect();
+    let mut created = 0;
+    for t in tasks {
+        created += usize::from(t.await.unwrap());
+    }
+    assert_eq!(created, 1);
+    assert_eq!(m.list(None).await.unwrap().len(), 1);
+    assert_eq!(
+        std::fs::read_dir(d.path().join("workspaces"))
+            .unwrap()
+            .count(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn operations_are_audited_without_contents_or_commands() {
+    let d = tempfile::tempdir().unwrap();
+    let m = manager(d.path());
+    let conv = ConversationRef::parse("acme", "c1").unwrap();
+    let s = m.open(&conv).await.unwrap();
+    s.write("secret.txt", b"TOPSECRET-CONTENT").await.unwrap();
+    let r = s
+        .exec(ExecRequest::new("echo TOPSECRET-COMMAND"))
+        .await
+        .unwrap();
+    assert!(r.success());
+    let refused = s.read("../escape").await.unwrap_err();
+    assert_eq!(refused.code(), "outside_workspace");
+    Box::new(s).close().await.unwrap();
+    m.destroy(&conv).await.unwrap();
+
+    let log = m
+        .store()
+        .audit_log(&AuditFilter {
+            key: Some(conv.key.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+    let ops: Vec<(String, String)> = log
+        .iter()
+        .rev()
+        .map(|r| (r.entry.operation.clone(), r.entry.outcome.clone()))
+        .collect();
+    let want = [
+        ("open", "ok"),
+        ("write", "ok"),
+        ("exec", "ok"),
+        ("read", "outside_workspace"),
+        ("close", "ok"),
+        ("destroy", "ok"),
+    ];
+    let want: Vec<(String, String)> = want
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    assert_eq!(ops, want);
+    for r in &log {
+        let detail = r.entry.detail.clone().unwrap_or_default();
+        assert!(!detail.contains("TOPSECRET"), "{detail}");
+    }
+    // The audit log outlives the conversation.
+    assert!(m.list(None).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_conversation_resumes_its_files_after_close() {
+    let d = tempfile::tempdir().unwrap();
+    let m = manager(d.path());
+    let conv = ConversationRef::parse("default", "resume").unwrap();
+    let s = m.open(&conv).await.unwrap();
+    assert!(s.created());
+    s.write("a.txt", b"kept").await.unwrap();
+    Box::new(s).close().await.unwrap();
+    let m2 = manager(d.path());
+    let s = m2.open(&conv).await.unwrap();
+    assert!(!s.created());
+    assert_eq!(s.read("a.txt").await.unwrap(), b"kept");
+}

@@ -1,0 +1,115 @@
+//! Settings: command-line flags, then environment variables, then `sessionbox.toml`, then
+//! defaults. Secrets are never read from flags or the file; they come from the environment or
+//! from files named there.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+use sessionbox_core::Limits;
+
+/// Runtimes this build can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RuntimeKind {
+    /// A plain directory per conversation; not a security boundary.
+    Host,
+}
+
+impl RuntimeKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            RuntimeKind::Host => "host",
+        }
+    }
+}
+
+/// The contents of `sessionbox.toml`. Unknown keys are an error, so a typo is not ignored.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Default runtime.
+    pub runtime: Option<RuntimeKind>,
+    /// Default tenant.
+    pub tenant: Option<String>,
+    /// File operation limits.
+    #[serde(default)]
+    pub limits: Option<Limits>,
+    /// `host` runtime settings.
+    #[serde(default)]
+    pub host: HostSection,
+}
+
+/// `[host]` settings.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSection {
+    /// Milliseconds between SIGTERM and SIGKILL on timeout (default 2000).
+    pub kill_grace_ms: Option<u64>,
+}
+
+impl FileConfig {
+    /// Reads `path`. A missing file is an empty configuration unless `required`.
+    pub fn load(path: &Path, required: bool) -> anyhow::Result<Self> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => toml::from_str(&text)
+                .with_context(|| format!("invalid configuration file {}", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => Ok(Self::default()),
+            Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+        }
+    }
+}
+
+/// The data directory: `--data-dir`, else `$SESSIONBOX_HOME`, else `$XDG_DATA_HOME/sessionbox`
+/// (usually `~/.local/share/sessionbox`).
+pub fn data_dir(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    if let Some(d) = flag {
+        return Ok(d);
+    }
+    if let Some(d) = std::env::var_os("SESSIONBOX_HOME").filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(d));
+    }
+    match dirs::data_dir() {
+        Some(d) => Ok(d.join("sessionbox")),
+        None => bail!("no data directory: set SESSIONBOX_HOME or pass --data-dir"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sessionbox.toml");
+        std::fs::write(&p, "runtme = \"host\"\n").unwrap();
+        let err = FileConfig::load(&p, false).unwrap_err();
+        assert!(format!("{err:#}").contains("runtme"), "{err:#}");
+    }
+
+    #[test]
+    fn file_settings_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sessionbox.toml");
+        std::fs::write(
+            &p,
+            "runtime = \"host\"\ntenant = \"acme\"\n[limits]\nmax_file_bytes = 10\n[host]\nkill_grace_ms = 5\n",
+        )
+        .unwrap();
+        let c = FileConfig::load(&p, true).unwrap();
+        assert_eq!(c.runtime, Some(RuntimeKind::Host));
+        assert_eq!(c.tenant.as_deref(), Some("acme"));
+        assert_eq!(c.limits.unwrap().max_file_bytes, 10);
+        assert_eq!(c.limits.unwrap().max_entries, Limits::default().max_entries);
+        assert_eq!(c.host.kill_grace_ms, Some(5));
+    }
+
+    #[test]
+    fn a_missing_file_is_empty_unless_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("none.toml");
+        assert!(FileConfig::load(&p, false).is_ok());
+        assert!(FileConfig::load(&p, true).is_err());
+    }
+}

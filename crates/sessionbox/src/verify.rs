@@ -1,0 +1,636 @@
+//! `sessionbox verify`: the isolation experiment, on whichever runtime is configured.
+//!
+//! 1. Resume: conversation A writes `marker.txt` = `alpha`, closes, reopens with the same id, and
+//!    reads `alpha` back (through the file API and through a shell command).
+//! 2. Isolation: B writes `beta` to the same name; A still reads `alpha`, B `beta`. A's attempts
+//!    to reach B's file by a relative traversal and by B's absolute location are refused before
+//!    anything runs, and nothing is written anywhere by them.
+//! 3. Concurrency: N conversations x M rounds, each round released together by a barrier; each
+//!    conversation runs a shell command that writes its own value to `marker.txt`, then reads it
+//!    back through the file API. At the end every conversation is read once more.
+//! 4. Cleanup: every conversation it created is destroyed; the runtime's inventory (workspaces,
+//!    processes) and the store's records are compared with those taken before it started.
+//!
+//! It only ever uses conversations it created itself (fresh random ids, checked to be new).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde::Serialize;
+use serde_json::json;
+use sessionbox_core::{ConversationId, ConversationRef, ExecRequest, Session};
+use sessionbox_manager::Conversation;
+use tokio::sync::Barrier;
+
+use crate::App;
+
+/// Options of `sessionbox verify`.
+#[derive(Debug, clap::Args)]
+pub struct VerifyArgs {
+    /// Conversations run at once (at least 2).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..=4096))]
+    conversations: u32,
+    /// Rounds each conversation runs (at least 1).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=10000))]
+    rounds: u32,
+    /// Write the experiment record as JSON here.
+    #[arg(long, value_name = "PATH")]
+    report_json: Option<PathBuf>,
+    /// Write the experiment record as Markdown here.
+    #[arg(long, value_name = "PATH")]
+    report_md: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Clone, Serialize)]
+struct Check {
+    ok: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    failures: Vec<String>,
+}
+
+impl Check {
+    fn expect(&mut self, cond: bool, what: impl FnOnce() -> String) {
+        if !cond {
+            self.failures.push(what());
+        }
+    }
+    fn finish(&mut self) {
+        self.ok = self.failures.is_empty();
+    }
+}
+
+/// Wall times of each operation, in milliseconds.
+#[derive(Default)]
+struct Timings(Mutex<BTreeMap<&'static str, Vec<f64>>>);
+
+impl Timings {
+    fn add(&self, op: &'static str, since: Instant) {
+        let ms = since.elapsed().as_secs_f64() * 1000.0;
+        self.0
+            .lock()
+            .expect("timings lock")
+            .entry(op)
+            .or_default()
+            .push(ms);
+    }
+
+    fn summary(&self) -> BTreeMap<&'static str, serde_json::Value> {
+        let map = self.0.lock().expect("timings lock");
+        map.iter()
+            .map(|(op, v)| {
+                let mut v = v.clone();
+                v.sort_by(f64::total_cmp);
+                let pct = |p: f64| {
+                    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+                    (v[i] * 1000.0).round() / 1000.0
+                };
+                (
+                    *op,
+                    json!({"count": v.len(), "p50_ms": pct(0.5), "p95_ms": pct(0.95)}),
+                )
+            })
+            .collect()
+    }
+}
+
+/// What a runtime and store hold, to compare before and after.
+#[derive(Debug, Default)]
+struct Inventory {
+    workspaces: BTreeSet<String>,
+    processes: BTreeSet<u32>,
+    records: BTreeSet<String>,
+}
+
+async fn inventory(app: &App) -> anyhow::Result<Inventory> {
+    let mut inv = Inventory::default();
+    for c in app.manager.runtime().list().await? {
+        inv.workspaces.insert(c.key.to_string());
+        inv.processes.extend(c.processes);
+    }
+    for r in app.manager.list(None).await? {
+        inv.records.insert(r.key.to_string());
+    }
+    Ok(inv)
+}
+
+struct Run<'a> {
+    app: &'a App,
+    timings: Arc<Timings>,
+    progress: indicatif::ProgressBar,
+}
+
+impl Run<'_> {
+    async fn open(&self, conv: &ConversationRef) -> anyhow::Result<Conversation> {
+        let t = Instant::now();
+        let c = self.app.manager.open(conv).await?;
+        self.timings.add("open", t);
+        Ok(c)
+    }
+
+    async fn write(&self, s: &Conversation, path: &str, data: &str) -> anyhow::Result<()> {
+        let t = Instant::now();
+        s.write(path, data.as_bytes()).await?;
+        self.timings.add("write", t);
+        Ok(())
+    }
+
+    async fn read(&self, s: &Conversation, path: &str) -> anyhow::Result<String> {
+        let t = Instant::now();
+        let data = s.read(path).await?;
+        self.timings.add("read", t);
+        Ok(String::from_utf8_lossy(&data).into_owned())
+    }
+
+    async fn exec(
+        &self,
+        s: &Conversation,
+        req: ExecRequest,
+    ) -> anyhow::Result<sessionbox_core::ExecResult> {
+        let t = Instant::now();
+        let r = s.exec(req).await?;
+        self.timings.add("exec", t);
+        Ok(r)
+    }
+
+    async fn close(&self, s: Conversation) -> anyhow::Result<()> {
+        let t = Instant::now();
+        Box::new(s).close().await?;
+        self.timings.add("close", t);
+        Ok(())
+    }
+}
+
+fn run_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    h.write_u32(std::process::id());
+    format!("{:012x}", h.finish() & 0xffff_ffff_ffff)
+}
+
+/// Runs the experiment; exit 0 only when every check passes.
+pub async fn run(app: &App, args: VerifyArgs) -> anyhow::Result<ExitCode> {
+    let n = args.conversations as usize;
+    let m = args.rounds as usize;
+    let started = chrono::Utc::now();
+    let t0 = Instant::now();
+    let progress = if std::io::stderr().is_terminal() {
+        let pb = indicatif::ProgressBar::new((2 + n * m + 2 * n) as u64);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} {msg:<12} [{bar:40}] {pos}/{len}")
+                .expect("static template")
+                .progress_chars("=> "),
+        );
+        pb
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let run = Run {
+        app,
+        timings: Arc::new(Timings::default()),
+        progress,
+    };
+
+    let before = inventory(app)
+        .await
+        .context("cannot take the inventory before the run")?;
+    let id = run_id();
+    let convs: Vec<ConversationRef> = (0..n)
+        .map(|i| {
+            let cid = ConversationId::new(format!("verify-{id}-{i:04}"))?;
+            Ok(ConversationRef::new(app.tenant.clone(), cid))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    for c in &convs {
+        if before.records.contains(c.key.as_str()) || before.workspaces.contains(c.key.as_str()) {
+            bail!(
+                "conversation {} already exists; verify never reuses a conversation it did not create",
+                c.id
+            );
+        }
+    }
+
+    let mut created: Vec<ConversationRef> = Vec::new();
+    let body = experiment(&run, &convs, m, &mut created).await;
+    let (mut resume, mut isolation, mut concurrency, rounds_verified) = match body {
+        Ok(r) => r,
+        Err(e) => {
+            let mut c = Check::default();
+            c.failures.push(format!("{e:#}"));
+            (c.clone(), c.clone(), c, 0)
+        }
+    };
+    resume.finish();
+    isolation.finish();
+    concurrency.finish();
+
+    // Cleanup: destroy every conversation created, whatever happened above.
+    run.progress.set_message("cleanup");
+    let mut cleanup = Check::default();
+    for c in &created {
+        let t = Instant::now();
+        match app.manager.destroy(c).await {
+            Ok(_) => run.timings.add("destroy", t),
+            Err(e) => cleanup.failures.push(format!("destroy {}: {e}", c.id)),
+        }
+        run.progress.inc(1);
+    }
+    let after = inventory(app)
+        .await
+        .context("cannot take the inventory after the run")?;
+    let leftover: Vec<String> = after
+        .workspaces
+        .difference(&before.workspaces)
+        .map(|k| format!("workspace {k}"))
+        .chain(
+            after
+                .records
+                .difference(&before.records)
+                .map(|k| format!("record {k}")),
+        )
+        .chain(
+            after
+                .processes
+                .difference(&before.processes)
+                .map(|p| format!("process {p}")),
+        )
+        .collect();
+    let touched: Vec<String> = before
+        .workspaces
+        .difference(&after.workspaces)
+        .map(|k| format!("workspace {k}"))
+        .chain(
+            before
+                .records
+                .difference(&after.records)
+                .map(|k| format!("record {k}")),
+        )
+        .collect();
+    for l in &leftover {
+        cleanup.failures.push(format!("left behind: {l}"));
+    }
+    for t in &touched {
+        cleanup
+            .failures
+            .push(format!("removed something it did not create: {t}"));
+    }
+    cleanup.finish();
+    run.progress.finish_and_clear();
+
+    let ok = resume.ok && isolation.ok && concurrency.ok && cleanup.ok;
+    let info = app.manager.runtime().info();
+    let report = json!({
+        "ok": ok,
+        "runtime": info.name,
+        "conversations": n,
+        "rounds": m,
+        "checks": {
+            "resume": resume,
+            "isolation": isolation,
+            "concurrency": {"ok": concurrency.ok, "rounds_verified": rounds_verified, "failures": concurrency.failures},
+            "cleanup": {"ok": cleanup.ok, "leftovers": leftover.len(), "touched": touched.len(), "failures": cleanup.failures},
+        },
+        "runtime_info": info,
+        "tenant": app.tenant.as_str(),
+        "run_id": id,
+        "started": started.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        "duration_ms": t0.elapsed().as_millis() as u64,
+        "timings": run.timings.summary(),
+        "environment": environment(),
+    });
+
+    if let Some(p) = &args.report_json {
+        std::fs::write(p, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("cannot write {}", p.display()))?;
+    }
+    let md = markdown(&report);
+    if let Some(p) = &args.report_md {
+        std::fs::write(p, &md).with_context(|| format!("cannot write {}", p.display()))?;
+    }
+    print!("{md}");
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+type Checks = (Check, Check, Check, usize);
+
+async fn experiment(
+    run: &Run<'_>,
+    convs: &[ConversationRef],
+    m: usize,
+    created: &mut Vec<ConversationRef>,
+) -> anyhow::Result<Checks> {
+    let mut resume = Check::default();
+    let mut isolation = Check::default();
+    let mut concurrency = Check::default();
+
+    // Open every conversation once; each must be new.
+    run.progress.set_message("open");
+    let mut sessions = Vec::with_capacity(convs.len());
+    for c in convs {
+        let s = run.open(c).await?;
+        created.push(c.clone());
+        if !s.created() {
+            bail!(
+                "conversation {} existed before this run; refusing to use it",
+                c.id
+            );
+        }
+        sessions.push(s);
+    }
+
+    // 1. Resume.
+    run.progress.set_message("resume");
+    let a_ref = &convs[0];
+    let a = sessions.remove(0);
+    run.write(&a, "marker.txt", "alpha").await?;
+    run.close(a).await?;
+    let a = run.open(a_ref).await?;
+    resume.expect(!a.created(), || {
+        "reopening A created a new conversation".into()
+    });
+    let got = run.read(&a, "marker.txt").await?;
+    resume.expect(got == "alpha", || {
+        format!("A read {got:?} after reopening, expected \"alpha\"")
+    });
+    let r = run.exec(&a, ExecRequest::new("cat marker.txt")).await?;
+    resume.expect(r.stdout == b"alpha", || {
+        format!(
+            "`cat marker.txt` in A printed {:?}",
+            String::from_utf8_lossy(&r.stdout)
+        )
+    });
+    sessions.insert(0, a);
+    run.progress.inc(1);
+
+    // 2. Isolation.
+    run.progress.set_message("isolation");
+    let b_key = &convs[1].key;
+    run.write(&sessions[1], "marker.txt", "beta").await?;
+    let a = &sessions[0];
+    let b = &sessions[1];
+    let got_a = run.read(a, "marker.txt").await?;
+    let got_b = run.read(b, "marker.txt").await?;
+    isolation.expect(got_a == "alpha", || {
+        format!("A read {got_a:?}, expected \"alpha\"")
+    });
+    isolation.expect(got_b == "beta", || {
+        format!("B read {got_b:?}, expected \"beta\"")
+    });
+    let b_location = run.app.manager.runtime().workspace_location(b_key);
+    let attacks = [
+        format!("../{b_key}/marker.txt"),
+        format!("{b_location}/marker.txt"),
+    ];
+    for path in &attacks {
+        let r = a.read(path).await;
+        isolation.expect(
+            matches!(&r, Err(e) if e.code() == "outside_workspace"),
+            || format!("A reading {path:?} was not refused as outside the workspace: {r:?}"),
+        );
+        let w = a.write(path, b"pwned").await;
+        isolation.expect(
+            matches!(&w, Err(e) if e.code() == "outside_workspace"),
+            || format!("A writing {path:?} was not refused as outside the workspace: {w:?}"),
+        );
+    }
+    for cwd in [format!("../{b_key}"), b_location.clone()] {
+        let req = ExecRequest::new("echo ran > ran-by-a.txt").cwd(cwd.clone());
+        let r = a.exec(req).await;
+        isolation.expect(
+            matches!(&r, Err(e) if e.code() == "outside_workspace"),
+            || format!("A's command with cwd {cwd:?} was not refused before running: {r:?}"),
+        );
+    }
+    for (name, s) in [("A", a), ("B", b)] {
+        let st = s.stat("ran-by-a.txt").await;
+        isolation.expect(matches!(&st, Err(e) if e.code() == "not_found"), || {
+            format!("a refused command left ran-by-a.txt in {name}: {st:?}")
+        });
+    }
+    let got_b = run.read(b, "marker.txt").await?;
+    isolation.expect(got_b == "beta", || {
+        format!("after A's attempts B reads {got_b:?}")
+    });
+    run.progress.inc(1);
+
+    // 3. Concurrency.
+    run.progress.set_message("concurrency");
+    let sessions: Vec<Arc<Conversation>> = sessions.into_iter().map(Arc::new).collect();
+    let verified = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let failures = Arc::new(Mutex::new(Vec::<String>::new()));
+    for round in 0..m {
+        let barrier = Arc::new(Barrier::new(sessions.len()));
+        let mut tasks = Vec::with_capacity(sessions.len());
+        for (i, s) in sessions.iter().enumerate() {
+            let s = s.clone();
+            let barrier = barrier.clone();
+            let verified = verified.clone();
+            let failures = failures.clone();
+            let value = value_of(i, round);
+            let timings = run.timings.clone();
+            let fut = async move {
+                barrier.wait().await;
+                let cmd = format!("printf '%s' '{value}' > marker.txt");
+                let t = Instant::now();
+                let r = s
+                    .exec(ExecRequest::new(cmd).timeout(Duration::from_secs(60)))
+                    .await;
+                timings.add("exec", t);
+                let failure = match r {
+                    Ok(r) if r.success() => {
+                        let t = Instant::now();
+                        let read = s.read("marker.txt").await;
+                        timings.add("read", t);
+                        match read {
+                            Ok(data) if data == value.as_bytes() => None,
+                            Ok(data) => Some(format!(
+                                "conversation {i} round {round}: read {:?}, expected {value:?}",
+                                String::from_utf8_lossy(&data)
+                            )),
+                            Err(e) => Some(format!("conversation {i} round {round}: read: {e}")),
+                        }
+                    }
+                    Ok(r) => Some(format!(
+                        "conversation {i} round {round}: command failed with {} ({})",
+                        r.shell_exit_code(),
+                        String::from_utf8_lossy(&r.stderr).trim()
+                    )),
+                    Err(e) => Some(format!("conversation {i} round {round}: exec: {e}")),
+                };
+                match failure {
+                    None => {
+                        verified.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Some(msg) => failures.lock().expect("lock").push(msg),
+                }
+            };
+            tasks.push(tokio::spawn(fut));
+        }
+        for t in futures::future::join_all(tasks).await {
+            t.context("a round task panicked")?;
+            run.progress.inc(1);
+        }
+    }
+    let rounds_verified = verified.load(std::sync::atomic::Ordering::Relaxed);
+    concurrency
+        .failures
+        .extend(failures.lock().expect("lock").drain(..));
+    concurrency.expect(rounds_verified == sessions.len() * m, || {
+        format!(
+            "{rounds_verified} of {} rounds verified",
+            sessions.len() * m
+        )
+    });
+    // Final read of every conversation.
+    for (i, s) in sessions.iter().enumerate() {
+        let got = run.read(s, "marker.txt").await?;
+        let want = value_of(i, m - 1);
+        concurrency.expect(got == want, || {
+            format!("final read of conversation {i}: {got:?}, expected {want:?}")
+        });
+        run.progress.inc(1);
+    }
+    for s in sessions {
+        match Arc::try_unwrap(s) {
+            Ok(s) => run.close(s).await?,
+            Err(_) => bail!("a session is still shared after the rounds"),
+        }
+    }
+    Ok((resume, isolation, concurrency, rounds_verified))
+}
+
+fn value_of(i: usize, round: usize) -> String {
+    format!("conversation-{i}-round-{round}")
+}
+
+fn environment() -> serde_json::Value {
+    let os = std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("PRETTY_NAME=")
+                    .map(|v| v.trim_matches('"').to_owned())
+            })
+        })
+        .unwrap_or_else(|| std::env::consts::OS.to_owned());
+    let uname = rustix::system::uname();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| {
+        s.lines().find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+    });
+    json!({
+        "os": os,
+        "kernel": uname.release().to_string_lossy(),
+        "arch": std::env::consts::ARCH,
+        "cpu": cpu,
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "sessionbox_version": env!("CARGO_PKG_VERSION"),
+    })
+}
+
+fn markdown(r: &serde_json::Value) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let yes = |v: &serde_json::Value| {
+        if v.as_bool() == Some(true) {
+            "pass"
+        } else {
+            "FAIL"
+        }
+    };
+    let _ = writeln!(
+        s,
+        "# sessionbox verify: {}",
+        if r["ok"] == true { "PASS" } else { "FAIL" }
+    );
+    let _ = writeln!(s);
+    let e = &r["environment"];
+    let _ = writeln!(
+        s,
+        "- started {} ({} ms); sessionbox {}; {} / kernel {} / {} ({} cores)",
+        r["started"].as_str().unwrap_or(""),
+        r["duration_ms"],
+        e["sessionbox_version"].as_str().unwrap_or(""),
+        e["os"].as_str().unwrap_or(""),
+        e["kernel"].as_str().unwrap_or(""),
+        e["arch"].as_str().unwrap_or(""),
+        e["cores"]
+    );
+    let _ = writeln!(
+        s,
+        "- runtime `{}`: {}",
+        r["runtime"].as_str().unwrap_or(""),
+        r["runtime_info"]["boundary"].as_str().unwrap_or("")
+    );
+    let _ = writeln!(
+        s,
+        "- {} conversations x {} rounds, tenant `{}`",
+        r["conversations"],
+        r["rounds"],
+        r["tenant"].as_str().unwrap_or("")
+    );
+    let _ = writeln!(s);
+    let _ = writeln!(s, "| check | result | detail |");
+    let _ = writeln!(s, "|---|---|---|");
+    let c = &r["checks"];
+    let _ = writeln!(s, "| resume | {} | |", yes(&c["resume"]["ok"]));
+    let _ = writeln!(s, "| isolation | {} | |", yes(&c["isolation"]["ok"]));
+    let _ = writeln!(
+        s,
+        "| concurrency | {} | {} rounds verified |",
+        yes(&c["concurrency"]["ok"]),
+        c["concurrency"]["rounds_verified"]
+    );
+    let _ = writeln!(
+        s,
+        "| cleanup | {} | {} leftovers |",
+        yes(&c["cleanup"]["ok"]),
+        c["cleanup"]["leftovers"]
+    );
+    let _ = writeln!(s);
+    let _ = writeln!(s, "| operation | count | p50 ms | p95 ms |");
+    let _ = writeln!(s, "|---|---|---|---|");
+    if let Some(t) = r["timings"].as_object() {
+        for (op, v) in t {
+            let _ = writeln!(
+                s,
+                "| {op} | {} | {} | {} |",
+                v["count"], v["p50_ms"], v["p95_ms"]
+            );
+        }
+    }
+    let mut failures = Vec::new();
+    for name in ["resume", "isolation", "concurrency", "cleanup"] {
+        if let Some(f) = c[name]["failures"].as_array() {
+            failures.extend(
+                f.iter()
+                    .filter_map(|v| v.as_str())
+                    .map(|v| format!("{name}: {v}")),
+            );
+        }
+    }
+    if !failures.is_empty() {
+        let _ = writeln!(s);
+        let _ = writeln!(s, "Failures:");
+        for f in failures.iter().take(50) {
+            let _ = writeln!(s, "- {f}");
+        }
+    }
+    s
+}

@@ -1,0 +1,372 @@
+//! The CLI end to end: a real `sessionbox` binary, a real data directory, real processes.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use std::io::Write;
+
+fn sessionbox(data: &Path, args: &[&str]) -> Output {
+    sessionbox_with_stdin(data, args, b"")
+}
+
+fn sessionbox_with_stdin(data: &Path, args: &[&str], stdin: &[u8]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sessionbox"))
+        .arg("--data-dir")
+        .arg(data)
+        .args(args)
+        .env_remove("SESSIONBOX_RUNTIME")
+        .env_remove("SESSIONBOX_TENANT")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sessionbox");
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().expect("wait sessionbox")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn workspaces(data: &Path) -> Vec<String> {
+    match std::fs::read_dir(data.join("workspaces")) {
+        Ok(rd) => rd
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+fn conversation_lines(data: &Path) -> Vec<String> {
+    let out = sessionbox(data, &["conversations", "--all-tenants"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+        .lines()
+        .skip(1)
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn exec_prints_output_and_exits_with_the_command_code() {
+    let d = tempfile::tempdir().unwrap();
+    let out = sessionbox(
+        d.path(),
+        &["exec", "-c", "a", "--", "echo out; echo err >&2; exit 7"],
+    );
+    assert_eq!(out.status.code(), Some(7));
+    assert_eq!(text(&out.stdout), "out\n");
+    assert_eq!(text(&out.stderr), "err\n");
+    // Several arguments are quoted, not re-split.
+    let out = sessionbox(
+        d.path(),
+        &["exec", "-c", "a", "--", "printf", "%s|", "two words"],
+    );
+    assert_eq!(text(&out.stdout), "two words|");
+}
+
+#[test]
+fn exec_timeout_exits_124() {
+    let d = tempfile::tempdir().unwrap();
+    let out = sessionbox(
+        d.path(),
+        &["exec", "-c", "a", "--timeout", "0.5", "--", "sleep 30"],
+    );
+    assert_eq!(out.status.code(), Some(124), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("timed out"));
+}
+
+#[test]
+fn the_callers_environment_does_not_reach_the_command() {
+    let d = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sessionbox"))
+        .arg("--data-dir")
+        .arg(d.path())
+        .args(["exec", "-c", "a", "-e", "GIVEN=yes", "--", "env"])
+        .env("SESSIONBOX_TEST_SECRET", "hunter2")
+        .output()
+        .unwrap();
+    let env = text(&out.stdout);
+    assert!(!env.contains("hunter2"), "{env}");
+    assert!(env.contains("GIVEN=yes"), "{env}");
+    assert!(env.contains("TERM=dumb"), "{env}");
+}
+
+#[test]
+fn files_round_trip_and_resume_across_processes() {
+    let d = tempfile::tempdir().unwrap();
+    let out = sessionbox_with_stdin(
+        d.path(),
+        &["write", "-c", "c1", "dir/a.txt"],
+        b"one two two",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = sessionbox(d.path(), &["read", "-c", "c1", "dir/a.txt"]);
+    assert_eq!(text(&out.stdout), "one two two");
+    // Edit refuses an ambiguous string and says how many times it occurs.
+    let out = sessionbox(
+        d.path(),
+        &[
+            "edit",
+            "-c",
+            "c1",
+            "dir/a.txt",
+            "--old",
+            "two",
+            "--new",
+            "2",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains('2'), "{}", text(&out.stderr));
+    let out = sessionbox(
+        d.path(),
+        &[
+            "edit",
+            "-c",
+            "c1",
+            "dir/a.txt",
+            "--old",
+            "two",
+            "--new",
+            "2",
+            "--all",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = sessionbox(
+        d.path(),
+        &["exec", "-c", "c1", "--cwd", "dir", "--", "cat a.txt"],
+    );
+    assert_eq!(text(&out.stdout), "one 2 2");
+    let out = sessionbox(d.path(), &["ls", "-c", "c1", "dir"]);
+    assert!(text(&out.stdout).contains("a.txt"));
+    let out = sessionbox(d.path(), &["stat", "-c", "c1", "dir/a.txt"]);
+    assert!(
+        text(&out.stdout).contains("\"size\": 7"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = sessionbox(d.path(), &["rm", "-c", "c1", "dir/a.txt"]);
+    assert!(out.status.success());
+    let out = sessionbox(d.path(), &["read", "-c", "c1", "dir/a.txt"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("not found"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn invalid_ids_exit_2_with_the_rule_and_create_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    for bad in [
+        "../x",
+        "/tmp/victim",
+        "a b",
+        ".hidden",
+        "conv\n",
+        "tenant:user",
+    ] {
+        let out = sessionbox(d.path(), &["exec", "-c", bad, "--", "touch pwned"]);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        assert!(
+            text(&out.stderr).contains("1-128 characters"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    let out = sessionbox(
+        d.path(),
+        &["--tenant", "a/b", "exec", "-c", "ok", "--", "true"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("1-64"), "{}", text(&out.stderr));
+    assert!(workspaces(d.path()).is_empty());
+    assert!(conversation_lines(d.path()).is_empty());
+}
+
+#[test]
+fn invalid_paths_and_flags_exit_2_and_create_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let cases: &[&[&str]] = &[
+        &["read", "-c", "ok", "../other/x"],
+        &["read", "-c", "ok", "/etc/passwd"],
+        &["write", "-c", "ok", ""],
+        &["exec", "-c", "ok", "--cwd", "/tmp", "--", "touch pwned"],
+        &["exec", "-c", "ok", "--cwd", "../other", "--", "touch pwned"],
+        &["exec", "-c", "ok", "--timeout", "601", "--", "true"],
+        &["exec", "-c", "ok", "-e", "1BAD=x", "--", "true"],
+        &["edit", "-c", "ok", "a.txt", "--old", "", "--new", "x"],
+    ];
+    for args in cases {
+        let out = sessionbox(d.path(), args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    assert!(
+        workspaces(d.path()).is_empty(),
+        "{:?}",
+        workspaces(d.path())
+    );
+    assert!(conversation_lines(d.path()).is_empty());
+    assert!(!Path::new("/tmp/pwned").exists());
+}
+
+#[test]
+fn destroy_removes_everything_and_is_idempotent() {
+    let d = tempfile::tempdir().unwrap();
+    assert!(
+        sessionbox(d.path(), &["exec", "-c", "gone", "--", "echo x > f"])
+            .status
+            .success()
+    );
+    assert_eq!(workspaces(d.path()).len(), 1);
+    assert_eq!(conversation_lines(d.path()).len(), 1);
+    let out = sessionbox(d.path(), &["destroy", "-c", "gone"]);
+    assert!(out.status.success());
+    assert!(
+        text(&out.stdout).contains("workspace removed"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(workspaces(d.path()).is_empty());
+    assert!(conversation_lines(d.path()).is_empty());
+    let out = sessionbox(d.path(), &["destroy", "-c", "gone"]);
+    assert!(out.status.success());
+    assert!(
+        text(&out.stdout).contains("nothing removed"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn tenants_with_the_same_id_never_meet() {
+    let d = tempfile::tempdir().unwrap();
+    for t in ["acme", "globex"] {
+        let out = sessionbox(
+            d.path(),
+            &[
+                "--tenant",
+                t,
+                "exec",
+                "-c",
+                "same",
+                "--",
+                &format!("echo {t} > who"),
+            ],
+        );
+        assert!(out.status.success());
+    }
+    for t in ["acme", "globex"] {
+        let out = sessionbox(d.path(), &["--tenant", t, "read", "-c", "same", "who"]);
+        assert_eq!(text(&out.stdout), format!("{t}\n"));
+    }
+    assert_eq!(workspaces(d.path()).len(), 2);
+}
+
+#[test]
+fn concurrent_first_opens_from_many_processes_make_one_workspace_and_one_record() {
+    let d = tempfile::tempdir().unwrap();
+    let children: Vec<_> = (0..8)
+        .map(|i| {
+            Command::new(env!("CARGO_BIN_EXE_sessionbox"))
+                .arg("--data-dir")
+                .arg(d.path())
+                .args(["exec", "-c", "race", "--", &format!("echo {i} >> log")])
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    assert_eq!(workspaces(d.path()).len(), 1);
+    assert_eq!(conversation_lines(d.path()).len(), 1);
+    let out = sessionbox(d.path(), &["read", "-c", "race", "log"]);
+    assert_eq!(text(&out.stdout).lines().count(), 8);
+}
+
+fn verify(n: &str, m: &str) {
+    let d = tempfile::tempdir().unwrap();
+    let report = d.path().join("report.json");
+    let md = d.path().join("report.md");
+    let out = sessionbox(
+        &d.path().join("data"),
+        &[
+            "verify",
+            "--conversations",
+            n,
+            "--rounds",
+            m,
+            "--report-json",
+            report.to_str().unwrap(),
+            "--report-md",
+            md.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let n: u64 = n.parse().unwrap();
+    let m: u64 = m.parse().unwrap();
+    assert_eq!(r["ok"], true);
+    assert_eq!(r["runtime"], "host");
+    assert_eq!(r["conversations"], n);
+    assert_eq!(r["rounds"], m);
+    for c in ["resume", "isolation", "concurrency", "cleanup"] {
+        assert_eq!(r["checks"][c]["ok"], true, "{c}: {}", r["checks"][c]);
+    }
+    assert_eq!(r["checks"]["concurrency"]["rounds_verified"], n * m);
+    assert_eq!(r["checks"]["cleanup"]["leftovers"], 0);
+    for k in ["os", "kernel", "arch", "sessionbox_version"] {
+        assert!(r["environment"][k].is_string(), "{k}");
+    }
+    assert!(r["timings"]["exec"]["p50_ms"].is_number());
+    assert!(
+        std::fs::read_to_string(&md)
+            .unwrap()
+            .contains("| concurrency | pass |")
+    );
+    assert!(workspaces(&d.path().join("data")).is_empty());
+}
+
+#[test]
+fn verify_passes_with_8_conversations_by_5_rounds() {
+    verify("8", "5");
+}
+
+#[test]
+fn verify_passes_with_32_conversations_by_10_rounds() {
+    verify("32", "10");
+}
+
+#[test]
+fn verify_leaves_other_conversations_untouched() {
+    let d = tempfile::tempdir().unwrap();
+    assert!(
+        sessionbox(d.path(), &["exec", "-c", "keep", "--", "echo kept > k"])
+            .status
+            .success()
+    );
+    let out = sessionbox(
+        d.path(),
+        &["verify", "--conversations", "2", "--rounds", "1"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stdout));
+    let out = sessionbox(d.path(), &["read", "-c", "keep", "k"]);
+    assert_eq!(text(&out.stdout), "kept\n");
+    assert_eq!(conversation_lines(d.path()).len(), 1);
+}
