@@ -2,3 +2,4 @@
 
 pub mod host;
 pub mod process;
+pub mod sandbox;
