@@ -802,3 +802,82 @@ fn probe_reports_every_layer_enforced_here() {
         assert_eq!(l.state, LayerState::Enforced, "{l:?}");
     }
 }
+
+/// This process's cgroup directory for a cgroup v1 controller (the hierarchy root when it is
+/// not found).
+fn own_v1_cgroup(controller: &str) -> Option<PathBuf> {
+    let mount = Path::new("/sys/fs/cgroup").join(controller);
+    if !mount.join("cgroup.procs").exists() {
+        return None;
+    }
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let path = own.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, ctrls, path) = (f.next()?, f.next()?, f.next()?);
+        ctrls
+            .split(',')
+            .any(|c| c == controller)
+            .then(|| path.to_owned())
+    })?;
+    Some(mount.join(path.trim_start_matches('/')))
+}
+
+#[test]
+fn an_unprivileged_caller_gets_the_same_sandbox_in_a_delegated_cgroup() {
+    needs_root!();
+    // Delegate one cgroup per controller to an unprivileged user, as systemd would
+    // (cgroup v1 hierarchies here; skipped where they are laid out differently).
+    let Some(dirs) = ["pids", "memory", "cpu"]
+        .iter()
+        .map(|c| own_v1_cgroup(c))
+        .collect::<Option<Vec<PathBuf>>>()
+    else {
+        eprintln!("SKIPPED: no cgroup v1 pids/memory/cpu hierarchies to delegate from");
+        return;
+    };
+    let c = Case::new(
+        "id -u > /workspace/uid; touch /workspace/made; ls -A / | tr '\\n' ' ' > /workspace/root; \
+         unshare -r true 2>/dev/null; echo $? > /workspace/unshare; ( : > /usr/x ) 2>/dev/null; echo $? > /workspace/usr",
+    );
+    let uid = c.spec.uid;
+    let name = format!("sessionbox-delegated-{}", std::process::id());
+    let delegated: Vec<PathBuf> = dirs.iter().map(|d| d.join(&name)).collect();
+    for d in &delegated {
+        std::fs::create_dir(d).unwrap();
+        std::os::unix::fs::chown(d, Some(uid), Some(uid)).unwrap();
+        for f in ["cgroup.procs", "tasks"] {
+            std::os::unix::fs::chown(d.join(f), Some(uid), Some(uid)).unwrap();
+        }
+    }
+    let spec = serde_json::to_string(&c.spec).unwrap();
+    // As root: move into the delegated cgroups, then become the user and launch.
+    let enter: String = delegated
+        .iter()
+        .map(|d| format!("echo $$ > {}/cgroup.procs && ", d.display()))
+        .collect();
+    let out = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(format!(
+            "{enter} exec setpriv --reuid {uid} --regid {uid} --clear-groups -- \"$0\" launch \"$1\""
+        ))
+        .arg(INIT)
+        .arg(&spec)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    for d in delegated.iter().rev() {
+        let _ = std::fs::remove_dir(d);
+    }
+    assert!(
+        stdout.starts_with("ok Ok(Some(Code(0))) Ok("),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(delegated.iter().all(|d| !d.exists()), "{delegated:?}");
+    assert_eq!(c.read("uid"), INSIDE_UID.to_string());
+    let m = std::fs::metadata(c.path("made")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (uid, uid));
+    assert!(!c.read("root").contains("root ") && c.read("root").contains("workspace"));
+    assert_ne!(c.read("unshare"), "0");
+    assert_ne!(c.read("usr"), "0");
+}
