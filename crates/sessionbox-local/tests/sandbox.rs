@@ -849,6 +849,15 @@ fn an_unprivileged_caller_gets_the_same_sandbox_in_a_delegated_cgroup() {
             std::os::unix::fs::chown(d.join(f), Some(uid), Some(uid)).unwrap();
         }
     }
+    // The launcher must be executable by the user (the build directory may be under /root).
+    let bin = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        bin.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let launcher = bin.path().join("sessionbox-sandbox-init");
+    std::fs::copy(INIT, &launcher).unwrap();
     let spec = serde_json::to_string(&c.spec).unwrap();
     // As root: move into the delegated cgroups, then become the user and launch.
     let enter: String = delegated
@@ -860,7 +869,7 @@ fn an_unprivileged_caller_gets_the_same_sandbox_in_a_delegated_cgroup() {
         .arg(format!(
             "{enter} exec setpriv --reuid {uid} --regid {uid} --clear-groups -- \"$0\" launch \"$1\""
         ))
-        .arg(INIT)
+        .arg(&launcher)
         .arg(&spec)
         .output()
         .unwrap();

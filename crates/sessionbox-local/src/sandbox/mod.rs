@@ -356,6 +356,7 @@ enum Report {
 #[derive(Debug)]
 pub struct SandboxHandle {
     monitor: Mutex<Child>,
+    monitor_pid: u32,
     init_pid: u32,
     cgroups: cgroup::Cgroups,
     landlock: String,
@@ -537,6 +538,7 @@ pub fn launch_with(
     );
     tracing::debug!(init_pid, elapsed = ?started.elapsed(), cgroup = %spec.cgroup, "sandbox ready");
     Ok(SandboxHandle {
+        monitor_pid: monitor.id(),
         monitor: Mutex::new(monitor),
         init_pid,
         cgroups,
@@ -581,7 +583,7 @@ impl SandboxHandle {
     /// Host pid of the monitor: the process [`launch`] spawned, which waits for the init outside
     /// the sandbox and exits with its status.
     pub fn monitor_pid(&self) -> u32 {
-        self.monitor.lock().map(|m| m.id()).unwrap_or_default()
+        self.monitor_pid
     }
 
     /// The sandbox's cgroup directories (one per cgroup v1 hierarchy, or one cgroup v2 directory).
