@@ -5,14 +5,18 @@
 //! These tests need root (to map a conversation uid and create cgroups), as CI has.
 
 use std::collections::BTreeSet;
+use std::io::Read;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use sessionbox_core::{Error, ExitStatus};
 use sessionbox_local::sandbox::{
-    INSIDE_GID, INSIDE_UID, LayerState, SandboxHandle, SandboxLimits, SandboxSpec, launch, probe,
+    INSIDE_GID, INSIDE_UID, LayerState, PASSED_FD, SandboxHandle, SandboxLimits, SandboxSpec,
+    SandboxStdio, launch, launch_with, probe,
 };
 
 const INIT: &str = env!("CARGO_BIN_EXE_sessionbox-sandbox-init");
@@ -603,6 +607,138 @@ fn no_descriptor_of_the_caller_reaches_the_program() {
     let fds: Vec<String> = c.read("fds").lines().map(str::to_owned).collect();
     assert_eq!(fds, ["0", "1", "2", "3"], "3 is ls's directory stream");
     drop(leaky);
+}
+
+/// A listening UNIX socket bound where the isolated runtime binds the agent's: in a directory
+/// only root can enter, which the sandbox does not see.
+fn listener() -> (tempfile::TempDir, PathBuf, UnixListener) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agent.sock");
+    let l = UnixListener::bind(&path).unwrap();
+    (dir, path, l)
+}
+
+/// What descriptor `fd` of process `pid` is (`socket:[inode]` for a socket), from the host.
+fn fd_link(pid: u32, fd: u32) -> String {
+    std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
+        .map(|p| p.display().to_string())
+        .unwrap_or_default()
+}
+
+/// Whether process `pid` has `what` (an [`fd_link`]) open at any descriptor.
+fn holds(pid: u32, what: &str) -> bool {
+    open_fds(pid).into_iter().any(|fd| fd_link(pid, fd) == what)
+}
+
+fn launch_passing(c: &Case, fd: impl Into<OwnedFd>) -> SandboxHandle {
+    let stdio = SandboxStdio {
+        passed_fd: Some(fd.into()),
+        ..SandboxStdio::default()
+    };
+    launch_with(&c.spec, Path::new(INIT), &[], stdio).expect("launch")
+}
+
+#[test]
+fn a_passed_socket_reaches_the_program_at_passed_fd_and_nowhere_else() {
+    needs_root!();
+    let (_dir, _path, l) = listener();
+    let me = std::process::id();
+    let sock = fd_link(me, l.as_raw_fd() as u32);
+    assert!(sock.starts_with("socket:["), "{sock}");
+    let c = Case::new(&format!(
+        "readlink /proc/self/fd/{PASSED_FD} > /workspace/passed; ls /proc/self/fd > /workspace/fds; \
+         env > /workspace/env; touch /workspace/ready; exec sleep 30"
+    ));
+    let h = launch_passing(&c, l);
+    // launch consumed the caller's descriptor (and left no copy of it here).
+    assert!(!holds(me, &sock));
+    assert!(eventually(10, || c.path("ready").exists()));
+    // From inside: the very socket, at PASSED_FD, besides the three (and ls's directory stream).
+    assert_eq!(c.read("passed"), sock);
+    let fds: Vec<String> = c.read("fds").lines().map(str::to_owned).collect();
+    assert_eq!(fds, ["0", "1", "2", "3", "4"], "3 is ls's directory stream");
+    assert_eq!(PASSED_FD, 4);
+    // Nothing in the environment says so: it is the spec's (plus what sh sets).
+    let env = c.read("env");
+    let names: BTreeSet<&str> = env.lines().filter_map(|l| l.split('=').next()).collect();
+    let allowed = ["PATH", "HOME", "LANG", "PWD", "SHLVL", "_", "OLDPWD"];
+    assert!(names.iter().all(|n| allowed.contains(n)), "{names:?}");
+    // From the host: it survived the program's execve at PASSED_FD...
+    let init = h.pid();
+    assert!(eventually(10, || children(init).len() == 1));
+    let program = children(init)[0];
+    assert!(eventually(10, || cmdline(program) == "sleep 30"));
+    let with_passed: BTreeSet<u32> = [0, 1, 2, PASSED_FD as u32].into();
+    assert!(
+        eventually(5, || open_fds(program) == with_passed),
+        "{:?}",
+        open_fds(program)
+    );
+    assert_eq!(fd_link(program, PASSED_FD as u32), sock);
+    // ...and neither the init nor the monitor holds it any longer.
+    assert!(
+        eventually(5, || open_fds(init) == [0, 1, 2].into()),
+        "{:?}",
+        open_fds(init)
+    );
+    assert!(
+        !holds(h.monitor_pid(), &sock),
+        "{:?}",
+        open_fds(h.monitor_pid())
+    );
+    h.kill().unwrap();
+}
+
+#[test]
+fn the_program_accepts_connections_on_the_passed_socket() {
+    needs_root!();
+    let python = Path::new("/usr/bin/python3");
+    if !python.exists() {
+        eprintln!(
+            "SKIPPED: needs /usr/bin/python3 on the host (the sandbox shows the host's /usr)"
+        );
+        return;
+    }
+    let (_dir, path, l) = listener();
+    let mut c = Case::new("");
+    c.spec.program = python.into();
+    c.spec.args = vec![
+        "-c".into(),
+        format!(
+            "import socket\n\
+             s = socket.socket(fileno={PASSED_FD})\n\
+             c, _ = s.accept()\n\
+             c.sendall(b'hello')\n\
+             c.close()\n"
+        ),
+    ];
+    let h = launch_passing(&c, l);
+    // The host connects by the path the sandbox cannot see; the program answers.
+    let mut s = UnixStream::connect(&path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut got = String::new();
+    s.read_to_string(&mut got).unwrap();
+    assert_eq!(got, "hello");
+    let status = h.wait_timeout(Duration::from_secs(20)).unwrap();
+    assert_eq!(status, Some(ExitStatus::Code(0)));
+}
+
+#[test]
+fn only_a_socket_can_be_passed() {
+    needs_root!();
+    let c = Case::new("true");
+    let e = launch_with(
+        &c.spec,
+        Path::new(INIT),
+        &[],
+        SandboxStdio {
+            passed_fd: Some(std::fs::File::open(c.dir.path()).unwrap().into()),
+            ..SandboxStdio::default()
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(e, Error::InvalidRequest(_)), "{e}");
+    assert!(e.to_string().contains("socket"), "{e}");
 }
 
 #[test]

@@ -13,7 +13,10 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use rustix::process::{Pid, WaitOptions};
 
-use super::{INIT_FD, INIT_FD_ENV, INSIDE_GID, INSIDE_UID, Report, SandboxSpec, WORKSPACE_DIR};
+use super::{
+    INIT_FD, INIT_FD_ENV, INSIDE_GID, INSIDE_UID, PASSED_FD, PASSED_FD_ENV, Report, SandboxSpec,
+    WORKSPACE_DIR,
+};
 use super::{confine, mounts, probe};
 
 /// Largest spec accepted on the control socket: 16 MiB.
@@ -216,12 +219,49 @@ fn monitor(ctl_slot: &mut Option<OwnedFd>) -> Step<i32> {
             "call sessionbox_local::sandbox::init_main first thing in main, before any thread starts",
         ));
     }
-    // Nothing the spawner leaked may reach the sandbox.
-    close_fds_from(INIT_FD as u32 + 1, false).layer(
+    // The descriptor `launch` passes for the program, when it says it passed one.
+    let passed = match std::env::var_os(PASSED_FD_ENV) {
+        None => None,
+        Some(v) if v == *PASSED_FD.to_string() => {
+            // SAFETY: fcntl(F_GETFD) takes integers only; it checks that the descriptor is open.
+            if unsafe { libc::fcntl(PASSED_FD, libc::F_GETFD) } < 0 {
+                return Err(Failure::new(
+                    "descriptors",
+                    format!(
+                        "descriptor {PASSED_FD} to pass to the program is not open: {}",
+                        io::Error::last_os_error()
+                    ),
+                    HINT_BUG,
+                ));
+            }
+            // SAFETY: `launch` placed the descriptor to pass at PASSED_FD of this process and said
+            // so in PASSED_FD_ENV; it is open (checked above) and nothing else in this freshly
+            // started process owns it.
+            Some(unsafe { OwnedFd::from_raw_fd(PASSED_FD) })
+        }
+        Some(v) => {
+            return Err(Failure::new(
+                "descriptors",
+                format!("{PASSED_FD_ENV} is {v:?}, not {PASSED_FD}"),
+                HINT_BUG,
+            ));
+        }
+    };
+    // Nothing else the spawner leaked may reach the sandbox.
+    let keep = if passed.is_some() { PASSED_FD } else { INIT_FD };
+    close_fds_from(keep as u32 + 1, false).layer(
         "descriptors",
         "cannot close inherited descriptors",
         HINT_KERNEL,
     )?;
+    if let Some(p) = &passed {
+        // Until the program's process clears it just before its execve.
+        rustix::io::fcntl_setfd(p, rustix::io::FdFlags::CLOEXEC).layer(
+            "descriptors",
+            "cannot mark the passed descriptor close-on-exec",
+            HINT_BUG,
+        )?;
+    }
     rustix::io::fcntl_setfd(ctl(ctl_slot), rustix::io::FdFlags::CLOEXEC).layer(
         "descriptors",
         "cannot mark the control socket close-on-exec",
@@ -290,11 +330,13 @@ fn monitor(ctl_slot: &mut Option<OwnedFd>) -> Step<i32> {
         // The init: PID 1 of the new PID namespace.
         drop(sync_w);
         let ctl = ctl_slot.take().expect("the control socket is open");
-        let code = init(ctl, sync_r, &spec);
+        let code = init(ctl, sync_r, passed, &spec);
         std::process::exit(code);
     }
     let child = ret as i32;
     drop(sync_r);
+    // The init has its copy.
+    drop(passed);
     let child_pid = Pid::from_raw(child).expect("clone returned a positive pid");
     if let Err(f) = write_id_maps(child, host_uid, host_gid) {
         let _ = rustix::process::kill_process(child_pid, rustix::process::Signal::KILL);
@@ -406,8 +448,9 @@ extern "C" fn forward_signal(sig: libc::c_int) {
     }
 }
 
-/// The init, PID 1 inside: builds the sandbox, starts the program, reaps until it exits.
-fn init(ctl: OwnedFd, sync: OwnedFd, spec: &SandboxSpec) -> i32 {
+/// The init, PID 1 inside: builds the sandbox, starts the program (handing it `passed`, which
+/// is at [`PASSED_FD`]), reaps until it exits.
+fn init(ctl: OwnedFd, sync: OwnedFd, passed: Option<OwnedFd>, spec: &SandboxSpec) -> i32 {
     let mut b = [0u8; 1];
     // Wait until the monitor has written the id maps; EOF means it failed (and reported why).
     loop {
@@ -428,7 +471,7 @@ fn init(ctl: OwnedFd, sync: OwnedFd, spec: &SandboxSpec) -> i32 {
     // Signals to forward are held from here until the handlers are in place, so one sent as soon
     // as `launch` returns is delivered, not dropped (PID 1 ignores signals it has no handler for).
     set_forwarded_blocked(true);
-    let program = match start_program(ctl.as_fd(), spec) {
+    let program = match start_program(ctl.as_fd(), passed, spec) {
         Ok(Some(pid)) => pid,
         Ok(None) => return 127,
         Err(f) => {
@@ -579,9 +622,14 @@ fn cstring(s: impl Into<Vec<u8>>) -> Step<CString> {
     CString::new(s).layer("program", "argument with a NUL byte", HINT_BUG)
 }
 
-/// Forks the program. Returns its pid once it has executed, `None` when it could not be
-/// executed (after reporting why on `ctl`).
-fn start_program(ctl: BorrowedFd<'_>, spec: &SandboxSpec) -> Step<Option<i32>> {
+/// Forks the program, with `passed` (at [`PASSED_FD`]) open across its execve; this process's
+/// copy is closed once the program's process has one. Returns its pid once it has executed,
+/// `None` when it could not be executed (after reporting why on `ctl`).
+fn start_program(
+    ctl: BorrowedFd<'_>,
+    passed: Option<OwnedFd>,
+    spec: &SandboxSpec,
+) -> Step<Option<i32>> {
     let path = cstring(spec.program.as_os_str().as_bytes())?;
     let mut argv = vec![path.clone()];
     for a in &spec.args {
@@ -609,7 +657,7 @@ fn start_program(ctl: BorrowedFd<'_>, spec: &SandboxSpec) -> Step<Option<i32>> {
     }
     if pid == 0 {
         drop(r);
-        let f = exec_program(&exec);
+        let f = exec_program(&exec, passed.is_some());
         let mut line = serde_json::to_string(&f.report()).unwrap_or_default();
         line.push('\n');
         write_all(w.as_fd(), line.as_bytes());
@@ -617,6 +665,7 @@ fn start_program(ctl: BorrowedFd<'_>, spec: &SandboxSpec) -> Step<Option<i32>> {
         unsafe { libc::_exit(127) };
     }
     drop(w);
+    drop(passed);
     // EOF without a byte: the pipe was closed by a successful execve.
     let mut out = Vec::new();
     let mut chunk = [0u8; 4096];
@@ -636,9 +685,9 @@ fn start_program(ctl: BorrowedFd<'_>, spec: &SandboxSpec) -> Step<Option<i32>> {
     Ok(None)
 }
 
-/// In the program's process: resets what must not be inherited and execs. Returns only on
-/// failure.
-fn exec_program(e: &Exec) -> Failure {
+/// In the program's process: resets what must not be inherited and execs, keeping [`PASSED_FD`]
+/// open when `keep_passed`. Returns only on failure.
+fn exec_program(e: &Exec, keep_passed: bool) -> Failure {
     // Signal dispositions and mask back to defaults (Rust ignores SIGPIPE; that must not leak
     // into the program).
     for sig in 1..libc::SIGRTMAX() {
@@ -663,9 +712,23 @@ fn exec_program(e: &Exec) -> Failure {
             HINT_BUG,
         );
     }
-    // Every descriptor above 2 is closed at exec (the report pipe included).
+    // Every descriptor above 2 is closed at exec (the report pipe included), but the passed one.
     if let Err(err) = close_fds_from(3, true) {
         return Failure::new("descriptors", format!("close_range: {err}"), HINT_KERNEL);
+    }
+    if keep_passed {
+        // SAFETY: fcntl(F_SETFD) takes integers only; PASSED_FD is the passed descriptor, which
+        // this process holds open (the init's `passed`, inherited through fork).
+        if unsafe { libc::fcntl(PASSED_FD, libc::F_SETFD, 0) } < 0 {
+            return Failure::new(
+                "descriptors",
+                format!(
+                    "cannot keep the passed descriptor open: {}",
+                    io::Error::last_os_error()
+                ),
+                HINT_BUG,
+            );
+        }
     }
     let mut argv: Vec<*const libc::c_char> = e.argv.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());

@@ -15,6 +15,9 @@
 //!    `/workspace`. The init reaps every child; when the program exits it kills the rest and
 //!    exits with the program's status.
 //!
+//! One descriptor of the caller (a listening socket, [`SandboxStdio::passed_fd`]) can be handed
+//! to the program, at [`PASSED_FD`]; no other descriptor reaches it.
+//!
 //! What each layer enforces, and what it does not, is in this directory's `README.md`.
 //!
 //! Every layer is required: when one cannot be applied, [`launch`] fails with an
@@ -29,7 +32,7 @@ mod probe;
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Component, Path, PathBuf};
@@ -52,6 +55,17 @@ pub const INIT_FD: i32 = 3;
 /// Environment variable [`launch`] sets for the init process (to `"3"`, [`INIT_FD`]); its
 /// presence tells [`init_main`] it was started by [`launch`]. [`is_init_invocation`] checks it.
 pub const INIT_FD_ENV: &str = "SESSIONBOX_SANDBOX_INIT_FD";
+
+/// The descriptor at which the program finds the socket passed in [`SandboxStdio::passed_fd`]
+/// (not close-on-exec). Without one, nothing is open there. The program's environment does not
+/// say whether one was passed: the caller tells the program, through [`SandboxSpec::env`] or its
+/// arguments, when it passes one.
+pub const PASSED_FD: i32 = 4;
+
+/// Environment variable [`launch`] sets for the init process (to `"4"`, [`PASSED_FD`]) when it
+/// passes a descriptor there; without it the monitor closes [`PASSED_FD`] like every other
+/// inherited descriptor. Not in the program's environment.
+const PASSED_FD_ENV: &str = "SESSIONBOX_SANDBOX_PASSED_FD";
 
 /// The uid every sandbox runs as inside (mapped to [`SandboxSpec::uid`] on the host).
 pub const INSIDE_UID: u32 = 1000;
@@ -315,7 +329,7 @@ fn check_inside_path(inside: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Where the sandboxed program's standard streams go.
+/// Where the sandboxed program's standard streams go, and the one other descriptor it gets.
 #[derive(Debug)]
 pub struct SandboxStdio {
     /// Standard input (default: `/dev/null`).
@@ -324,6 +338,15 @@ pub struct SandboxStdio {
     pub stdout: Stdio,
     /// Standard error (default: inherited from the caller).
     pub stderr: Stdio,
+    /// A socket handed to the program at [`PASSED_FD`] (default: none), meant for a listening
+    /// socket the program accepts on (systemd socket activation style): for example a UNIX
+    /// socket the caller bound in a directory the sandbox cannot see or write, so the host path
+    /// stays the caller's. [`launch_with`] refuses any other kind of descriptor (a directory
+    /// or file descriptor would reach the host file system past the sandbox's mounts). It
+    /// consumes the caller's descriptor (keep a [`OwnedFd::try_clone`] to go on using it); the
+    /// monitor and the init close their copies once the next process has it. The open file is
+    /// shared, so its status flags (`O_NONBLOCK`) are the caller's.
+    pub passed_fd: Option<OwnedFd>,
 }
 
 impl Default for SandboxStdio {
@@ -332,6 +355,7 @@ impl Default for SandboxStdio {
             stdin: Stdio::null(),
             stdout: Stdio::inherit(),
             stderr: Stdio::inherit(),
+            passed_fd: None,
         }
     }
 }
@@ -376,9 +400,12 @@ pub fn launch(spec: &SandboxSpec, init_exe: &Path, init_args: &[String]) -> Resu
 /// hidden subcommand that calls [`init_main`]; in tests a test-support binary), puts it in the
 /// sandbox's cgroups, hands it the spec and waits until the sandbox reports that the program was
 /// executed (at most [`LAUNCH_TIMEOUT`]). Blocking: call it from `spawn_blocking` in async code.
+/// The program's standard streams are `stdio`'s, and `stdio.passed_fd`, if any, is open in it at
+/// [`PASSED_FD`].
 ///
 /// # Errors
-/// - [`Error::InvalidRequest`] for a bad spec, [`Error::NotFound`] for a missing host path.
+/// - [`Error::InvalidRequest`] for a bad spec, or a `stdio.passed_fd` that is not a socket;
+///   [`Error::NotFound`] for a missing host path.
 /// - [`Error::AlreadyExists`] when the spec's cgroup exists with processes in it.
 /// - [`Error::RuntimeUnavailable`] naming the layer (user namespace, cgroup memory, landlock,
 ///   ...) that could not be applied, and what to do about it.
@@ -393,16 +420,42 @@ pub fn launch_with(
     stdio: SandboxStdio,
 ) -> Result<SandboxHandle> {
     spec.validate()?;
+    // Moved above every descriptor the child must end up with, so that placing them (at
+    // INIT_FD and PASSED_FD, after Command has set up 0, 1 and 2) never overwrites one with
+    // another, whatever numbers they had here.
+    let high = |fd: &OwnedFd, what: &str| {
+        rustix::io::fcntl_dupfd_cloexec(fd, PASSED_FD + 1)
+            .map_err(|e| Error::Backend(format!("cannot duplicate the {what}: {e}")))
+    };
+    let passed = match &stdio.passed_fd {
+        None => None,
+        Some(fd) => {
+            if let Err(e) = rustix::net::sockopt::socket_type(fd) {
+                return Err(Error::InvalidRequest(format!(
+                    "the descriptor to pass to the sandboxed program must be a socket: {e}"
+                )));
+            }
+            Some(high(fd, "descriptor to pass to the sandbox")?)
+        }
+    };
     let spec = spec.resolved()?;
     let cgroups = cgroup::Cgroups::create(&spec.cgroup, &spec.limits)?;
 
-    let (ours, theirs) = rustix::net::socketpair(
+    let pair = rustix::net::socketpair(
         rustix::net::AddressFamily::UNIX,
         rustix::net::SocketType::STREAM,
         rustix::net::SocketFlags::CLOEXEC,
         None,
     )
-    .map_err(|e| Error::Backend(format!("cannot create the sandbox control socket: {e}")))?;
+    .map_err(|e| Error::Backend(format!("cannot create the sandbox control socket: {e}")))
+    .and_then(|(ours, theirs)| Ok((ours, high(&theirs, "sandbox control socket")?)));
+    let (ours, theirs) = match pair {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = cgroups.remove();
+            return Err(e);
+        }
+    };
 
     let mut cmd = Command::new(init_exe);
     cmd.args(init_args)
@@ -411,21 +464,25 @@ pub fn launch_with(
         .stdin(stdio.stdin)
         .stdout(stdio.stdout)
         .stderr(stdio.stderr);
+    if passed.is_some() {
+        cmd.env(PASSED_FD_ENV, PASSED_FD.to_string());
+    }
     let theirs_raw = theirs.as_raw_fd();
+    let passed_raw = passed.as_ref().map(AsRawFd::as_raw_fd);
     // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
-    // calls are allowed. It captures one integer and makes two raw system calls (fcntl or dup2);
-    // it allocates nothing and touches no shared state. `theirs` stays open in the parent until
-    // `spawn` returns, so the descriptor is valid in the child.
+    // calls are allowed. It captures integers and makes at most two raw dup2 system calls; it
+    // allocates nothing and touches no shared state. `theirs` and `passed` stay open in the
+    // parent until `spawn` returns, so the descriptors are valid in the child, and both are
+    // above PASSED_FD, so neither dup2 replaces the other's source. dup2 clears close-on-exec
+    // on the new descriptor.
     unsafe {
         cmd.pre_exec(move || {
-            let r = if theirs_raw == INIT_FD {
-                // Already in place: only clear its close-on-exec flag.
-                libc::fcntl(INIT_FD, libc::F_SETFD, 0)
-            } else {
-                // dup2 clears close-on-exec on the new descriptor.
-                libc::dup2(theirs_raw, INIT_FD)
-            };
-            if r < 0 {
+            if libc::dup2(theirs_raw, INIT_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if let Some(p) = passed_raw
+                && libc::dup2(p, PASSED_FD) < 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
@@ -441,6 +498,9 @@ pub fn launch_with(
         }
     };
     drop(theirs);
+    // The monitor has its copy: the caller's is closed (as documented on `passed_fd`).
+    drop(passed);
+    drop(stdio.passed_fd);
     // From here on, failure kills what was started and removes the cgroups.
     let fail = |monitor: &mut Child, e: Error| -> Error {
         let _ = monitor.kill();
