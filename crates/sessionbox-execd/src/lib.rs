@@ -44,8 +44,8 @@ pub use outcome::{CommandOutcome, OutcomeCollector};
 pub use stream::{DEFAULT_MAX_EVENT_BYTES, EventStreamParser, StreamError};
 pub use token::AccessToken;
 pub use types::{
-    CommandLogs, CommandStatus, ErrorResponse, EventError, EventType, FileInfo, FileMetadata,
-    FileType, Metrics, Permission, RenameFileItem, ReplaceFileContentItem,
+    CommandEndExtension, CommandLogs, CommandStatus, ErrorResponse, EventError, EventType,
+    FileInfo, FileMetadata, FileType, Metrics, Permission, RenameFileItem, ReplaceFileContentItem,
     ReplaceFileContentResult, RunCommandRequest, ServerStreamEvent, UploadFile, mode_from_wire,
     mode_to_wire,
 };

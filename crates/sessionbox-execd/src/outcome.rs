@@ -31,6 +31,16 @@ pub struct CommandOutcome {
     pub error: Option<EventError>,
     /// The request ran in the background: the stream only confirmed the start.
     pub background: bool,
+    /// The signal that ended the command, when a sessionbox server said so in its terminal
+    /// event's [`CommandEndExtension`](crate::types::CommandEndExtension) (upstream reports
+    /// only exit code `-1`).
+    pub signal: Option<i32>,
+    /// The command was interrupted (sessionbox servers only).
+    pub interrupted: bool,
+    /// The server discarded standard output past its cap (sessionbox servers only).
+    pub stdout_truncated: bool,
+    /// The server discarded standard error past its cap (sessionbox servers only).
+    pub stderr_truncated: bool,
 }
 
 impl CommandOutcome {
@@ -65,6 +75,15 @@ impl OutcomeCollector {
 
     /// Takes one event into account.
     pub fn apply(&mut self, event: &ServerStreamEvent) {
+        if event.is_terminal() {
+            if let Some(ext) = &event.extension {
+                let o = &mut self.outcome;
+                o.signal = ext.signal;
+                o.interrupted = ext.interrupted;
+                o.stdout_truncated = ext.stdout_truncated;
+                o.stderr_truncated = ext.stderr_truncated;
+            }
+        }
         let o = &mut self.outcome;
         match &event.kind {
             EventType::Init => o.id = event.text.clone(),
@@ -90,7 +109,8 @@ impl OutcomeCollector {
                 }
                 let killed = matches!(err.exit_code(), Some(-1 | 137));
                 o.timed_out = err.ename == wire::COMMAND_TIMEOUT_ERROR
-                    || (killed && self.timeout.is_some_and(|t| o.elapsed >= t));
+                    || event.extension.is_some_and(|x| x.timed_out)
+                    || (killed && !o.interrupted && self.timeout.is_some_and(|t| o.elapsed >= t));
                 o.error = Some(err);
             }
             _ => {}
@@ -165,6 +185,30 @@ mod tests {
         std::thread::sleep(Duration::from_millis(2));
         c.apply(&ServerStreamEvent::exit_error(-1, vec![]));
         assert!(c.finish().timed_out);
+    }
+
+    #[test]
+    fn the_sessionbox_extension_is_read() {
+        use crate::types::CommandEndExtension;
+        let req = RunCommandRequest::shell("x");
+        let mut c = OutcomeCollector::new(&req);
+        let ext = CommandEndExtension {
+            signal: Some(9),
+            interrupted: true,
+            stdout_truncated: true,
+            ..Default::default()
+        };
+        let e = ServerStreamEvent::exit_error(-1, vec![]).with_extension(ext);
+        // Through the wire and back.
+        let e: ServerStreamEvent = serde_json::from_slice(&e.to_frame()).unwrap();
+        c.apply(&e);
+        let o = c.finish();
+        assert_eq!(o.exit_code, Some(-1));
+        assert_eq!(o.signal, Some(9));
+        assert!(o.interrupted && o.stdout_truncated && !o.stderr_truncated && !o.timed_out);
+        // Absent extension: nothing is invented.
+        let v = serde_json::to_value(ServerStreamEvent::exit_error(1, vec![])).unwrap();
+        assert!(v.get("sessionbox").is_none());
     }
 
     #[test]

@@ -46,6 +46,12 @@ pub struct RunCommandRequest {
     /// Environment variables added to the command's environment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub envs: Option<BTreeMap<String, String>>,
+    /// sessionbox extension, not in the SDK or the YAML: the most bytes of each of stdout and
+    /// stderr the server forwards (the rest is read and discarded, and the terminal event's
+    /// [`CommandEndExtension`] says so). Upstream ignores unknown fields, so sending it there is
+    /// harmless. Absent: the server's default (16 MiB for sessionbox-agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<u64>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -82,6 +88,13 @@ impl RunCommandRequest {
     /// Sets the deadline (sent in whole milliseconds, at least 1).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout_ms = Some((timeout.as_millis().min(u64::MAX as u128) as u64).max(1));
+        self
+    }
+
+    /// Caps what the server forwards of each output stream (a sessionbox extension; see
+    /// [`RunCommandRequest::max_output_bytes`]).
+    pub fn max_output_bytes(mut self, bytes: u64) -> Self {
+        self.max_output_bytes = Some(bytes);
         self
     }
 
@@ -236,6 +249,43 @@ pub struct ServerStreamEvent {
     /// Error details, on `error`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<EventError>,
+    /// sessionbox extension on the terminal event (wire name `sessionbox`): how the command
+    /// really ended. The SDK and upstream ignore unknown fields; upstream never sends it.
+    #[serde(
+        default,
+        rename = "sessionbox",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub extension: Option<CommandEndExtension>,
+}
+
+/// What a sessionbox server adds to a command's terminal event (wire name `sessionbox`), so
+/// that a client can tell apart what upstream folds into exit code `-1`.
+///
+/// ```json
+/// {"type":"error","timestamp":1,"error":{"ename":"CommandExecError","evalue":"-1","traceback":[]},
+///  "sessionbox":{"signal":9,"interrupted":true,"stdout_truncated":true}}
+/// ```
+///
+/// Absent fields are `None`/`false`. A command killed by a signal keeps upstream's `evalue`
+/// `-1`; `signal` names the signal.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandEndExtension {
+    /// The signal that ended the shell, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// The command's `timeout` ran out and the server killed its process group.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub timed_out: bool,
+    /// The command was interrupted (`DELETE /command`) and its process group killed.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub interrupted: bool,
+    /// Standard output went past the forwarded cap; the rest was discarded.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub stdout_truncated: bool,
+    /// Standard error went past the forwarded cap; the rest was discarded.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub stderr_truncated: bool,
 }
 
 impl ServerStreamEvent {
@@ -249,7 +299,14 @@ impl ServerStreamEvent {
             timestamp: Some(now_millis()),
             results: None,
             error: None,
+            extension: None,
         }
+    }
+
+    /// Attaches the sessionbox extension (meant for the terminal event).
+    pub fn with_extension(mut self, extension: CommandEndExtension) -> Self {
+        self.extension = Some(extension);
+        self
     }
 
     /// `init` carrying the command id.

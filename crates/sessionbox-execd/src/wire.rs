@@ -13,7 +13,9 @@ pub const DEFAULT_PORT: u16 = 44772;
 /// `{"error": "..."}`, not the usual `{"code", "message"}`.
 pub const ACCESS_TOKEN_HEADER: &str = "X-EXECD-ACCESS-TOKEN";
 
-/// Response header of `GET /command/{id}/logs` with the next cursor (a 0-based line index).
+/// Response header of `GET /command/{id}/logs` with the next cursor. The YAML calls it a 0-based
+/// line index; the released daemon (and sessionbox-agent) use the byte offset into the combined
+/// output. Either way a client only passes it back.
 pub const TAIL_CURSOR_HEADER: &str = "EXECD-COMMANDS-TAIL-CURSOR";
 
 /// `GET`: health check; 200 with an empty body.

@@ -1,0 +1,159 @@
+//! The command line of `sessionbox-agent` (and of `sessionbox agent`, which calls [`run_cli`]).
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use sessionbox_core::{Error, Result};
+use sessionbox_execd::AccessToken;
+
+use crate::{Agent, AgentConfig, DEFAULT_LISTEN, DEFAULT_ROOT, Listen, termination_signal};
+
+/// Environment variable the access token may come from (removed from the environment once
+/// read). A token file is preferred: see the README.
+pub const TOKEN_ENV: &str = "EXECD_ACCESS_TOKEN";
+
+/// `sessionbox-agent`: serve the OpenSandbox execd API for one workspace.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "sessionbox-agent",
+    version,
+    about = "Serve the OpenSandbox execd HTTP API for one workspace (the sessionbox in-sandbox agent).",
+    after_help = "The access token is read from --token-file or the EXECD_ACCESS_TOKEN environment \
+                  variable (which is then removed), never from the command line. Logging: \
+                  SESSIONBOX_LOG (default warn)."
+)]
+pub struct Cli {
+    /// Where to listen: unix:/PATH or tcp:HOST:PORT.
+    #[arg(long, default_value = DEFAULT_LISTEN, value_name = "ADDR")]
+    pub listen: String,
+    /// Serve on this inherited, already bound and listening Unix socket descriptor instead.
+    #[arg(long, value_name = "N", conflicts_with = "listen")]
+    pub listen_fd: Option<i32>,
+    /// The workspace directory; file operations and command working directories are confined
+    /// to it, and it is how paths are presented.
+    #[arg(long, default_value = DEFAULT_ROOT, value_name = "DIR")]
+    pub root: PathBuf,
+    /// File holding the access token every request must carry (X-EXECD-ACCESS-TOKEN).
+    #[arg(long, value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+    /// Exit cleanly after this many seconds with no request and no running command (0: never).
+    #[arg(long, value_name = "SECS", default_value_t = 0)]
+    pub idle_timeout: u64,
+}
+
+impl Cli {
+    /// The configuration these options give. Reads the token file, or takes the token from
+    /// [`TOKEN_ENV`] and removes that variable from this process's environment.
+    ///
+    /// Call it before any other thread is started (removing an environment variable is not
+    /// thread-safe).
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] for a bad listen address, an unreadable or empty token file,
+    /// or an empty token.
+    pub fn into_config(self) -> Result<AgentConfig> {
+        let from_env = std::env::var_os(TOKEN_ENV);
+        if from_env.is_some() {
+            // SAFETY: documented precondition: no other thread runs yet, so nothing reads the
+            // environment concurrently.
+            unsafe { std::env::remove_var(TOKEN_ENV) };
+        }
+        let token =
+            match (&self.token_file, from_env) {
+                (Some(path), _) => {
+                    let text = std::fs::read_to_string(path).map_err(|e| {
+                        Error::InvalidRequest(format!(
+                            "cannot read the token file {}: {e}",
+                            path.display()
+                        ))
+                    })?;
+                    Some(text.trim_end_matches(['\r', '\n']).to_owned())
+                }
+                (None, Some(v)) => Some(v.into_string().map_err(|_| {
+                    Error::InvalidRequest(format!("{TOKEN_ENV} is not valid UTF-8"))
+                })?),
+                (None, None) => None,
+            };
+        if token.as_deref() == Some("") {
+            return Err(Error::InvalidRequest(
+                "the access token is empty; give a non-empty token or none".into(),
+            ));
+        }
+        let mut config = AgentConfig::new(self.root);
+        config.listen = match self.listen_fd {
+            Some(fd) => Listen::Fd(fd),
+            None => Listen::parse(&self.listen)?,
+        };
+        config.token = token.map(AccessToken::new);
+        config.idle_timeout =
+            (self.idle_timeout > 0).then(|| Duration::from_secs(self.idle_timeout));
+        Ok(config)
+    }
+}
+
+/// Runs the agent as a program: parses `args` (the first is the program name), sets up
+/// logging (`SESSIONBOX_LOG`, default `warn`, to stderr), makes the process non-dumpable (so
+/// commands running as the same user cannot read its memory or environment through `/proc`),
+/// serves until SIGTERM, SIGINT or the idle timeout, and returns the exit code: 0 after a clean
+/// stop, 2 for invalid options, 1 for other failures. Prints `sessionbox-agent listening on
+/// ADDR` on stdout once it accepts connections.
+///
+/// Call it from the main thread before starting any other thread (it may remove
+/// `EXECD_ACCESS_TOKEN` from the environment); it builds its own tokio runtime.
+pub fn run_cli(args: impl IntoIterator<Item = OsString>) -> ExitCode {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SESSIONBOX_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let config = match cli.into_config() {
+        Ok(c) => c,
+        Err(e) => return fail(&e),
+    };
+    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(
+            std::thread::available_parallelism()
+                .map_or(2, |n| n.get())
+                .min(4),
+        )
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => return fail(&Error::Backend(format!("cannot start the runtime: {e}"))),
+    };
+    let result = runtime.block_on(async {
+        let agent = Agent::bind(config).await?;
+        let mut out = std::io::stdout();
+        let _ = writeln!(out, "sessionbox-agent listening on {}", agent.local_addr());
+        let _ = out.flush();
+        agent.run(termination_signal()).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e),
+    }
+}
+
+fn fail(e: &Error) -> ExitCode {
+    eprintln!("sessionbox-agent: {e}");
+    if e.is_invalid_input() {
+        ExitCode::from(2)
+    } else {
+        ExitCode::FAILURE
+    }
+}

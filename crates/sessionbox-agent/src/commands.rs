@@ -1,0 +1,648 @@
+//! `POST /command`, `DELETE /command`, `GET /command/status/{id}`, `GET /command/{id}/logs`.
+//!
+//! A foreground command's response is its event stream: `init` (the command id), `stdout` and
+//! `stderr` pieces as they are read, then exactly one terminal event (`execution_complete`, or
+//! `error` whose `evalue` is the exit code), after which the body ends at once. Dropping the
+//! response (the client went away) kills the command's process group.
+//!
+//! A background command's stream is `init` then `execution_complete` at once; it runs on,
+//! its combined output kept in memory (each stream up to the cap) for
+//! `GET /command/{id}/logs`, whose cursor is a byte offset into that output (as upstream).
+
+use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
+use std::os::fd::{AsFd, OwnedFd};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, SecondsFormat, Utc};
+use futures::Stream;
+use sessionbox_core::{ExecRequest, ExitStatus, MAX_OUTPUT_LIMIT, MAX_TIMEOUT};
+use sessionbox_execd::wire::{self, error_code, query};
+use sessionbox_execd::{CommandEndExtension, CommandStatus, RunCommandRequest, ServerStreamEvent};
+use sessionbox_local::process::{self, Spawn, Stream as OutStream};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::task::TaskTracker;
+
+use crate::server::{ApiError, AppState, json_body, ok_empty, query_one, query_pairs};
+
+/// One command, running or finished.
+pub(crate) struct Command {
+    id: String,
+    content: String,
+    background: bool,
+    started_at: DateTime<Utc>,
+    cancel: CancellationToken,
+    state: Mutex<CommandState>,
+}
+
+#[derive(Default)]
+struct CommandState {
+    running: bool,
+    exit_code: Option<i32>,
+    error: Option<String>,
+    finished_at: Option<DateTime<Utc>>,
+    /// Why it was cancelled, set before cancelling.
+    cancel_reason: Option<String>,
+    /// Background commands: stdout and stderr interleaved as read.
+    log: Vec<u8>,
+}
+
+impl Command {
+    fn lock(&self) -> std::sync::MutexGuard<'_, CommandState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Kills it (its process group) with `reason`, unless it already finished.
+    fn interrupt(&self, reason: &str) {
+        {
+            let mut st = self.lock();
+            if !st.running {
+                return;
+            }
+            st.cancel_reason.get_or_insert_with(|| reason.to_owned());
+        }
+        self.cancel.cancel();
+    }
+
+    fn status(&self) -> CommandStatus {
+        let st = self.lock();
+        CommandStatus {
+            id: self.id.clone(),
+            content: Some(self.content.clone()),
+            running: st.running,
+            exit_code: st.exit_code,
+            error: st.error.clone(),
+            started_at: Some(rfc3339(self.started_at)),
+            finished_at: st.finished_at.map(rfc3339),
+        }
+    }
+}
+
+fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// Every command the agent knows: running ones, and the most recent finished ones.
+pub(crate) struct Registry {
+    inner: Mutex<RegistryInner>,
+    running: AtomicUsize,
+    tasks: TaskTracker,
+    max_finished: usize,
+}
+
+#[derive(Default)]
+struct RegistryInner {
+    map: HashMap<String, Arc<Command>>,
+    finished: VecDeque<String>,
+}
+
+impl Registry {
+    pub fn new(max_finished: usize) -> Self {
+        Registry {
+            inner: Mutex::new(RegistryInner::default()),
+            running: AtomicUsize::new(0),
+            tasks: TaskTracker::new(),
+            max_finished: max_finished.max(1),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RegistryInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Commands running now.
+    pub fn running(&self) -> usize {
+        self.running.load(Ordering::SeqCst)
+    }
+
+    fn get(&self, id: &str) -> Option<Arc<Command>> {
+        self.lock().map.get(id).cloned()
+    }
+
+    fn insert(&self, cmd: Arc<Command>) {
+        self.running.fetch_add(1, Ordering::SeqCst);
+        self.lock().map.insert(cmd.id.clone(), cmd);
+    }
+
+    fn finished(&self, id: &str) {
+        let mut inner = self.lock();
+        inner.finished.push_back(id.to_owned());
+        while inner.finished.len() > self.max_finished {
+            if let Some(old) = inner.finished.pop_front() {
+                inner.map.remove(&old);
+            }
+        }
+        drop(inner);
+        self.running.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Kills every running command.
+    pub fn cancel_all(&self, reason: &str) {
+        let all: Vec<Arc<Command>> = self.lock().map.values().cloned().collect();
+        for c in all {
+            c.interrupt(reason);
+        }
+    }
+
+    /// Waits (at most `limit`) for every command task to end.
+    pub async fn wait_all(&self, limit: Duration) {
+        self.tasks.close();
+        let _ = tokio::time::timeout(limit, self.tasks.wait()).await;
+    }
+}
+
+/// A fresh, unguessable command id (128 random bits, hex).
+fn new_id() -> String {
+    let mut b = [0u8; 16];
+    let mut filled = 0;
+    while filled < b.len() {
+        match rustix::rand::getrandom(&mut b[filled..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) => {
+                // No getrandom: fall back to the hasher's per-process random keys and the time.
+                use std::hash::{BuildHasher, Hasher};
+                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                h.write_u128(
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default()
+                        .as_nanos(),
+                );
+                b[..8].copy_from_slice(&h.finish().to_le_bytes());
+                break;
+            }
+        }
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// `argv` as shell text that runs it without expansion: `exec 'a' 'b'`.
+fn argv_to_shell(argv: &[String]) -> String {
+    let mut out = String::from("exec");
+    for a in argv {
+        out.push(' ');
+        out.push('\'');
+        out.push_str(&a.replace('\'', "'\\''"));
+        out.push('\'');
+    }
+    out
+}
+
+/// Turns the wire request into what the process runner takes, checking everything first.
+fn build_exec(
+    state: &AppState,
+    req: &RunCommandRequest,
+) -> Result<(ExecRequest, OwnedFd), ApiError> {
+    req.validate()
+        .map_err(|m| ApiError::bad_request(format!("invalid request, validation error: {m}")))?;
+    let text = match (&req.command, &req.argv) {
+        (Some(c), _) => c.clone(),
+        (None, Some(argv)) => argv_to_shell(argv),
+        (None, None) => return Err(ApiError::bad_request("a command or argv is required")),
+    };
+    let me_uid = rustix::process::geteuid().as_raw();
+    let me_gid = rustix::process::getegid().as_raw();
+    if req.uid.is_some_and(|u| u != me_uid) || req.gid.is_some_and(|g| g != me_gid) {
+        return Err(ApiError::bad_request(format!(
+            "running a command as another user or group is not supported by this agent (it \
+             runs as uid {me_uid}, gid {me_gid}); leave uid and gid out"
+        )));
+    }
+    let timeout = match req.timeout_ms {
+        None => MAX_TIMEOUT,
+        Some(ms) if u128::from(ms) > MAX_TIMEOUT.as_millis() => {
+            return Err(ApiError::bad_request(format!(
+                "timeout {ms} ms is above the agent's limit of {} ms; run longer jobs in steps",
+                MAX_TIMEOUT.as_millis()
+            )));
+        }
+        Some(ms) => Duration::from_millis(ms),
+    };
+    let cap = match req.max_output_bytes {
+        None => state.config.output_cap,
+        Some(n) if n == 0 || n > MAX_OUTPUT_LIMIT as u64 => {
+            return Err(ApiError::bad_request(format!(
+                "max_output_bytes must be between 1 and {MAX_OUTPUT_LIMIT}"
+            )));
+        }
+        Some(n) => n as usize,
+    };
+    let mut exec = ExecRequest::new(text).timeout(timeout).output_limit(cap);
+    if let Some(envs) = &req.envs {
+        exec.env = envs.clone();
+    }
+    exec.validate().map_err(ApiError::from)?;
+    let cwd = state
+        .ws
+        .open_dir(req.cwd.as_deref().unwrap_or("."))
+        .map_err(ApiError::from)?;
+    Ok((exec, cwd))
+}
+
+/// `POST /command`.
+pub(crate) async fn run_command(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    match start(state, req).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn start(state: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
+    let request: RunCommandRequest = json_body(&state, req).await?;
+    let (exec, cwd) = build_exec(&state, &request)?;
+    let cmd = Arc::new(Command {
+        id: new_id(),
+        content: exec.command.clone(),
+        background: request.background,
+        started_at: Utc::now(),
+        cancel: CancellationToken::new(),
+        state: Mutex::new(CommandState {
+            running: true,
+            ..Default::default()
+        }),
+    });
+    state.commands.insert(cmd.clone());
+    tracing::debug!(id = %cmd.id, background = cmd.background, "command started");
+
+    let (tx, rx) = unbounded_channel::<Bytes>();
+    let _ = tx.send(Bytes::from(
+        ServerStreamEvent::init(cmd.id.clone()).to_frame(),
+    ));
+    let guard = if request.background {
+        let _ = tx.send(Bytes::from(
+            ServerStreamEvent::execution_complete(Duration::ZERO).to_frame(),
+        ));
+        drop(tx);
+        state
+            .commands
+            .tasks
+            .spawn(execute(state.clone(), cmd.clone(), exec, cwd, None));
+        None
+    } else {
+        state
+            .commands
+            .tasks
+            .spawn(execute(state.clone(), cmd.clone(), exec, cwd, Some(tx)));
+        Some(cmd.cancel.clone().drop_guard())
+    };
+    let body = Body::from_stream(EventBody { rx, _guard: guard });
+    let mut response = (StatusCode::OK, body).into_response();
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(wire::EVENT_STREAM_CONTENT_TYPE),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    Ok(response)
+}
+
+/// The response body of `POST /command`: frames until the task drops its sender. Dropping it
+/// (the client went away) cancels a foreground command, which kills its process group.
+struct EventBody {
+    rx: UnboundedReceiver<Bytes>,
+    _guard: Option<DropGuard>,
+}
+
+impl Stream for EventBody {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx).map(|o| o.map(Ok))
+    }
+}
+
+/// Valid UTF-8 out of a byte stream split anywhere: an incomplete sequence at the end of a
+/// chunk waits for the next one; invalid bytes become U+FFFD.
+#[derive(Default)]
+struct Utf8Decoder {
+    pending: Vec<u8>,
+}
+
+impl Utf8Decoder {
+    fn push(&mut self, data: &[u8]) -> String {
+        self.pending.extend_from_slice(data);
+        let mut out = String::new();
+        let mut rest: &[u8] = &self.pending;
+        loop {
+            match std::str::from_utf8(rest) {
+                Ok(s) => {
+                    out.push_str(s);
+                    rest = &[];
+                    break;
+                }
+                Err(e) => {
+                    let (valid, after) = rest.split_at(e.valid_up_to());
+                    out.push_str(std::str::from_utf8(valid).unwrap_or_default());
+                    match e.error_len() {
+                        Some(n) => {
+                            out.push(char::REPLACEMENT_CHARACTER);
+                            rest = &after[n..];
+                        }
+                        None => {
+                            rest = after;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        self.pending = rest.to_vec();
+        out
+    }
+
+    fn finish(&mut self) -> String {
+        let s = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        s
+    }
+}
+
+/// Where a command's output goes: stream events (foreground) or its log (background), each
+/// stream capped.
+struct OutputSink<'a> {
+    cmd: &'a Command,
+    tx: Option<&'a UnboundedSender<Bytes>>,
+    cap: usize,
+    kept: [usize; 2],
+    truncated: [bool; 2],
+    decoders: [Utf8Decoder; 2],
+}
+
+impl OutputSink<'_> {
+    fn push(&mut self, stream: OutStream, data: &[u8]) {
+        let i = match stream {
+            OutStream::Stdout => 0,
+            OutStream::Stderr => 1,
+        };
+        let room = self.cap - self.kept[i];
+        if data.len() > room {
+            self.truncated[i] = true;
+        }
+        let data = &data[..data.len().min(room)];
+        if data.is_empty() {
+            return;
+        }
+        self.kept[i] += data.len();
+        match self.tx {
+            Some(tx) => {
+                let text = self.decoders[i].push(data);
+                self.send(i, text, tx);
+            }
+            None => self.cmd.lock().log.extend_from_slice(data),
+        }
+    }
+
+    fn send(&self, i: usize, text: String, tx: &UnboundedSender<Bytes>) {
+        if text.is_empty() {
+            return;
+        }
+        let event = if i == 0 {
+            ServerStreamEvent::stdout(text)
+        } else {
+            ServerStreamEvent::stderr(text)
+        };
+        let _ = tx.send(Bytes::from(event.to_frame()));
+    }
+
+    fn flush(&mut self) {
+        if let Some(tx) = self.tx {
+            for i in 0..2 {
+                let text = self.decoders[i].finish();
+                self.send(i, text, tx);
+            }
+        }
+    }
+}
+
+/// Runs one command to its end and records how it ended; for a foreground command, sends the
+/// terminal event and then drops the sender, which ends the response body.
+async fn execute(
+    state: Arc<AppState>,
+    cmd: Arc<Command>,
+    exec: ExecRequest,
+    cwd: OwnedFd,
+    tx: Option<UnboundedSender<Bytes>>,
+) {
+    let mut sink = OutputSink {
+        cmd: &cmd,
+        tx: tx.as_ref(),
+        cap: exec.output_limit,
+        kept: [0, 0],
+        truncated: [false, false],
+        decoders: [Utf8Decoder::default(), Utf8Decoder::default()],
+    };
+    let outcome = {
+        let mut on_output = |s: OutStream, data: &[u8]| sink.push(s, data);
+        let spawn = Spawn {
+            request: &exec,
+            cwd: cwd.as_fd(),
+            home: &state.presented_root,
+            kill_grace: state.config.kill_grace,
+        };
+        let run = process::run(spawn, Some(&mut on_output));
+        tokio::select! {
+            r = run => Some(r),
+            // Dropping `run` kills the whole process group.
+            _ = cmd.cancel.cancelled() => None,
+        }
+    };
+    sink.flush();
+    let mut ext = CommandEndExtension {
+        stdout_truncated: sink.truncated[0],
+        stderr_truncated: sink.truncated[1],
+        ..Default::default()
+    };
+    let (exit_code, error, event) = match outcome {
+        None => {
+            let reason = cmd
+                .lock()
+                .cancel_reason
+                .clone()
+                .unwrap_or_else(|| "the client disconnected".to_owned());
+            ext.signal = Some(rustix::process::Signal::KILL.as_raw());
+            ext.interrupted = true;
+            let event = ServerStreamEvent::exit_error(-1, vec![format!("interrupted: {reason}")]);
+            (Some(-1), Some(format!("interrupted: {reason}")), event)
+        }
+        Some(Err(e)) => {
+            let message = format!("the command could not start: {e}");
+            (
+                None,
+                Some(message.clone()),
+                ServerStreamEvent::start_error(message),
+            )
+        }
+        Some(Ok(result)) => {
+            if let ExitStatus::Signal(s) = result.status {
+                ext.signal = Some(s);
+            }
+            if result.timed_out {
+                ext.timed_out = true;
+                let message = format!("timed out after {} ms", exec.timeout.as_millis());
+                (
+                    Some(-1),
+                    Some(message),
+                    ServerStreamEvent::timeout_error(-1, exec.timeout),
+                )
+            } else {
+                match result.status {
+                    ExitStatus::Code(0) => (
+                        Some(0),
+                        None,
+                        ServerStreamEvent::execution_complete(result.duration),
+                    ),
+                    ExitStatus::Code(c) => {
+                        (Some(c), None, ServerStreamEvent::exit_error(c, Vec::new()))
+                    }
+                    ExitStatus::Signal(s) => {
+                        let message = format!("killed by signal {s}");
+                        (
+                            Some(-1),
+                            Some(message.clone()),
+                            ServerStreamEvent::exit_error(-1, vec![message]),
+                        )
+                    }
+                }
+            }
+        }
+    };
+    {
+        let mut st = cmd.lock();
+        st.running = false;
+        st.exit_code = exit_code;
+        st.error = error;
+        st.finished_at = Some(Utc::now());
+    }
+    state.commands.finished(&cmd.id);
+    state.activity.touch();
+    tracing::debug!(id = %cmd.id, ?exit_code, "command finished");
+    if let Some(tx) = tx {
+        let event = if ext == CommandEndExtension::default() {
+            event
+        } else {
+            event.with_extension(ext)
+        };
+        let _ = tx.send(Bytes::from(event.to_frame()));
+    }
+}
+
+/// `DELETE /command?id=`: kills the command's process group. 404 for an unknown id; a finished
+/// command is left as it is (200).
+pub(crate) async fn interrupt_command(
+    State(state): State<Arc<AppState>>,
+    req: Request,
+) -> Response {
+    let pairs = query_pairs(&req);
+    let Some(id) = query_one(&pairs, query::ID).filter(|s| !s.is_empty()) else {
+        return ApiError::missing_query(query::ID).into_response();
+    };
+    match state.commands.get(id) {
+        Some(cmd) => {
+            cmd.interrupt("interrupted by DELETE /command");
+            ok_empty()
+        }
+        None => unknown(id).into_response(),
+    }
+}
+
+fn unknown(id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        error_code::INVALID_REQUEST_BODY,
+        format!("command not found: {id}"),
+    )
+}
+
+/// `GET /command/status/{id}`.
+pub(crate) async fn command_status(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Response {
+    match state.commands.get(&id) {
+        Some(cmd) => axum::Json(cmd.status()).into_response(),
+        None => unknown(&id).into_response(),
+    }
+}
+
+/// `GET /command/{id}/logs?cursor=`: a background command's output from byte `cursor` (0 when
+/// absent or not a number, as upstream), with the next cursor in `EXECD-COMMANDS-TAIL-CURSOR`.
+pub(crate) async fn command_logs(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    req: Request,
+) -> Response {
+    let pairs = query_pairs(&req);
+    let cursor: usize = query_one(&pairs, query::CURSOR)
+        .and_then(|c| c.trim().parse().ok())
+        .unwrap_or(0);
+    let Some(cmd) = state.commands.get(&id) else {
+        return unknown(&id).into_response();
+    };
+    if !cmd.background {
+        return ApiError::bad_request(format!(
+            "command {id} is not running in background; its output was in its event stream"
+        ))
+        .into_response();
+    }
+    let (chunk, next) = {
+        let st = cmd.lock();
+        let from = cursor.min(st.log.len());
+        (Bytes::copy_from_slice(&st.log[from..]), st.log.len())
+    };
+    let mut response = (StatusCode::OK, chunk).into_response();
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    h.insert(wire::TAIL_CURSOR_HEADER, HeaderValue::from(next as u64));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utf8_split_at_every_byte_comes_out_whole() {
+        let text = "aé€😀z";
+        let bytes = text.as_bytes();
+        for cut in 0..=bytes.len() {
+            let mut d = Utf8Decoder::default();
+            let mut out = d.push(&bytes[..cut]);
+            out.push_str(&d.push(&bytes[cut..]));
+            out.push_str(&d.finish());
+            assert_eq!(out, text, "cut at {cut}");
+        }
+        let mut d = Utf8Decoder::default();
+        assert_eq!(d.push(b"a\xffb"), "a\u{fffd}b");
+        assert_eq!(d.push(b"\xe2\x82"), "");
+        assert_eq!(d.finish(), "\u{fffd}");
+    }
+
+    #[test]
+    fn argv_is_quoted_literally() {
+        assert_eq!(
+            argv_to_shell(&["echo".into(), "it's $HOME".into()]),
+            "exec 'echo' 'it'\\''s $HOME'"
+        );
+    }
+
+    #[test]
+    fn ids_are_random_hex() {
+        let a = new_id();
+        assert_eq!(a.len(), 32);
+        assert!(a.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_ne!(a, new_id());
+    }
+}

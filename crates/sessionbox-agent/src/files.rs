@@ -1,0 +1,844 @@
+//! The file and directory endpoints, each a thin layer over [`sessionbox_fs::Workspace`].
+//!
+//! Every path passes the workspace path policy and is resolved beneath the root descriptor; the
+//! only thing done here besides calling the workspace is reading metadata for `FileInfo`
+//! (`fstatat(AT_SYMLINK_NOFOLLOW)` of one name in a parent directory that the workspace opened
+//! beneath the root). Every path is validated before anything is changed, so a request with one
+//! bad path changes nothing.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, SecondsFormat, Utc};
+use rustix::fs::{AtFlags, FileType as RawType};
+use sessionbox_core::{EditRequest, Error, FileKind, WorkspacePath};
+use sessionbox_execd::wire::{error_code, query, upload};
+use sessionbox_execd::{
+    FileInfo, FileMetadata, FileType, Permission, RenameFileItem, ReplaceFileContentItem,
+    ReplaceFileContentResult, mode_to_wire,
+};
+use sessionbox_fs::Workspace;
+
+use crate::server::{
+    ApiError, AppState, blocking, json_body, ok_empty, parse_json, query_all, query_one,
+    query_pairs, read_body,
+};
+
+/// Size of each read when a whole file larger than `max_file_bytes` is streamed.
+const DOWNLOAD_CHUNK: u64 = 4 * 1024 * 1024;
+
+/// User and group names by id, read from `/etc/passwd` and `/etc/group` once per request.
+#[derive(Default)]
+struct Names {
+    users: Option<HashMap<u32, String>>,
+    groups: Option<HashMap<u32, String>>,
+}
+
+impl Names {
+    fn user(&mut self, uid: u32) -> String {
+        self.users
+            .get_or_insert_with(|| read_id_file("/etc/passwd"))
+            .get(&uid)
+            .cloned()
+            .unwrap_or_else(|| uid.to_string())
+    }
+
+    fn group(&mut self, gid: u32) -> String {
+        self.groups
+            .get_or_insert_with(|| read_id_file("/etc/group"))
+            .get(&gid)
+            .cloned()
+            .unwrap_or_else(|| gid.to_string())
+    }
+}
+
+/// `name:x:id:...` lines of a passwd-style file.
+fn read_id_file(path: &str) -> HashMap<u32, String> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split(':');
+            let name = f.next()?;
+            let id = f.nth(1)?.parse().ok()?;
+            Some((id, name.to_owned()))
+        })
+        .collect()
+}
+
+/// Metadata of `rel` itself (a final link is not followed), found beneath the root.
+fn lstat(ws: &Workspace, rel: &WorkspacePath) -> Result<rustix::fs::Stat, Error> {
+    let shown = rel.as_relative();
+    let map = |e: rustix::io::Errno| match e {
+        rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR => {
+            Error::NotFound(format!("file {shown}"))
+        }
+        e => Error::Backend(format!("cannot stat {shown}: {e}")),
+    };
+    match (rel.parent(), rel.file_name()) {
+        (Some(parent), Some(name)) => {
+            let dir = ws.open_dir(parent.as_relative())?;
+            rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW).map_err(map)
+        }
+        _ => {
+            let dir = ws.open_dir(".")?;
+            rustix::fs::fstat(&dir).map_err(map)
+        }
+    }
+}
+
+fn time_of(secs: i64, nanos: i64) -> String {
+    DateTime::<Utc>::from_timestamp(secs, u32::try_from(nanos).unwrap_or(0))
+        .unwrap_or_default()
+        .to_rfc3339_opts(SecondsFormat::AutoSi, true)
+}
+
+/// `FileInfo` of `rel` as upstream builds it: the entry itself (links not followed), permission
+/// bits as octal digits, owner and group by name (the number when unknown).
+#[allow(clippy::unnecessary_cast)] // the stat field types differ between architectures
+fn file_info(ws: &Workspace, rel: &WorkspacePath, names: &mut Names) -> Result<FileInfo, Error> {
+    let st = lstat(ws, rel)?;
+    let kind = match RawType::from_raw_mode(st.st_mode as _) {
+        RawType::RegularFile => FileType::File,
+        RawType::Directory => FileType::Directory,
+        RawType::Symlink => FileType::Symlink,
+        _ => FileType::Other,
+    };
+    Ok(FileInfo {
+        path: rel.presented(ws.presented_root()),
+        kind: Some(kind),
+        size: st.st_size.max(0) as u64,
+        modified_at: time_of(st.st_mtime as i64, st.st_mtime_nsec as i64),
+        created_at: time_of(st.st_ctime as i64, st.st_ctime_nsec as i64),
+        owner: names.user(st.st_uid as u32),
+        group: names.group(st.st_gid as u32),
+        mode: mode_to_wire((st.st_mode as u32) & 0o777),
+    })
+}
+
+/// Resolves every path first, so one bad path fails the request before anything changes.
+fn resolve_all(ws: &Workspace, paths: &[String]) -> Result<Vec<WorkspacePath>, ApiError> {
+    paths
+        .iter()
+        .map(|p| ws.resolve(p).map_err(ApiError::from))
+        .collect()
+}
+
+fn owned(v: Vec<&str>) -> Vec<String> {
+    v.into_iter().map(str::to_owned).collect()
+}
+
+/// `GET /files/info?path=...`: map of each path as given to its `FileInfo`; 404 when one is
+/// missing.
+pub(crate) async fn info(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    let pairs = query_pairs(&req);
+    let paths = owned(query_all(&pairs, query::PATH));
+    let ws = state.ws.clone();
+    respond(
+        blocking(move || {
+            let rels = resolve_all(&ws, &paths)?;
+            let mut names = Names::default();
+            let mut out = BTreeMap::new();
+            for (p, rel) in paths.iter().zip(&rels) {
+                out.insert(p.clone(), file_info(&ws, rel, &mut names)?);
+            }
+            Ok(axum::Json(out).into_response())
+        })
+        .await,
+    )
+}
+
+fn respond(r: Result<Response, ApiError>) -> Response {
+    r.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `DELETE /files?path=...`: removes files and links (never their targets); a missing path is
+/// fine (as upstream); a directory is refused (use `DELETE /directories`).
+pub(crate) async fn remove_files(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    let pairs = query_pairs(&req);
+    let paths = owned(query_all(&pairs, query::PATH));
+    let ws = state.ws.clone();
+    respond(
+        blocking(move || {
+            let rels = resolve_all(&ws, &paths)?;
+            for rel in &rels {
+                match lstat(&ws, rel) {
+                    Err(Error::NotFound(_)) => continue,
+                    Err(e) => return Err(e.into()),
+                    Ok(st) if RawType::from_raw_mode(st.st_mode as _) == RawType::Directory => {
+                        return Err(Error::Conflict(format!(
+                            "{} is a directory; use DELETE /directories",
+                            rel.as_relative()
+                        ))
+                        .into());
+                    }
+                    Ok(_) => {}
+                }
+                match ws.remove(rel.as_relative(), false) {
+                    Ok(()) | Err(Error::NotFound(_)) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Ok(ok_empty())
+        })
+        .await,
+    )
+}
+
+/// `POST /files/mv`: renames each `{src, dest}` in order; missing parents of `dest` are
+/// created; an existing `dest` is refused (as upstream).
+pub(crate) async fn move_files(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    let items: Vec<RenameFileItem> = match json_body(&state, req).await {
+        Ok(i) => i,
+        Err(e) => return e.into_response(),
+    };
+    let ws = state.ws.clone();
+    respond(
+        blocking(move || {
+            let mut pairs = Vec::with_capacity(items.len());
+            for i in &items {
+                pairs.push((ws.resolve(&i.src)?, ws.resolve(&i.dest)?));
+            }
+            for (src, dest) in &pairs {
+                match lstat(&ws, dest) {
+                    Err(Error::NotFound(_)) => {}
+                    Err(e) => return Err(e.into()),
+                    Ok(_) => {
+                        return Err(Error::AlreadyExists(format!(
+                            "destination {} exists; remove it first",
+                            dest.as_relative()
+                        ))
+                        .into());
+                    }
+                }
+                ws.rename(src.as_relative(), dest.as_relative())?;
+            }
+            Ok(ok_empty())
+        })
+        .await,
+    )
+}
+
+/// `POST /files/permissions`: not supported (501): sessionbox-fs has no confined chmod/chown,
+/// and the agent runs every command as one user.
+pub(crate) async fn set_permissions(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    if let Err(e) = json_body::<BTreeMap<String, Permission>>(&state, req).await {
+        return e.into_response();
+    }
+    ApiError::new(
+        StatusCode::NOT_IMPLEMENTED,
+        error_code::NOT_SUPPORTED,
+        "changing permissions or ownership is not supported by sessionbox-agent; run chmod \
+         in a command instead",
+    )
+    .into_response()
+}
+
+/// Escapes glob metacharacters so a directory name is matched literally.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '{' | '}' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `GET /files/search?path=&pattern=`: files (not directories) below `path` whose base name
+/// matches `pattern` (default `**`), at any depth, as upstream. A pattern with a `/` is matched
+/// against the path below `path` instead. Links are reported, never followed.
+pub(crate) async fn search(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    let pairs = query_pairs(&req);
+    let Some(dir) = query_one(&pairs, query::PATH)
+        .filter(|p| !p.is_empty())
+        .map(str::to_owned)
+    else {
+        return ApiError::missing_query(query::PATH).into_response();
+    };
+    let pattern = query_one(&pairs, query::PATTERN)
+        .filter(|p| !p.is_empty())
+        .unwrap_or("**")
+        .to_owned();
+    let ws = state.ws.clone();
+    respond(
+        blocking(move || {
+            let rel = ws.resolve(&dir)?;
+            ws.stat(rel.as_relative())?;
+            let base = glob_escape(rel.as_str());
+            let sub = if pattern == "**" || pattern.contains('/') {
+                pattern.clone()
+            } else {
+                format!("**/{pattern}")
+            };
+            let full = if base.is_empty() {
+                sub
+            } else {
+                format!("{base}/{sub}")
+            };
+            let found = ws.glob(&full)?;
+            let mut names = Names::default();
+            let mut out = Vec::with_capacity(found.len());
+            for f in found {
+                let Ok(r) = ws.resolve(&f) else { continue };
+                match file_info(&ws, &r, &mut names) {
+                    Ok(i) => out.push(i),
+                    Err(Error::NotFound(_)) => {} // removed meanwhile
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Ok(axum::Json(out).into_response())
+        })
+        .await,
+    )
+}
+
+/// Non-overlapping occurrences of `needle` in `hay`, counted left to right.
+fn count_occurrences(hay: &[u8], needle: &[u8]) -> u64 {
+    if needle.is_empty() {
+        return 0;
+    }
+    let (mut i, mut n) = (0, 0);
+    while i + needle.len() <= hay.len() {
+        if &hay[i..i + needle.len()] == needle {
+            n += 1;
+            i += needle.len();
+        } else {
+            i += 1;
+        }
+    }
+    n
+}
+
+/// `POST /files/replace?verbose=`: replaces every occurrence in each file (atomically, keeping
+/// its permission bits); a file without one is left untouched with a count of 0.
+pub(crate) async fn replace(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    let pairs = query_pairs(&req);
+    let verbose = query_one(&pairs, query::VERBOSE) == Some("true");
+    let items: BTreeMap<String, ReplaceFileContentItem> = match json_body(&state, req).await {
+        Ok(i) => i,
+        Err(e) => return e.into_response(),
+    };
+    let ws = state.ws.clone();
+    respond(
+        blocking(move || {
+            let mut todo = Vec::with_capacity(items.len());
+            for (p, item) in &items {
+                if item.old.is_empty() {
+                    return Err(ApiError::bad_request(format!(
+                        "old content must not be empty (for {p})"
+                    )));
+                }
+                todo.push((p, ws.resolve(p)?, item));
+            }
+            let mut results = BTreeMap::new();
+            for (p, rel, item) in todo {
+                let data = ws.read(rel.as_relative())?;
+                let mut count = count_occurrences(&data, item.old.as_bytes());
+                if count > 0 {
+                    let edit = EditRequest {
+                        old: item.old.clone(),
+                        new: item.new.clone(),
+                        replace_all: true,
+                    };
+                    count = ws.edit(rel.as_relative(), &edit)?.replacements as u64;
+                }
+                results.insert(
+                    p.clone(),
+                    ReplaceFileContentResult {
+                        replaced_count: count,
+                    },
+                );
+            }
+            Ok(if verbose {
+                axum::Json(results).into_response()
+            } else {
+                ok_empty()
+            })
+        })
+        .await,
+    )
+}
+
+/// `POST /files/upload`: multipart, the n-th `metadata` part (JSON `FileMetadata`, sent as a file
+/// part by the SDK; a plain field is accepted too) paired with the n-th `file` part. Each file
+/// is written atomically, parents created. `mode`, `owner` and `group` are ignored (new files
+/// get `0644`, existing ones keep their bits).
+pub(crate) async fn upload(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    respond(upload_inner(state, req).await)
+}
+
+async fn upload_inner(state: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
+    let bad = |code: &'static str, m: String| ApiError::new(StatusCode::BAD_REQUEST, code, m);
+    let content_type = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let boundary = multer::parse_boundary(&content_type).map_err(|e| {
+        bad(
+            error_code::INVALID_FILE,
+            format!("the upload must be multipart/form-data with a boundary: {e}"),
+        )
+    })?;
+    let body = read_body(req, state.config.max_upload_bytes).await?;
+    let stream = futures::stream::once(async move { Ok::<Bytes, std::convert::Infallible>(body) });
+    let mut form = multer::Multipart::new(stream, boundary);
+    let mut metadata = Vec::new();
+    let mut files = Vec::new();
+    loop {
+        let field = form.next_field().await.map_err(|e| {
+            bad(
+                error_code::INVALID_FILE,
+                format!("malformed multipart form: {e}"),
+            )
+        })?;
+        let Some(field) = field else { break };
+        let name = field.name().unwrap_or("").to_owned();
+        let data = field.bytes().await.map_err(|e| {
+            bad(
+                error_code::INVALID_FILE,
+                format!("malformed multipart part {name:?}: {e}"),
+            )
+        })?;
+        if name == upload::METADATA_FIELD {
+            metadata.push(data);
+        } else if name == upload::FILE_FIELD {
+            files.push(data);
+        }
+    }
+    if metadata.is_empty() {
+        return Err(bad(
+            error_code::INVALID_FILE_METADATA,
+            "metadata file is missing".into(),
+        ));
+    }
+    if files.is_empty() {
+        return Err(bad(
+            error_code::INVALID_FILE_CONTENT,
+            "file is missing".into(),
+        ));
+    }
+    if metadata.len() != files.len() {
+        return Err(bad(
+            error_code::INVALID_FILE,
+            format!(
+                "metadata and file count mismatch: {} vs {}",
+                metadata.len(),
+                files.len()
+            ),
+        ));
+    }
+    let mut targets = Vec::with_capacity(files.len());
+    for m in &metadata {
+        let meta: FileMetadata = parse_json(m).map_err(|e| {
+            bad(
+                error_code::INVALID_FILE_METADATA,
+                format!("invalid metadata format: {}", e.message),
+            )
+        })?;
+        if meta.path.is_empty() {
+            return Err(bad(
+                error_code::INVALID_FILE_METADATA,
+                "metadata path is empty".into(),
+            ));
+        }
+        targets.push(meta.path);
+    }
+    let ws = state.ws.clone();
+    blocking(move || {
+        let rels = resolve_all(&ws, &targets)?;
+        for (rel, data) in rels.iter().zip(&files) {
+            ws.write(rel.as_relative(), data)?;
+        }
+        Ok(ok_empty())
+    })
+    .await
+}
+
+/// One satisfiable byte range, or why there is none.
+#[derive(Debug, PartialEq, Eq)]
+enum RangeSpec {
+    /// The first satisfiable range: start and length.
+    Bytes(u64, u64),
+    /// Well-formed, but no range overlaps the file.
+    Unsatisfiable,
+}
+
+/// Parses `bytes=A-B[, ...]` against a file of `size` bytes, as upstream: suffix ranges
+/// (`-N`), open ranges (`A-`), ranges past the end cut; the first satisfiable one is served.
+/// `None` when malformed.
+fn parse_range(s: &str, size: u64) -> Option<RangeSpec> {
+    let spec = s.trim().strip_prefix("bytes=")?;
+    let mut first = None;
+    for part in spec.split(',') {
+        let part = part.trim();
+        if part.is_empty() {
+            continue;
+        }
+        let (a, b) = part.split_once('-')?;
+        let (a, b) = (a.trim(), b.trim());
+        let (start, len) = if a.is_empty() {
+            let n: u64 = b.parse().ok()?;
+            let n = n.min(size);
+            (size - n, n)
+        } else {
+            let start: u64 = a.parse().ok()?;
+            if b.is_empty() {
+                (start, size.saturating_sub(start))
+            } else {
+                let end: u64 = b.parse().ok()?;
+                if end < start {
+                    return None;
+                }
+                (start, end - start + 1)
+            }
+        };
+        if start >= size || len == 0 {
+            continue;
+        }
+        let len = len.min(size - start);
+        first.get_or_insert(RangeSpec::Bytes(start, len));
+    }
+    Some(first.unwrap_or(RangeSpec::Unsatisfiable))
+}
+
+/// `Content-Disposition: attachment; filename=...`, RFC 5987-encoded when not plain ASCII.
+fn disposition(name: &str) -> HeaderValue {
+    let plain = name
+        .bytes()
+        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\');
+    let text = if plain {
+        format!("attachment; filename=\"{name}\"")
+    } else {
+        let enc: String = name
+            .bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect();
+        format!("attachment; filename=\"{enc}\"; filename*=UTF-8''{enc}")
+    };
+    HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("attachment"))
+}
+
+/// `GET /files/download?path=`: the whole file (200); with `Range`, the first satisfiable range
+/// (206) or 416; with `offset`/`limit`, those lines as text.
+pub(crate) async fn download(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    respond(download_inner(state, req).await)
+}
+
+async fn download_inner(state: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
+    let pairs = query_pairs(&req);
+    let path = query_one(&pairs, query::PATH)
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| ApiError::missing_query(query::PATH))?
+        .to_owned();
+    let range = req
+        .headers()
+        .get(header::RANGE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let number = |name: &str| -> Result<Option<u64>, ApiError> {
+        match query_one(&pairs, name) {
+            None | Some("") => Ok(None),
+            Some(v) => v
+                .parse::<u64>()
+                .ok()
+                .filter(|n| *n >= 1)
+                .map(Some)
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "query parameter '{name}' must be a whole number of at least 1"
+                    ))
+                }),
+        }
+    };
+    let offset = number(query::OFFSET)?;
+    let limit = number(query::LIMIT)?;
+    let ws = state.ws.clone();
+    if offset.is_some() || limit.is_some() {
+        if range.is_some() {
+            return Err(ApiError::bad_request(
+                "offset/limit and the Range header are mutually exclusive",
+            ));
+        }
+        return blocking(move || {
+            let data = ws.read(&path)?;
+            let skip = offset.unwrap_or(1).saturating_sub(1) as usize;
+            let take = limit.map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX));
+            let text: Vec<u8> = data
+                .split_inclusive(|b| *b == b'\n')
+                .skip(skip)
+                .take(take)
+                .flatten()
+                .copied()
+                .collect();
+            let mut r = (StatusCode::OK, text).into_response();
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+            );
+            Ok(r)
+        })
+        .await;
+    }
+    let (rel, size) = {
+        let ws = ws.clone();
+        let path = path.clone();
+        blocking(move || {
+            let rel = ws.resolve(&path)?;
+            let st = ws.stat(rel.as_relative())?;
+            if st.kind != FileKind::File {
+                return Err(Error::Conflict(format!(
+                    "{} is not a regular file",
+                    rel.as_relative()
+                ))
+                .into());
+            }
+            Ok((rel, st.size))
+        })
+        .await?
+    };
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    headers.insert(
+        header::CONTENT_DISPOSITION,
+        disposition(rel.file_name().unwrap_or("file")),
+    );
+    headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    if let Some(range) = range {
+        let (start, len) = match parse_range(&range, size) {
+            Some(RangeSpec::Bytes(s, l)) => (s, l),
+            _ => {
+                let mut r = ApiError::new(
+                    StatusCode::RANGE_NOT_SATISFIABLE,
+                    error_code::UNKNOWN,
+                    format!("range {range:?} is not satisfiable for a file of {size} bytes"),
+                )
+                .into_response();
+                r.headers_mut().insert(
+                    header::CONTENT_RANGE,
+                    HeaderValue::from_str(&format!("bytes */{size}"))
+                        .unwrap_or_else(|_| HeaderValue::from_static("bytes */0")),
+                );
+                return Ok(r);
+            }
+        };
+        let rel2 = rel.clone();
+        let data = blocking(move || Ok(ws.read_range(rel2.as_relative(), start, len)?)).await?;
+        let end = start + (data.len() as u64).max(1) - 1;
+        if let Ok(v) = HeaderValue::from_str(&format!("bytes {start}-{end}/{size}")) {
+            headers.insert(header::CONTENT_RANGE, v);
+        }
+        return Ok((StatusCode::PARTIAL_CONTENT, headers, data).into_response());
+    }
+    if size <= ws.limits().max_file_bytes {
+        let data = blocking(move || Ok(ws.read(rel.as_relative())?)).await?;
+        return Ok((StatusCode::OK, headers, data).into_response());
+    }
+    // Larger than one read may be: stream it in chunks, each read beneath the root.
+    let stream = futures::stream::unfold(Some(0u64), move |pos| {
+        let ws = ws.clone();
+        let rel = rel.clone();
+        async move {
+            let off = pos?;
+            let read = tokio::task::spawn_blocking(move || {
+                ws.read_range(rel.as_relative(), off, DOWNLOAD_CHUNK)
+            })
+            .await;
+            match read {
+                Ok(Ok(d)) if d.is_empty() => None,
+                Ok(Ok(d)) => {
+                    let next = off + d.len() as u64;
+                    Some((Ok::<Bytes, std::io::Error>(Bytes::from(d)), Some(next)))
+                }
+                Ok(Err(e)) => Some((Err(std::io::Error::other(e.to_string())), None)),
+                Err(e) => Some((Err(std::io::Error::other(e.to_string())), None)),
+            }
+        }
+    });
+    Ok((StatusCode::OK, headers, Body::from_stream(stream)).into_response())
+}
+
+/// `GET /directories/list?path=&depth=`: entries below a directory, `depth` levels (1 by
+/// default, 0 gives none), in name order with each directory's descendants after it. Links are
+/// reported, never entered; `path` itself being a link is refused (400), as upstream.
+pub(crate) async fn list_directory(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    let pairs = query_pairs(&req);
+    let Some(dir) = query_one(&pairs, query::PATH)
+        .filter(|p| !p.is_empty())
+        .map(str::to_owned)
+    else {
+        return ApiError::missing_query(query::PATH).into_response();
+    };
+    let depth: usize = match query_one(&pairs, query::DEPTH) {
+        None | Some("") => 1,
+        Some(d) => match d.parse() {
+            Ok(d) => d,
+            Err(_) => {
+                return ApiError::bad_request(format!("invalid query parameter 'depth': {d}"))
+                    .into_response();
+            }
+        },
+    };
+    let ws = state.ws.clone();
+    respond(
+        blocking(move || {
+            let rel = ws.resolve(&dir)?;
+            let st = lstat(&ws, &rel)?;
+            match RawType::from_raw_mode(st.st_mode as _) {
+                RawType::Directory => {}
+                RawType::Symlink => {
+                    return Err(ApiError::bad_request(format!(
+                        "path is a symbolic link, refusing to traverse: {dir}"
+                    )));
+                }
+                _ => {
+                    return Err(ApiError::bad_request(format!(
+                        "path is not a directory: {dir}"
+                    )));
+                }
+            }
+            let mut names = Names::default();
+            let mut out = Vec::new();
+            list_into(&ws, &rel, depth, &mut names, &mut out)?;
+            Ok(axum::Json(out).into_response())
+        })
+        .await,
+    )
+}
+
+fn list_into(
+    ws: &Workspace,
+    rel: &WorkspacePath,
+    depth: usize,
+    names: &mut Names,
+    out: &mut Vec<FileInfo>,
+) -> Result<(), ApiError> {
+    if depth == 0 {
+        return Ok(());
+    }
+    let max = ws.limits().max_entries;
+    for entry in ws.list(rel.as_relative())? {
+        let Ok(child) = rel.join(&entry.name) else {
+            continue;
+        };
+        let info = match file_info(ws, &child, names) {
+            Ok(i) => i,
+            Err(Error::NotFound(_)) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if out.len() == max {
+            return Err(Error::TooLarge {
+                what: format!(
+                    "the listing of {} (more than {max} entries)",
+                    rel.as_relative()
+                ),
+                limit: max as u64,
+            }
+            .into());
+        }
+        out.push(info);
+        if entry.kind == FileKind::Directory && depth > 1 {
+            list_into(ws, &child, depth - 1, names, out)?;
+        }
+    }
+    Ok(())
+}
+
+/// `POST /directories`: creates each directory and its parents (`mkdir -p`). The permission
+/// objects are read but not applied.
+pub(crate) async fn make_dirs(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    let dirs: BTreeMap<String, Permission> = match json_body(&state, req).await {
+        Ok(d) => d,
+        Err(e) => return e.into_response(),
+    };
+    let ws = state.ws.clone();
+    respond(
+        blocking(move || {
+            let paths: Vec<String> = dirs.into_keys().collect();
+            let rels = resolve_all(&ws, &paths)?;
+            for rel in &rels {
+                ws.mkdir(rel.as_relative())?;
+            }
+            Ok(ok_empty())
+        })
+        .await,
+    )
+}
+
+/// `DELETE /directories?path=...`: removes each recursively (`rm -rf`; links inside are
+/// removed, never followed); a missing path is fine; the root is refused.
+pub(crate) async fn remove_dirs(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    let pairs = query_pairs(&req);
+    let paths = owned(query_all(&pairs, query::PATH));
+    let ws = state.ws.clone();
+    respond(
+        blocking(move || {
+            let rels = resolve_all(&ws, &paths)?;
+            for rel in &rels {
+                match ws.remove(rel.as_relative(), true) {
+                    Ok(()) | Err(Error::NotFound(_)) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Ok(ok_empty())
+        })
+        .await,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_parse_as_upstream() {
+        assert_eq!(parse_range("bytes=0-3", 10), Some(RangeSpec::Bytes(0, 4)));
+        assert_eq!(parse_range("bytes=4-", 10), Some(RangeSpec::Bytes(4, 6)));
+        assert_eq!(parse_range("bytes=-3", 10), Some(RangeSpec::Bytes(7, 3)));
+        assert_eq!(parse_range("bytes=8-100", 10), Some(RangeSpec::Bytes(8, 2)));
+        assert_eq!(parse_range("bytes=10-", 10), Some(RangeSpec::Unsatisfiable));
+        assert_eq!(
+            parse_range("bytes=20-30, 2-3", 10),
+            Some(RangeSpec::Bytes(2, 2))
+        );
+        assert_eq!(parse_range("bytes=5-2", 10), None);
+        assert_eq!(parse_range("items=0-1", 10), None);
+        assert_eq!(parse_range("bytes=a-b", 10), None);
+    }
+
+    #[test]
+    fn occurrences_do_not_overlap() {
+        assert_eq!(count_occurrences(b"aaaa", b"aa"), 2);
+        assert_eq!(count_occurrences(b"abc", b"x"), 0);
+        assert_eq!(count_occurrences(b"", b"x"), 0);
+    }
+
+    #[test]
+    fn glob_metacharacters_are_escaped() {
+        assert_eq!(glob_escape("a*b/[c]"), "a\\*b/\\[c\\]");
+    }
+
+    #[test]
+    fn content_disposition_encodes_odd_names() {
+        assert_eq!(
+            disposition("a.txt").to_str().unwrap(),
+            "attachment; filename=\"a.txt\""
+        );
+        let v = disposition("é\"x");
+        assert!(v.to_str().unwrap().contains("filename*=UTF-8''%C3%A9%22x"));
+    }
+}
