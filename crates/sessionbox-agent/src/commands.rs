@@ -241,6 +241,7 @@ fn build_exec(
     if let Some(envs) = &req.envs {
         exec.env = envs.clone();
     }
+    exec.stdin = req.stdin.clone();
     exec.validate().map_err(ApiError::from)?;
     let cwd = state
         .ws

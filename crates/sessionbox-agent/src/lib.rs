@@ -40,6 +40,7 @@
 mod cli;
 mod commands;
 mod files;
+mod fs_ext;
 mod metrics;
 mod server;
 

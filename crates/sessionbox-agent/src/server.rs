@@ -302,6 +302,7 @@ fn router(state: Arc<AppState>) -> Router {
             post(files::make_dirs).delete(files::remove_dirs),
         )
         .route(wire::METRICS, get(metrics::metrics))
+        .route(sessionbox_execd::fs_ext::FS_PATH, post(crate::fs_ext::fs))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), check_token))
         .layer(middleware::from_fn_with_state(

@@ -27,7 +27,7 @@ pub enum Error {
         rule: &'static str,
     },
     /// A path is malformed (empty, NUL byte, too long).
-    #[error("invalid path {}: {reason}", shown(path))]
+    #[error("{}", with_subject("invalid path", path, reason))]
     InvalidPath {
         /// The offending input.
         path: String,
@@ -35,7 +35,7 @@ pub enum Error {
         reason: String,
     },
     /// A path resolves outside the conversation's workspace, lexically or through a link.
-    #[error("path {} is outside the workspace: {reason}", shown(path))]
+    #[error("{}", outside(path, reason))]
     OutsideWorkspace {
         /// The offending input.
         path: String,
@@ -52,7 +52,7 @@ pub enum Error {
     #[error("already exists: {0}")]
     AlreadyExists(String),
     /// Something is larger than its limit.
-    #[error("{what} is too large: the limit is {limit} bytes")]
+    #[error("{}", too_large(what, *limit))]
     TooLarge {
         /// What was too large ("file data", "request body", ...).
         what: String,
@@ -104,6 +104,46 @@ impl Error {
         }
     }
 
+    /// Rebuilds an error that crossed a wire as its [`code`](Self::code) and display text, so a
+    /// remote agent's refusal is the same typed error on this side. Details that the variant's
+    /// fields held are kept in the message; an unknown code becomes [`Error::Backend`].
+    ///
+    /// ```
+    /// use sessionbox_core::Error;
+    /// let e = Error::from_code("outside_workspace", "path \"../x\" is outside the workspace");
+    /// assert_eq!(e.code(), "outside_workspace");
+    /// ```
+    pub fn from_code(code: &str, message: &str) -> Self {
+        let m = message.to_owned();
+        match code {
+            "invalid_id" | "invalid_request" => Error::InvalidRequest(m),
+            "invalid_path" => Error::InvalidPath {
+                path: String::new(),
+                reason: m,
+            },
+            "outside_workspace" => Error::OutsideWorkspace {
+                path: String::new(),
+                reason: m,
+            },
+            "not_found" => Error::NotFound(m),
+            "already_exists" => Error::AlreadyExists(m),
+            "too_large" => Error::Backend(m).into_too_large(),
+            "timed_out" => Error::TimedOut(Duration::ZERO),
+            "conflict" => Error::Conflict(m),
+            _ => Error::Backend(m),
+        }
+    }
+
+    fn into_too_large(self) -> Self {
+        match self {
+            Error::Backend(m) => Error::TooLarge {
+                what: m,
+                limit: u64::MAX,
+            },
+            e => e,
+        }
+    }
+
     /// True for errors caused by the caller's input (ids, paths, requests): nothing was changed
     /// and retrying the same input fails the same way.
     pub fn is_invalid_input(&self) -> bool {
@@ -119,6 +159,33 @@ impl Error {
     /// Builds an [`Error::Backend`] from anything displayable.
     pub fn backend(e: impl std::fmt::Display) -> Self {
         Error::Backend(e.to_string())
+    }
+}
+
+/// `"{what} is too large: ..."`; a rebuilt error (limit `u64::MAX`) shows its message alone.
+fn too_large(what: &str, limit: u64) -> String {
+    if limit == u64::MAX {
+        what.to_owned()
+    } else {
+        format!("{what} is too large: the limit is {limit} bytes")
+    }
+}
+
+/// `"{what} {path:?}: {reason}"`, or just the reason for an error rebuilt from the wire (where
+/// the reason already names the path).
+fn with_subject(what: &str, path: &str, reason: &str) -> String {
+    if path.is_empty() {
+        reason.to_owned()
+    } else {
+        format!("{what} {}: {reason}", shown(path))
+    }
+}
+
+fn outside(path: &str, reason: &str) -> String {
+    if path.is_empty() {
+        reason.to_owned()
+    } else {
+        format!("path {} is outside the workspace: {reason}", shown(path))
     }
 }
 

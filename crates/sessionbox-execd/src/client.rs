@@ -633,7 +633,7 @@ impl ExecdClient {
         self.send(op, rb).await
     }
 
-    async fn post_json<T: Serialize + ?Sized>(
+    pub(crate) async fn post_json<T: Serialize + ?Sized>(
         &self,
         op: &'static str,
         path: &str,
@@ -747,7 +747,7 @@ impl ExecdClient {
         r.bytes().await.map_err(|e| self.transport_error(op, e))
     }
 
-    async fn json<T: DeserializeOwned>(
+    pub(crate) async fn json<T: DeserializeOwned>(
         &self,
         op: &'static str,
         r: Response,

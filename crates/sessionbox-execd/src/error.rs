@@ -120,6 +120,9 @@ impl From<ExecdError> for Error {
                 } else {
                     message.clone()
                 };
+                if let Some(typed) = code.strip_prefix(crate::fs_ext::FS_ERROR_PREFIX) {
+                    return Error::from_code(typed, &message);
+                }
                 if *status == 404
                     || code == error_code::FILE_NOT_FOUND
                     || code == error_code::CONTEXT_NOT_FOUND
@@ -141,6 +144,13 @@ impl From<ExecdError> for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sessionbox_agent_error_keeps_its_type() {
+        let e: Error = status(403, "SESSIONBOX::outside_workspace", "a link leads out").into();
+        assert_eq!(e.code(), "outside_workspace");
+        assert_eq!(e.to_string(), "a link leads out");
+    }
 
     fn status(status: u16, code: &str, message: &str) -> ExecdError {
         ExecdError::Status {

@@ -28,6 +28,7 @@
 
 mod client;
 mod error;
+pub mod fs_ext;
 pub mod multipart;
 mod outcome;
 mod stream;

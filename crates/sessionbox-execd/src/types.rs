@@ -52,6 +52,33 @@ pub struct RunCommandRequest {
     /// harmless. Absent: the server's default (16 MiB for sessionbox-agent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_bytes: Option<u64>,
+    /// sessionbox extension: bytes written to the command's stdin, which is then closed (base64,
+    /// standard alphabet, in JSON). Absent: stdin is `/dev/null`. Upstream ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "stdin_b64")]
+    pub stdin: Option<Vec<u8>>,
+}
+
+mod stdin_b64 {
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(data: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+        match data {
+            Some(d) => s.serialize_str(&STANDARD.encode(d)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            Some(t) => STANDARD
+                .decode(t)
+                .map(Some)
+                .map_err(serde::de::Error::custom),
+            None => Ok(None),
+        }
+    }
 }
 
 fn is_false(b: &bool) -> bool {
@@ -95,6 +122,13 @@ impl RunCommandRequest {
     /// [`RunCommandRequest::max_output_bytes`]).
     pub fn max_output_bytes(mut self, bytes: u64) -> Self {
         self.max_output_bytes = Some(bytes);
+        self
+    }
+
+    /// Gives the command these bytes on stdin (a sessionbox extension; see
+    /// [`RunCommandRequest::stdin`]).
+    pub fn stdin(mut self, data: impl Into<Vec<u8>>) -> Self {
+        self.stdin = Some(data.into());
         self
     }
 

@@ -1,5 +1,7 @@
-//! sessionbox's local runtime: a conversation's commands run as host processes in its workspace.
+//! sessionbox's local runtimes: `host` (a directory per conversation) and, through the sandbox
+//! launcher, `isolated`. Also the process runner every local command goes through.
 
 pub mod host;
+pub mod isolated;
 pub mod process;
 pub mod sandbox;

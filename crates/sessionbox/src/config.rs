@@ -12,6 +12,8 @@ use sessionbox_core::Limits;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RuntimeKind {
+    /// A Linux sandbox per conversation (namespaces, landlock, seccomp, cgroups, no network).
+    Isolated,
     /// A plain directory per conversation; not a security boundary.
     Host,
 }
@@ -19,6 +21,7 @@ pub enum RuntimeKind {
 impl RuntimeKind {
     pub fn name(self) -> &'static str {
         match self {
+            RuntimeKind::Isolated => "isolated",
             RuntimeKind::Host => "host",
         }
     }
@@ -38,6 +41,27 @@ pub struct FileConfig {
     /// `host` runtime settings.
     #[serde(default)]
     pub host: HostSection,
+    /// `isolated` runtime settings.
+    #[serde(default)]
+    pub isolated: IsolatedSection,
+}
+
+/// `[isolated]` settings.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IsolatedSection {
+    /// Seconds without a request after which a conversation's agent stops (default 600).
+    pub idle_timeout_secs: Option<u64>,
+    /// Most processes per conversation (default 512).
+    pub pids: Option<u64>,
+    /// Memory per conversation in bytes (default 2 GiB).
+    pub memory_bytes: Option<u64>,
+    /// CPUs per conversation (default 1.0).
+    pub cpu: Option<f64>,
+    /// First host uid given to conversations (default 3000000); each gets its own.
+    pub uid_base: Option<u32>,
+    /// How many host uids conversations may use (default 65536).
+    pub uid_count: Option<u32>,
 }
 
 /// `[host]` settings.

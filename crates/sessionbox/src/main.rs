@@ -4,6 +4,7 @@
 //! each subcommand onto [`sessionbox_manager::Manager`] and [`sessionbox_core::Session`].
 
 mod config;
+mod doctor;
 mod verify;
 
 use std::io::{Read, Write};
@@ -19,6 +20,8 @@ use sessionbox_core::{
     TenantId,
 };
 use sessionbox_local::host::{HostConfig, HostRuntime};
+use sessionbox_local::isolated::{IsolatedConfig, IsolatedRuntime};
+use sessionbox_local::sandbox::SandboxLimits;
 use sessionbox_manager::Manager;
 use sessionbox_store::Store;
 
@@ -40,7 +43,7 @@ struct Cli {
     /// Tenant whose conversations to use [default: "default"].
     #[arg(long, global = true, env = "SESSIONBOX_TENANT")]
     tenant: Option<String>,
-    /// Isolation runtime [default: host].
+    /// Isolation runtime [default: isolated].
     #[arg(long, global = true, env = "SESSIONBOX_RUNTIME", value_enum)]
     runtime: Option<RuntimeKind>,
     #[command(subcommand)]
@@ -165,6 +168,17 @@ enum Command {
     },
     /// Run the isolation experiment (resume, isolation, concurrency, cleanup) on the runtime.
     Verify(verify::VerifyArgs),
+    /// Report which sandbox layers this machine enforces; exits 0 only when the default runtime
+    /// can run.
+    Doctor,
+    /// Serve the execd API as the in-sandbox agent (see `sessionbox agent --help`). The
+    /// `isolated` runtime starts it inside each conversation's sandbox.
+    #[command(disable_help_flag = true)]
+    Agent {
+        /// Arguments of the agent.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
 }
 
 /// Everything a subcommand needs.
@@ -175,6 +189,10 @@ pub struct App {
 }
 
 fn main() -> ExitCode {
+    // The sandbox init must start in a fresh single-threaded process: before anything else.
+    if sessionbox_local::sandbox::is_init_invocation() {
+        sessionbox_local::sandbox::init_main();
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -182,6 +200,11 @@ fn main() -> ExitCode {
             e.exit();
         }
     };
+    if let Command::Agent { args } = &cli.command {
+        let argv = std::iter::once(std::ffi::OsString::from("sessionbox agent"))
+            .chain(args.iter().cloned());
+        return sessionbox_agent::run_cli(argv);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("SESSIONBOX_LOG")
@@ -234,7 +257,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         .or(file.tenant.clone())
         .unwrap_or_else(|| TenantId::DEFAULT.to_owned());
     let tenant = TenantId::new(tenant)?;
-    let kind = cli.runtime.or(file.runtime).unwrap_or(RuntimeKind::Host);
+    let kind = cli
+        .runtime
+        .or(file.runtime)
+        .unwrap_or(RuntimeKind::Isolated);
+    if let Command::Doctor = cli.command {
+        return Ok(doctor::run(kind));
+    }
 
     // Validate the conversation id before anything is created.
     let conversation = match command_conversation(&cli.command) {
@@ -242,7 +271,37 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         None => None,
     };
 
+    let store = Store::open(&data_dir.join("sessionbox.db"))?;
     let runtime: Arc<dyn Runtime> = match kind {
+        RuntimeKind::Isolated => {
+            let iso = &file.isolated;
+            let mut sandbox = SandboxLimits::default();
+            if let Some(v) = iso.pids {
+                sandbox.pids = v;
+                sandbox.nproc = v;
+            }
+            if let Some(v) = iso.memory_bytes {
+                sandbox.memory_bytes = v;
+            }
+            if let Some(v) = iso.cpu {
+                sandbox.cpu = v;
+            }
+            let base = iso.uid_base.unwrap_or(3_000_000);
+            let count = iso.uid_count.unwrap_or(65_536);
+            let uid_store = store.clone();
+            let exe = std::env::current_exe().context("cannot find the sessionbox executable")?;
+            Arc::new(IsolatedRuntime::new(IsolatedConfig {
+                data_dir: data_dir.clone(),
+                limits: file.limits.unwrap_or_default(),
+                sandbox,
+                idle_timeout: Duration::from_secs(iso.idle_timeout_secs.unwrap_or(600)),
+                exe,
+                agent_args: vec!["agent".to_owned()],
+                allocate_uid: Arc::new(move |key| {
+                    uid_store.allocate_uid(key, base..base.saturating_add(count))
+                }),
+            })?)
+        }
         RuntimeKind::Host => {
             let mut host = HostConfig::new(&data_dir);
             if let Some(l) = file.limits {
@@ -254,7 +313,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Arc::new(HostRuntime::new(host)?)
         }
     };
-    let store = Store::open(&data_dir.join("sessionbox.db"))?;
     let ctx = App {
         manager: Manager::new(store, runtime),
         tenant,
@@ -263,6 +321,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
     match cli.command {
         Command::Verify(args) => verify::run(&ctx, args).await,
+        Command::Doctor | Command::Agent { .. } => unreachable!("handled before the runtime"),
         Command::Conversations { all_tenants } => {
             let tenant = (!all_tenants).then_some(&ctx.tenant);
             let records = ctx.manager.list(tenant).await?;
@@ -327,7 +386,10 @@ fn command_conversation(c: &Command) -> Option<&str> {
         | Command::Glob { conv, .. }
         | Command::Grep { conv, .. }
         | Command::Destroy { conv } => Some(&conv.conversation),
-        Command::Conversations { .. } | Command::Verify(_) => None,
+        Command::Conversations { .. }
+        | Command::Verify(_)
+        | Command::Doctor
+        | Command::Agent { .. } => None,
     }
 }
 
@@ -538,7 +600,11 @@ async fn run_on_session(
                 ExitCode::SUCCESS
             })
         }
-        Command::Conversations { .. } | Command::Destroy { .. } | Command::Verify(_) => {
+        Command::Conversations { .. }
+        | Command::Destroy { .. }
+        | Command::Verify(_)
+        | Command::Doctor
+        | Command::Agent { .. } => {
             unreachable!("handled without a session")
         }
     }

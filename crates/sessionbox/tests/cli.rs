@@ -10,6 +10,12 @@ fn sessionbox(data: &Path, args: &[&str]) -> Output {
 }
 
 fn sessionbox_with_stdin(data: &Path, args: &[&str], stdin: &[u8]) -> Output {
+    // Sandboxes left warm by a test stop soon after it.
+    std::fs::create_dir_all(data).unwrap();
+    let config = data.join("sessionbox.toml");
+    if !config.exists() {
+        std::fs::write(&config, "[isolated]\nidle_timeout_secs = 3\n").unwrap();
+    }
     let mut child = Command::new(env!("CARGO_BIN_EXE_sessionbox"))
         .arg("--data-dir")
         .arg(data)
@@ -295,13 +301,15 @@ fn concurrent_first_opens_from_many_processes_make_one_workspace_and_one_record(
     assert_eq!(text(&out.stdout).lines().count(), 8);
 }
 
-fn verify(n: &str, m: &str) {
+fn verify(runtime: &str, n: &str, m: &str) {
     let d = tempfile::tempdir().unwrap();
     let report = d.path().join("report.json");
     let md = d.path().join("report.md");
     let out = sessionbox(
         &d.path().join("data"),
         &[
+            "--runtime",
+            runtime,
             "verify",
             "--conversations",
             n,
@@ -323,7 +331,7 @@ fn verify(n: &str, m: &str) {
     let n: u64 = n.parse().unwrap();
     let m: u64 = m.parse().unwrap();
     assert_eq!(r["ok"], true);
-    assert_eq!(r["runtime"], "host");
+    assert_eq!(r["runtime"], runtime);
     assert_eq!(r["conversations"], n);
     assert_eq!(r["rounds"], m);
     for c in ["resume", "isolation", "concurrency", "cleanup"] {
@@ -344,13 +352,36 @@ fn verify(n: &str, m: &str) {
 }
 
 #[test]
-fn verify_passes_with_8_conversations_by_5_rounds() {
-    verify("8", "5");
+fn verify_passes_on_host_with_8_conversations_by_5_rounds() {
+    verify("host", "8", "5");
 }
 
 #[test]
-fn verify_passes_with_32_conversations_by_10_rounds() {
-    verify("32", "10");
+fn verify_passes_on_host_with_32_conversations_by_10_rounds() {
+    verify("host", "32", "10");
+}
+
+#[test]
+fn verify_passes_on_isolated_with_8_conversations_by_5_rounds() {
+    verify("isolated", "8", "5");
+}
+
+#[test]
+fn verify_passes_on_isolated_with_64_conversations_by_10_rounds() {
+    verify("isolated", "64", "10");
+}
+
+#[test]
+fn isolated_is_the_default_runtime() {
+    let d = tempfile::tempdir().unwrap();
+    let out = sessionbox(d.path(), &["exec", "-c", "a", "--", "pwd; id -u"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "/workspace\n1000\n");
+    assert!(
+        sessionbox(d.path(), &["destroy", "-c", "a"])
+            .status
+            .success()
+    );
 }
 
 #[test]

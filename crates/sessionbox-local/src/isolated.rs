@@ -1,0 +1,583 @@
+//! The `isolated` runtime: one Linux sandbox per conversation, run by our execd-compatible agent.
+//!
+//! On first use of a conversation the runtime binds a Unix socket in a root-only run directory,
+//! launches the sandbox ([`crate::sandbox`]) with the `sessionbox` binary bound read-only inside
+//! and started as the agent, and hands it the listening socket. Every operation is then an execd
+//! request over that socket ([`sessionbox_execd`]). The agent stays warm between calls and
+//! between processes (a CLI call, the server): whoever asks first launches it, under a
+//! per-conversation lock, and the others connect to it. It stops itself after an idle period; the
+//! workspace stays and the next use launches it again.
+//!
+//! Layout beneath the data directory:
+//! - `workspaces/<key>`: the workspace, 0700, owned by the conversation's own host uid (as root).
+//! - `run/<key>/`: 0700, root's: `lock`, `agent.sock`, `sandbox.json` (cgroups, pids),
+//!   `agent.log` (the agent's stderr).
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use sessionbox_core::{
+    ConversationKey, ConversationRef, DestroyReport, DirEntry, EditRequest, EditResult, Error,
+    ExecRequest, ExecResult, ExitStatus, FileStat, GrepMatch, GrepRequest, Limits, Result, Runtime,
+    RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
+};
+use sessionbox_execd::fs_ext::{FsRequest, FsResponse};
+use sessionbox_execd::{ExecdClient, RunCommandRequest};
+
+use crate::host::create_private_dir_all;
+use crate::sandbox::{self, SandboxLimits, SandboxSpec, SandboxStdio};
+
+/// The workspace as commands in the sandbox see it.
+pub const WORKSPACE: &str = "/workspace";
+/// Where the `sessionbox` binary is bound inside the sandbox.
+const AGENT_EXE: &str = "/.sessionbox/sessionbox";
+
+/// Allocates the host uid (and gid) a conversation runs as; called with the key of a recorded
+/// conversation. The store provides it (unique while the conversation exists).
+pub type UidAllocator = Arc<dyn Fn(&ConversationKey) -> Result<u32> + Send + Sync>;
+
+/// Settings of the `isolated` runtime.
+#[derive(Clone)]
+pub struct IsolatedConfig {
+    /// The data directory (workspaces and run directories live beneath it).
+    pub data_dir: PathBuf,
+    /// File-operation limits, enforced by the agent.
+    pub limits: Limits,
+    /// Sandbox limits (PIDs, memory, CPU, descriptors, file size).
+    pub sandbox: SandboxLimits,
+    /// The agent stops after this long without a request (the workspace stays).
+    pub idle_timeout: Duration,
+    /// The `sessionbox` executable: re-executed as the sandbox init, bound inside as the agent.
+    pub exe: PathBuf,
+    /// Arguments that make `exe` the agent (`["agent"]` for `sessionbox`).
+    pub agent_args: Vec<String>,
+    /// Host uid per conversation, used when running as root.
+    pub allocate_uid: UidAllocator,
+}
+
+impl std::fmt::Debug for IsolatedConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IsolatedConfig")
+            .field("data_dir", &self.data_dir)
+            .field("limits", &self.limits)
+            .field("sandbox", &self.sandbox)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("exe", &self.exe)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the launching process records so that any other process can find, inventory and end
+/// the sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct SandboxRecord {
+    monitor_pid: u32,
+    init_pid: u32,
+    cgroups: Vec<PathBuf>,
+}
+
+/// The `isolated` runtime. See the module documentation.
+#[derive(Debug, Clone)]
+pub struct IsolatedRuntime {
+    config: IsolatedConfig,
+    workspaces: PathBuf,
+    run: PathBuf,
+    /// Distinguishes this data directory's cgroups from another's (cgroup names are global).
+    instance: String,
+}
+
+impl IsolatedRuntime {
+    /// The boundary this runtime gives, in one sentence.
+    pub const BOUNDARY: &'static str = "a Linux sandbox per conversation: own user, mount, PID, IPC, UTS, network and cgroup namespaces, its own host uid, read-only system directories, landlock, seccomp, cgroup limits, no network";
+
+    /// Creates the data directory's `workspaces` and `run` directories.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when they cannot be created.
+    pub fn new(config: IsolatedConfig) -> Result<Self> {
+        let workspaces = config.data_dir.join("workspaces");
+        let run = config.data_dir.join("run");
+        create_private_dir_all(&workspaces)?;
+        create_private_dir_all(&run)?;
+        let canon = |p: &Path| {
+            std::fs::canonicalize(p)
+                .map_err(|e| Error::Backend(format!("cannot resolve {}: {e}", p.display())))
+        };
+        let run = canon(&run)?;
+        let instance = {
+            use sha2::Digest;
+            let digest = sha2::Sha256::digest(run.as_os_str().as_encoded_bytes());
+            digest[..6].iter().map(|b| format!("{b:02x}")).collect()
+        };
+        Ok(IsolatedRuntime {
+            workspaces: canon(&workspaces)?,
+            run,
+            instance,
+            config,
+        })
+    }
+
+    fn workspace_dir(&self, key: &ConversationKey) -> PathBuf {
+        self.workspaces.join(key.as_str())
+    }
+
+    fn run_dir(&self, key: &ConversationKey) -> PathBuf {
+        self.run.join(key.as_str())
+    }
+
+    /// Finds the conversation's running agent or launches one; returns the socket path.
+    fn ensure_agent(&self, key: &ConversationKey) -> Result<PathBuf> {
+        let run = self.run_dir(key);
+        create_private_dir_all(&run)?;
+        let socket = run.join("agent.sock");
+        let lock = lock_file(&run.join("lock"))?;
+        if agent_answers(&socket) {
+            drop(lock);
+            return Ok(socket);
+        }
+        // Nothing answers: end whatever is left of an earlier sandbox, then launch.
+        kill_recorded(&run);
+        let uid = if rustix::process::geteuid().is_root() {
+            (self.config.allocate_uid)(key)?
+        } else {
+            rustix::process::geteuid().as_raw()
+        };
+        let workspace = self.workspace_dir(key);
+        prepare_workspace(&workspace, uid)?;
+        let _ = std::fs::remove_file(&socket);
+        let listener = std::os::unix::net::UnixListener::bind(&socket)
+            .map_err(|e| Error::Backend(format!("cannot bind the agent socket: {e}")))?;
+        let mut spec = SandboxSpec::new(
+            &workspace,
+            uid,
+            uid,
+            // At most 64 characters: 160 bits of the key are plenty to tell conversations apart.
+            format!("sessionbox-{}-{}", self.instance, &key.as_str()[..40]),
+            AGENT_EXE,
+        );
+        spec.hostname = format!("sbx-{}", key.short());
+        spec.limits = self.config.sandbox.clone();
+        spec.ro_binds = vec![(self.config.exe.clone(), PathBuf::from(AGENT_EXE))];
+        spec.args = self.config.agent_args.clone();
+        spec.args.extend([
+            "--listen-fd".to_owned(),
+            sandbox::PASSED_FD.to_string(),
+            "--root".to_owned(),
+            WORKSPACE.to_owned(),
+            "--idle-timeout".to_owned(),
+            self.config.idle_timeout.as_secs().max(1).to_string(),
+        ]);
+        spec.env = vec![("SESSIONBOX_LOG".to_owned(), "warn".to_owned())];
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(run.join("agent.log"))
+            .map_err(|e| Error::Backend(format!("cannot open the agent log: {e}")))?;
+        let stdio = SandboxStdio {
+            stdin: std::process::Stdio::null(),
+            stdout: std::process::Stdio::null(),
+            stderr: std::process::Stdio::from(log),
+            passed_fd: Some(OwnedFd::from(listener)),
+        };
+        let handle = sandbox::launch_with(&spec, &self.config.exe, &[], stdio)?;
+        let record = SandboxRecord {
+            monitor_pid: handle.monitor_pid(),
+            init_pid: handle.pid(),
+            cgroups: handle.cgroup_paths(),
+        };
+        write_atomic(
+            &run.join("sandbox.json"),
+            &serde_json::to_vec(&record).map_err(Error::backend)?,
+        )?;
+        // The sandbox outlives this handle (and this process): it is found again through
+        // sandbox.json and ends itself when idle.
+        std::mem::forget(handle);
+        drop(lock);
+        Ok(socket)
+    }
+}
+
+fn lock_file(path: &Path) -> Result<File> {
+    let f = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::Backend(format!("cannot open {}: {e}", path.display())))?;
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| Error::Backend(format!("cannot lock {}: {e}", path.display())))?;
+    Ok(f)
+}
+
+/// True when something accepts connections on `socket` (an agent that is up, or starting: the
+/// socket is bound before the agent is launched, so a connection waits in the backlog).
+fn agent_answers(socket: &Path) -> bool {
+    std::os::unix::net::UnixStream::connect(socket).is_ok()
+}
+
+fn read_record(run: &Path) -> Option<SandboxRecord> {
+    let data = std::fs::read(run.join("sandbox.json")).ok()?;
+    serde_json::from_slice(&data).ok()
+}
+
+fn cgroup_pids(record: &SandboxRecord) -> Vec<u32> {
+    let mut pids: Vec<u32> = record
+        .cgroups
+        .iter()
+        .filter_map(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok())
+        .flat_map(|s| {
+            s.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
+/// Kills every process of the recorded sandbox and removes its cgroups; returns how many
+/// processes were killed.
+fn kill_recorded(run: &Path) -> usize {
+    let Some(record) = read_record(run) else {
+        return 0;
+    };
+    let mut killed = std::collections::BTreeSet::new();
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let pids = cgroup_pids(&record);
+        if pids.is_empty() || Instant::now() > until {
+            break;
+        }
+        for p in pids {
+            if p == std::process::id() || p <= 1 {
+                continue;
+            }
+            if let Some(pid) = rustix::process::Pid::from_raw(p as i32) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                killed.insert(p);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The monitor lives outside the cgroups' namespaces but inside the cgroups; reap it if it
+    // is our child (it is not, after this process restarted: then init reaps it).
+    if let Some(pid) = rustix::process::Pid::from_raw(record.monitor_pid as i32) {
+        let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::NOHANG);
+    }
+    for d in &record.cgroups {
+        let until = Instant::now() + Duration::from_secs(2);
+        while std::fs::remove_dir(d).is_err() && d.exists() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let _ = std::fs::remove_file(run.join("sandbox.json"));
+    killed.len()
+}
+
+/// Creates the workspace (0700) and gives it to `uid` when running as root.
+fn prepare_workspace(dir: &Path, uid: u32) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(Error::Backend(format!("cannot create the workspace: {e}"))),
+    }
+    let meta = std::fs::symlink_metadata(dir)
+        .map_err(|e| Error::Backend(format!("cannot inspect the workspace: {e}")))?;
+    if !meta.is_dir() {
+        return Err(Error::Backend("the workspace is not a directory".into()));
+    }
+    if rustix::process::geteuid().is_root() {
+        use std::os::unix::fs::MetadataExt;
+        if meta.uid() != uid || meta.gid() != uid {
+            let id = rustix::process::Uid::from_raw(uid);
+            let gid = rustix::process::Gid::from_raw(uid);
+            rustix::fs::chown(dir, Some(id), Some(gid)).map_err(|e| {
+                Error::Backend(format!("cannot give the workspace to uid {uid}: {e}"))
+            })?;
+        }
+    }
+    Ok(())
+}
+
+fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, data)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| Error::Backend(format!("cannot write {}: {e}", path.display())))
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Backend(format!("a blocking task failed: {e}")))?
+}
+
+#[async_trait]
+impl Runtime for IsolatedRuntime {
+    fn info(&self) -> RuntimeInfo {
+        RuntimeInfo {
+            name: "isolated".into(),
+            endpoint: None,
+            version: None,
+            boundary: Self::BOUNDARY.into(),
+        }
+    }
+
+    fn presented_root(&self, _key: &ConversationKey) -> String {
+        WORKSPACE.to_owned()
+    }
+
+    fn workspace_location(&self, key: &ConversationKey) -> String {
+        self.workspace_dir(key).to_string_lossy().into_owned()
+    }
+
+    async fn open(&self, conversation: &ConversationRef) -> Result<Box<dyn Session>> {
+        let this = self.clone();
+        let key = conversation.key.clone();
+        let socket = blocking(move || this.ensure_agent(&key)).await?;
+        let client = ExecdClient::builder(sessionbox_execd::Endpoint::Unix(socket))
+            .request_timeout(Some(Duration::from_secs(60)))
+            .build()
+            .map_err(Error::from)?;
+        // The first request waits until the agent accepts (it may still be starting).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match client.ping().await {
+                Ok(()) => break,
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(Error::Backend(format!(
+                        "the sandbox agent did not answer: {e}; see {}",
+                        self.run_dir(&conversation.key).join("agent.log").display()
+                    )));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+            }
+        }
+        Ok(Box::new(IsolatedSession {
+            key: conversation.key.clone(),
+            client,
+        }))
+    }
+
+    async fn destroy(&self, key: &ConversationKey) -> Result<DestroyReport> {
+        let run = self.run_dir(key);
+        let workspace = self.workspace_dir(key);
+        blocking(move || {
+            let mut report = DestroyReport::default();
+            if run.exists() {
+                let lock = lock_file(&run.join("lock"))?;
+                let had = read_record(&run).is_some();
+                report.processes_killed = kill_recorded(&run);
+                report.sandbox_removed = had;
+                drop(lock);
+                std::fs::remove_dir_all(&run)
+                    .map_err(|e| Error::Backend(format!("cannot remove the run directory: {e}")))?;
+            }
+            match std::fs::symlink_metadata(&workspace) {
+                Ok(_) => {
+                    std::fs::remove_dir_all(&workspace)
+                        .map_err(|e| Error::Backend(format!("cannot remove the workspace: {e}")))?;
+                    report.workspace_removed = true;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::Backend(format!("cannot inspect the workspace: {e}"))),
+            }
+            Ok(report)
+        })
+        .await
+    }
+
+    async fn list(&self) -> Result<Vec<RuntimeConversation>> {
+        let workspaces = self.workspaces.clone();
+        let run = self.run.clone();
+        blocking(move || {
+            let mut keys = std::collections::BTreeSet::new();
+            for dir in [&workspaces, &run] {
+                let entries = std::fs::read_dir(dir)
+                    .map_err(|e| Error::Backend(format!("cannot list {}: {e}", dir.display())))?;
+                for entry in entries.flatten() {
+                    if let Some(k) = entry
+                        .file_name()
+                        .to_str()
+                        .and_then(|n| ConversationKey::parse(n).ok())
+                    {
+                        keys.insert(k);
+                    }
+                }
+            }
+            Ok(keys
+                .into_iter()
+                .map(|key| {
+                    let processes = read_record(&run.join(key.as_str()))
+                        .map(|r| cgroup_pids(&r))
+                        .unwrap_or_default();
+                    RuntimeConversation { key, processes }
+                })
+                .collect())
+        })
+        .await
+    }
+}
+
+/// An open `isolated` conversation: an execd client of its agent.
+struct IsolatedSession {
+    key: ConversationKey,
+    client: ExecdClient,
+}
+
+impl IsolatedSession {
+    async fn fs(&self, request: FsRequest) -> Result<FsResponse> {
+        self.client.fs(&request).await.map_err(Error::from)
+    }
+}
+
+/// Checks a path here, before anything is sent (the agent checks it again beneath its root).
+fn checked(path: &str) -> Result<String> {
+    WorkspacePath::resolve(WORKSPACE, path).map(|p| p.presented(WORKSPACE))
+}
+
+fn unexpected(op: &str, r: FsResponse) -> Error {
+    Error::Backend(format!("the agent answered {op} with {r:?}"))
+}
+
+#[async_trait]
+impl Session for IsolatedSession {
+    fn key(&self) -> &ConversationKey {
+        &self.key
+    }
+
+    fn workspace_root(&self) -> &str {
+        WORKSPACE
+    }
+
+    async fn exec(&self, request: ExecRequest) -> Result<ExecResult> {
+        request.validate()?;
+        let cwd = checked(request.cwd.as_deref().unwrap_or("."))?;
+        let mut run = RunCommandRequest::shell(request.command.clone())
+            .cwd(cwd)
+            .timeout(request.timeout)
+            .max_output_bytes(request.output_limit as u64);
+        for (k, v) in &request.env {
+            run = run.env(k, v);
+        }
+        if let Some(stdin) = &request.stdin {
+            run = run.stdin(stdin.clone());
+        }
+        let out = self.client.run_command(&run).await.map_err(Error::from)?;
+        if let (None, Some(e)) = (out.exit_code, &out.error) {
+            if out.signal.is_none() && !out.timed_out {
+                return Err(Error::Backend(format!(
+                    "the command did not start: {} {}",
+                    e.ename, e.evalue
+                )));
+            }
+        }
+        let status = match (out.signal, out.exit_code) {
+            (Some(s), _) => ExitStatus::Signal(s),
+            (None, Some(c)) if c >= 0 => ExitStatus::Code(c),
+            // Upstream reports a kill at the timeout as -1.
+            _ => ExitStatus::Signal(9),
+        };
+        let mut stdout = out.stdout.into_bytes();
+        let mut stderr = out.stderr.into_bytes();
+        stdout.truncate(request.output_limit);
+        stderr.truncate(request.output_limit);
+        Ok(ExecResult {
+            status,
+            stdout,
+            stderr,
+            stdout_truncated: out.stdout_truncated,
+            stderr_truncated: out.stderr_truncated,
+            timed_out: out.timed_out,
+            duration: out.execution_time.unwrap_or(out.elapsed),
+        })
+    }
+
+    async fn read(&self, path: &str) -> Result<Vec<u8>> {
+        let path = checked(path)?;
+        match self.fs(FsRequest::Read { path }).await? {
+            FsResponse::Data(d) => Ok(d),
+            r => Err(unexpected("read", r)),
+        }
+    }
+
+    async fn write(&self, path: &str, data: &[u8]) -> Result<()> {
+        let path = checked(path)?;
+        let data = data.to_vec();
+        match self.fs(FsRequest::Write { path, data }).await? {
+            FsResponse::Done => Ok(()),
+            r => Err(unexpected("write", r)),
+        }
+    }
+
+    async fn edit(&self, path: &str, edit: &EditRequest) -> Result<EditResult> {
+        let path = checked(path)?;
+        let edit = edit.clone();
+        match self.fs(FsRequest::Edit { path, edit }).await? {
+            FsResponse::Edited(e) => Ok(e),
+            r => Err(unexpected("edit", r)),
+        }
+    }
+
+    async fn list(&self, path: &str) -> Result<Vec<DirEntry>> {
+        let path = checked(path)?;
+        match self.fs(FsRequest::List { path }).await? {
+            FsResponse::Entries(e) => Ok(e),
+            r => Err(unexpected("list", r)),
+        }
+    }
+
+    async fn glob(&self, pattern: &str) -> Result<Vec<String>> {
+        let pattern = pattern.to_owned();
+        match self.fs(FsRequest::Glob { pattern }).await? {
+            FsResponse::Paths(p) => Ok(p),
+            r => Err(unexpected("glob", r)),
+        }
+    }
+
+    async fn grep(&self, request: &GrepRequest) -> Result<Vec<GrepMatch>> {
+        let mut request = request.clone();
+        if let Some(p) = &request.path {
+            request.path = Some(checked(p)?);
+        }
+        match self.fs(FsRequest::Grep { request }).await? {
+            FsResponse::Matches(m) => Ok(m),
+            r => Err(unexpected("grep", r)),
+        }
+    }
+
+    async fn stat(&self, path: &str) -> Result<FileStat> {
+        let path = checked(path)?;
+        match self.fs(FsRequest::Stat { path }).await? {
+            FsResponse::Stat(s) => Ok(s),
+            r => Err(unexpected("stat", r)),
+        }
+    }
+
+    async fn remove(&self, path: &str, recursive: bool) -> Result<()> {
+        let path = checked(path)?;
+        match self.fs(FsRequest::Remove { path, recursive }).await? {
+            FsResponse::Done => Ok(()),
+            r => Err(unexpected("remove", r)),
+        }
+    }
+
+    async fn mkdir(&self, path: &str) -> Result<()> {
+        let path = checked(path)?;
+        match self.fs(FsRequest::Mkdir { path }).await? {
+            FsResponse::Done => Ok(()),
+            r => Err(unexpected("mkdir", r)),
+        }
+    }
+
+    async fn close(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+}
