@@ -401,3 +401,29 @@ fn verify_leaves_other_conversations_untouched() {
     assert_eq!(text(&out.stdout), "kept\n");
     assert_eq!(conversation_lines(d.path()).len(), 1);
 }
+
+#[test]
+fn doctor_reports_every_sandbox_layer_enforced_here() {
+    let d = tempfile::tempdir().unwrap();
+    let out = sessionbox(d.path(), &["doctor"]);
+    let report = text(&out.stdout);
+    assert!(out.status.success(), "{report}");
+    for layer in [
+        "user namespace",
+        "mount namespace",
+        "pid namespace",
+        "network namespace",
+        "landlock",
+        "seccomp",
+        "cgroup pids",
+        "cgroup memory",
+        "cgroup cpu",
+    ] {
+        let line = report
+            .lines()
+            .find(|l| l.trim_start().starts_with(layer))
+            .unwrap_or_else(|| panic!("{layer} missing from:\n{report}"));
+        assert!(line.contains("enforced"), "{line}");
+    }
+    assert!(!report.contains("MISSING"), "{report}");
+}
