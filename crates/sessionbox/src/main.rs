@@ -3,6 +3,7 @@
 //! This binary is wiring: it reads settings, builds the store, runtime and manager, and maps
 //! each subcommand onto [`sessionbox_manager::Manager`] and [`sessionbox_core::Session`].
 
+mod bench;
 mod config;
 mod doctor;
 mod verify;
@@ -168,6 +169,14 @@ enum Command {
     },
     /// Run the isolation experiment (resume, isolation, concurrency, cleanup) on the runtime.
     Verify(verify::VerifyArgs),
+    /// Measure the runtimes (cold start, warm exec, files, agent memory) against a bare spawn
+    /// baseline measured in the same run.
+    ///
+    /// Both runtimes unless --runtime (or SESSIONBOX_RUNTIME) names one; default runtime
+    /// settings (no configuration file is read); a temporary data directory unless --data-dir.
+    /// Exits 0 when a target is missed unless --check. Build with --release: debug numbers are
+    /// not meaningful.
+    Bench(bench::BenchArgs),
     /// Report which sandbox layers this machine enforces; exits 0 only when the default runtime
     /// can run.
     Doctor,
@@ -245,6 +254,9 @@ impl std::fmt::Display for UsageError {
 impl std::error::Error for UsageError {}
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    if let Command::Bench(args) = &cli.command {
+        return bench::run(args, cli.data_dir.clone(), cli.runtime, cli.tenant.clone()).await;
+    }
     let data_dir = config::data_dir(cli.data_dir.clone())?;
     let (config_path, required) = match &cli.config {
         Some(p) => (p.clone(), true),
@@ -388,6 +400,7 @@ fn command_conversation(c: &Command) -> Option<&str> {
         | Command::Destroy { conv } => Some(&conv.conversation),
         Command::Conversations { .. }
         | Command::Verify(_)
+        | Command::Bench(_)
         | Command::Doctor
         | Command::Agent { .. } => None,
     }
@@ -603,6 +616,7 @@ async fn run_on_session(
         Command::Conversations { .. }
         | Command::Destroy { .. }
         | Command::Verify(_)
+        | Command::Bench(_)
         | Command::Doctor
         | Command::Agent { .. } => {
             unreachable!("handled without a session")

@@ -1,0 +1,1118 @@
+//! `sessionbox bench`: how fast the runtimes are, as ratios against a baseline measured in the
+//! same run.
+//!
+//! 1. Baseline: a bare spawn of `/bin/sh -c true` from this process (`std::process::Command`,
+//!    spawn to wait), one right before each warm exec of each runtime, so that the baseline and
+//!    the execs it is compared with see the machine in the same state.
+//! 2. For each runtime (`isolated` and `host` unless `--runtime` names one):
+//!    - cold start: open a NEW conversation through the manager and run `true` in it (create to
+//!      first exec); its close and destroy are not timed;
+//!    - warm exec: `true` on an open conversation, N times, after a short warm-up;
+//!    - warm file write + read of a 4 KiB file, N times;
+//!    - for `isolated`, the resident memory of the agent of that warm conversation and of its
+//!      whole sandbox (every process of its cgroups, from `run/<key>/sandbox.json`);
+//!    - reopening the warm conversation (what every CLI call pays before its operation);
+//!    - a breakdown of where the time goes: the same exec on the runtime's own session (no store,
+//!      no audit), for `isolated` the execd HTTP round trip (`GET /ping`) and the cost of
+//!      building an execd client (every open builds one), and the cost of one fork + exec inside
+//!      the workspace (a loop of `/bin/true` in one command).
+//! 3. Targets (printed PASS/FAIL and kept in the JSON): cold start p50 <= 20 ms, warm exec p50
+//!    <= 2 ms and <= 2.5x the baseline p50, agent RSS <= 10 MiB. A missed target is reported, not
+//!    an error, unless `--check`.
+//! 4. Cleanup: every conversation it created is destroyed and the runtimes' inventories, the
+//!    store's records and the sandboxes' cgroups are compared with those before; a leftover is
+//!    an error (exit 1). Without `--data-dir` everything happens in a temporary data directory,
+//!    removed at the end.
+//!
+//! Runtime settings are the defaults (the configuration file is not read), so numbers from
+//! different machines compare.
+
+use std::collections::BTreeSet;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde::Serialize;
+use serde_json::{Value, json};
+use sessionbox_core::{ConversationId, ConversationRef, ExecRequest, Runtime, Session, TenantId};
+use sessionbox_local::host::{HostConfig, HostRuntime};
+use sessionbox_local::isolated::{IsolatedConfig, IsolatedRuntime};
+use sessionbox_local::sandbox::SandboxLimits;
+use sessionbox_manager::Manager;
+use sessionbox_store::Store;
+
+use crate::config::RuntimeKind;
+
+/// Cold start p50 target, ms.
+const COLD_START_P50_MS: f64 = 20.0;
+/// Warm exec p50 target, ms.
+const WARM_EXEC_P50_MS: f64 = 2.0;
+/// Warm exec p50 target, as a multiple of the baseline p50.
+const WARM_EXEC_RATIO: f64 = 2.5;
+/// Agent resident memory target, MiB.
+const AGENT_RSS_MIB: f64 = 10.0;
+/// Size of the file written and read back.
+const FILE_BYTES: usize = 4096;
+/// `/bin/true` runs per command when measuring one fork + exec inside the workspace.
+const SPAWN_LOOP: usize = 100;
+/// Commands of [`SPAWN_LOOP`] runs each.
+const SPAWN_LOOP_REPEATS: usize = 5;
+/// Idle timeout of the agents the bench starts: if it is killed, they end themselves soon.
+const AGENT_IDLE: Duration = Duration::from_secs(60);
+/// Prefix of the temporary data directory's name.
+const TEMP_PREFIX: &str = "sbx-bench-";
+/// Length of that name (prefix and random part).
+const TEMP_NAME_LEN: usize = 16;
+/// Longest data directory whose `run/<key>/agent.sock` fits in a Unix socket address (107
+/// bytes: `/run/` 5, key 64, `/agent.sock` 11).
+const MAX_DATA_DIR_LEN: usize = 107 - 5 - 64 - 11;
+
+/// Options of `sessionbox bench`.
+///
+/// The runtimes measured are `isolated` and `host`, or only the one named by the global
+/// `--runtime` (or `SESSIONBOX_RUNTIME`).
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Iterations of each warm operation (one baseline spawn runs before each warm exec).
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    iterations: u32,
+    /// Cold starts (new conversations) per runtime.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    cold_iterations: u32,
+    /// Write the report as JSON here.
+    #[arg(long, value_name = "PATH")]
+    report_json: Option<PathBuf>,
+    /// Write the report as Markdown here.
+    #[arg(long, value_name = "PATH")]
+    report_md: Option<PathBuf>,
+    /// Exit 1 when a target is missed (by default the report exits 0 either way).
+    #[arg(long)]
+    check: bool,
+}
+
+/// Latency summary of one measurement, in milliseconds (rounded to the microsecond).
+#[derive(Debug, Clone, Serialize)]
+struct Stats {
+    count: usize,
+    p50_ms: f64,
+    p95_ms: f64,
+    mean_ms: f64,
+    min_ms: f64,
+    max_ms: f64,
+}
+
+fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+impl Stats {
+    /// Nearest-rank percentiles of `samples` (ms). Panics on an empty slice.
+    fn of(samples: &[f64]) -> Stats {
+        assert!(!samples.is_empty(), "no samples");
+        let mut v = samples.to_vec();
+        v.sort_by(f64::total_cmp);
+        let pct = |p: f64| v[((v.len() as f64 - 1.0) * p).round() as usize];
+        Stats {
+            count: v.len(),
+            p50_ms: round3(pct(0.5)),
+            p95_ms: round3(pct(0.95)),
+            mean_ms: round3(v.iter().sum::<f64>() / v.len() as f64),
+            min_ms: round3(v[0]),
+            max_ms: round3(v[v.len() - 1]),
+        }
+    }
+}
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1000.0
+}
+
+/// What the runtimes and the store hold, to compare before and after.
+#[derive(Debug, Default)]
+struct Inventory {
+    workspaces: BTreeSet<String>,
+    processes: BTreeSet<u32>,
+    records: BTreeSet<String>,
+}
+
+async fn inventory(manager: &Manager) -> anyhow::Result<Inventory> {
+    let mut inv = Inventory::default();
+    for c in manager.runtime().list().await? {
+        inv.workspaces.insert(c.key.to_string());
+        inv.processes.extend(c.processes);
+    }
+    for r in manager.list(None).await? {
+        inv.records.insert(r.key.to_string());
+    }
+    Ok(inv)
+}
+
+fn leftovers(before: &Inventory, after: &Inventory, runtime: &str) -> Vec<String> {
+    let mut out: Vec<String> = after
+        .workspaces
+        .difference(&before.workspaces)
+        .map(|k| format!("{runtime}: workspace {k} left behind"))
+        .chain(
+            after
+                .records
+                .difference(&before.records)
+                .map(|k| format!("{runtime}: record {k} left behind")),
+        )
+        .chain(
+            after
+                .processes
+                .difference(&before.processes)
+                .map(|p| format!("{runtime}: process {p} left behind")),
+        )
+        .collect();
+    out.extend(
+        before
+            .workspaces
+            .difference(&after.workspaces)
+            .map(|k| format!("{runtime}: workspace {k} removed but not created by the bench")),
+    );
+    out.extend(
+        before
+            .records
+            .difference(&after.records)
+            .map(|k| format!("{runtime}: record {k} removed but not created by the bench")),
+    );
+    out
+}
+
+fn run_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    h.write_u32(std::process::id());
+    format!("{:012x}", h.finish() & 0xffff_ffff_ffff)
+}
+
+/// The state of one run.
+struct Bench {
+    data_dir: PathBuf,
+    store: Store,
+    tenant: TenantId,
+    id: String,
+    warm: usize,
+    warmup: usize,
+    cold: usize,
+    progress: indicatif::ProgressBar,
+    /// Cgroup directories of every sandbox seen, checked to be gone at the end.
+    cgroups: BTreeSet<PathBuf>,
+}
+
+impl Bench {
+    fn conversation(&self, name: &str) -> anyhow::Result<ConversationRef> {
+        let id = ConversationId::new(format!("bench-{}-{name}", self.id))?;
+        Ok(ConversationRef::new(self.tenant.clone(), id))
+    }
+
+    fn runtime(&self, kind: RuntimeKind) -> anyhow::Result<Arc<dyn Runtime>> {
+        Ok(match kind {
+            RuntimeKind::Isolated => {
+                let uid_store = self.store.clone();
+                let exe =
+                    std::env::current_exe().context("cannot find the sessionbox executable")?;
+                Arc::new(IsolatedRuntime::new(IsolatedConfig {
+                    data_dir: self.data_dir.clone(),
+                    limits: Default::default(),
+                    sandbox: SandboxLimits::default(),
+                    idle_timeout: AGENT_IDLE,
+                    exe,
+                    agent_args: vec!["agent".to_owned()],
+                    // The defaults of `[isolated] uid_base` and `uid_count`.
+                    allocate_uid: Arc::new(move |key| {
+                        uid_store.allocate_uid(key, 3_000_000..3_065_536)
+                    }),
+                })?)
+            }
+            RuntimeKind::Host => Arc::new(HostRuntime::new(HostConfig::new(&self.data_dir))?),
+        })
+    }
+
+    fn run_dir(&self, conv: &ConversationRef) -> PathBuf {
+        self.data_dir.join("run").join(conv.key.as_str())
+    }
+
+    /// Notes the cgroups of `conv`'s sandbox (if it has one) for the final check.
+    fn note_cgroups(&mut self, conv: &ConversationRef) {
+        if let Some(rec) = sandbox_record(&self.run_dir(conv)) {
+            self.cgroups.extend(rec.cgroups);
+        }
+    }
+}
+
+/// Runs the bench.
+pub async fn run(
+    args: &BenchArgs,
+    data_dir: Option<PathBuf>,
+    runtime: Option<RuntimeKind>,
+    tenant: Option<String>,
+) -> anyhow::Result<ExitCode> {
+    let profile = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
+    if profile == "debug" {
+        eprintln!(
+            "WARNING: this is a DEBUG build: its numbers are NOT meaningful. Run `cargo run --release -- bench`."
+        );
+    }
+    let started = chrono::Utc::now();
+    let t0 = Instant::now();
+    let env = environment(profile);
+    let kinds: Vec<RuntimeKind> = match runtime {
+        Some(k) => vec![k],
+        None => vec![RuntimeKind::Isolated, RuntimeKind::Host],
+    };
+    let tenant = TenantId::new(tenant.unwrap_or_else(|| TenantId::DEFAULT.to_owned()))?;
+    // Without --data-dir: a fresh temporary directory, removed when this returns.
+    let (temp, data_dir) = match data_dir {
+        Some(d) => (None, d),
+        None => {
+            // The isolated runtime binds `<data>/run/<64 hex>/agent.sock`, and a socket path
+            // has at most 107 bytes: keep the directory short.
+            let tmp = std::env::temp_dir();
+            let base = if tmp.as_os_str().len() + 1 + TEMP_NAME_LEN <= MAX_DATA_DIR_LEN {
+                tmp
+            } else {
+                PathBuf::from("/tmp")
+            };
+            let t = tempfile::Builder::new()
+                .prefix(TEMP_PREFIX)
+                .rand_bytes(TEMP_NAME_LEN - TEMP_PREFIX.len())
+                .tempdir_in(&base)
+                .with_context(|| {
+                    format!(
+                        "cannot create a temporary data directory in {}",
+                        base.display()
+                    )
+                })?;
+            let d = t.path().to_path_buf();
+            (Some(t), d)
+        }
+    };
+    if kinds.contains(&RuntimeKind::Isolated) {
+        let abs = std::path::absolute(&data_dir).unwrap_or_else(|_| data_dir.clone());
+        if abs.as_os_str().len() > MAX_DATA_DIR_LEN {
+            bail!(
+                "--data-dir {}: the isolated runtime needs a data directory of at most {MAX_DATA_DIR_LEN} bytes (its agent sockets are <data dir>/run/<key>/agent.sock, and a socket path has at most 107); give a shorter one, or --runtime host",
+                abs.display()
+            );
+        }
+    }
+    let store = Store::open(&data_dir.join("sessionbox.db"))?;
+
+    let warm = args.iterations as usize;
+    let cold = args.cold_iterations as usize;
+    let warmup = (warm / 10).clamp(1, 20);
+    let progress = if std::io::stderr().is_terminal() {
+        // Per runtime: cold starts, warm-up, then execs, files, reopens, execs without the
+        // manager and pings (N each), spawn loops.
+        let per_runtime = cold + warmup + 5 * warm + SPAWN_LOOP_REPEATS;
+        let pb = indicatif::ProgressBar::new((kinds.len() * per_runtime) as u64);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} {msg:<22} [{bar:40}] {pos}/{len}")
+                .expect("static template")
+                .progress_chars("=> "),
+        );
+        pb
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut bench = Bench {
+        data_dir: data_dir.clone(),
+        store,
+        tenant,
+        id: run_id(),
+        warm,
+        warmup,
+        cold,
+        progress,
+        cgroups: BTreeSet::new(),
+    };
+
+    let mut results = serde_json::Map::new();
+    let mut base_samples = Vec::new();
+    let mut cleanup_failures = Vec::new();
+    let mut error = None;
+    for kind in &kinds {
+        let rt = bench.runtime(*kind)?;
+        let manager = Manager::new(bench.store.clone(), rt);
+        let before = inventory(&manager)
+            .await
+            .context("cannot take the inventory before the run")?;
+        let mut created = Vec::new();
+        let measured = measure(&mut bench, *kind, &manager, &mut base_samples, &mut created).await;
+        bench
+            .progress
+            .set_message(format!("{} cleanup", kind.name()));
+        for c in &created {
+            if let Err(e) = manager.destroy(c).await {
+                cleanup_failures.push(format!("{}: destroy {}: {e}", kind.name(), c.id));
+            }
+        }
+        let after = inventory(&manager)
+            .await
+            .context("cannot take the inventory after the run")?;
+        cleanup_failures.extend(leftovers(&before, &after, kind.name()));
+        match measured {
+            Ok(r) => {
+                results.insert(kind.name().to_owned(), r);
+            }
+            Err(e) => {
+                error = Some(e.context(format!("measuring the {} runtime", kind.name())));
+                break;
+            }
+        }
+    }
+    for cg in &bench.cgroups {
+        if cg.exists() {
+            cleanup_failures.push(format!("cgroup {} left behind", cg.display()));
+        }
+    }
+    bench.progress.finish_and_clear();
+    if let Some(e) = error {
+        for f in &cleanup_failures {
+            eprintln!("cleanup: {f}");
+        }
+        return Err(e);
+    }
+
+    let baseline = Stats::of(&base_samples);
+    let mut results = Value::Object(results);
+    add_ratios(&mut results, &baseline);
+    let targets: Vec<Value> = kinds
+        .iter()
+        .flat_map(|k| judge(*k, &results[k.name()], &baseline))
+        .collect();
+    let targets_met = targets.iter().all(|t| t["pass"] == true);
+    let report = json!({
+        "kind": "sessionbox-bench",
+        "targets_met": targets_met,
+        "started": started.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        "duration_ms": t0.elapsed().as_millis() as u64,
+        "build_profile": profile,
+        "environment": env,
+        "iterations": {"warm": warm, "warmup": warmup, "cold": cold},
+        "runtimes": kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
+        "data_dir": if temp.is_some() { Value::Null } else { json!(data_dir) },
+        "tenant": bench.tenant.as_str(),
+        "run_id": bench.id,
+        "baseline": {
+            "what": "std::process::Command `/bin/sh -c true`, spawn to wait, from the bench process, one before each warm exec",
+            "stats": baseline,
+        },
+        "results": results,
+        "targets": targets,
+        "cleanup": {"ok": cleanup_failures.is_empty(), "failures": cleanup_failures},
+    });
+    if let Some(p) = &args.report_json {
+        std::fs::write(p, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("cannot write {}", p.display()))?;
+    }
+    let md = markdown(&report);
+    if let Some(p) = &args.report_md {
+        std::fs::write(p, &md).with_context(|| format!("cannot write {}", p.display()))?;
+    }
+    print!("{md}");
+    if let Some(t) = temp {
+        t.close()
+            .context("cannot remove the temporary data directory")?;
+    }
+    if !cleanup_failures.is_empty() {
+        bail!("the bench left things behind (see the report)");
+    }
+    Ok(if args.check && !targets_met {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// One baseline sample: spawn `/bin/sh -c true` from this process and wait for it (ms).
+fn spawn_baseline() -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let st = std::process::Command::new("/bin/sh")
+        .args(["-c", "true"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .context("cannot run /bin/sh -c true")?;
+    let elapsed = ms(t);
+    if !st.success() {
+        bail!("/bin/sh -c true failed: {st}");
+    }
+    Ok(elapsed)
+}
+
+/// `p50` (ms, as reported) as a multiple of the baseline's p50, rounded like the reports.
+fn ratio(p50: f64, base: &Stats) -> f64 {
+    round3(p50 / base.p50_ms)
+}
+
+/// Adds `ratio_to_baseline_p50` to every latency summary (an object with `p50_ms`) in `v`.
+fn add_ratios(v: &mut Value, base: &Stats) {
+    match v {
+        Value::Object(m) => {
+            if let Some(p50) = m.get("p50_ms").and_then(Value::as_f64)
+                && m.contains_key("count")
+            {
+                m.insert("ratio_to_baseline_p50".into(), json!(ratio(p50, base)));
+            }
+            for (_, child) in m.iter_mut() {
+                add_ratios(child, base);
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(|c| add_ratios(c, base)),
+        _ => {}
+    }
+}
+
+async fn exec_true(s: &dyn Session) -> anyhow::Result<()> {
+    let r = s.exec(ExecRequest::new("true")).await?;
+    if !r.success() {
+        bail!(
+            "`true` failed with {} ({})",
+            r.shell_exit_code(),
+            String::from_utf8_lossy(&r.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Every measurement of one runtime; conversations it creates are pushed to `created` before
+/// anything can fail, so the caller destroys them whatever happens. One baseline sample is
+/// pushed to `base` before each warm exec, so both see the machine in the same state.
+async fn measure(
+    b: &mut Bench,
+    kind: RuntimeKind,
+    manager: &Manager,
+    base: &mut Vec<f64>,
+    created: &mut Vec<ConversationRef>,
+) -> anyhow::Result<Value> {
+    let name = kind.name();
+    let mut out = serde_json::Map::new();
+
+    // Cold starts.
+    b.progress.set_message(format!("{name} cold start"));
+    let (mut total, mut open, mut first) = (Vec::new(), Vec::new(), Vec::new());
+    let mut destroy = Vec::new();
+    for i in 0..b.cold {
+        let conv = b.conversation(&format!("cold-{i:05}"))?;
+        created.push(conv.clone());
+        let t = Instant::now();
+        let s = manager.open(&conv).await?;
+        let opened = ms(t);
+        let t1 = Instant::now();
+        exec_true(&s).await?;
+        let first_exec = ms(t1);
+        total.push(ms(t));
+        open.push(opened);
+        first.push(first_exec);
+        if !s.created() {
+            bail!("conversation {} existed before the bench", conv.id);
+        }
+        b.note_cgroups(&conv);
+        Box::new(s).close().await?;
+        let t = Instant::now();
+        manager.destroy(&conv).await?;
+        destroy.push(ms(t));
+        b.progress.inc(1);
+    }
+    out.insert(
+        "cold_start".into(),
+        json!({
+            "what": "manager open of a new conversation + exec `true` (close and destroy not timed)",
+            "stats": Stats::of(&total),
+            "phases": {
+                "open": Stats::of(&open),
+                "first_exec": Stats::of(&first),
+            },
+            "destroy_untimed": Stats::of(&destroy),
+        }),
+    );
+
+    // One warm conversation for everything else.
+    let conv = b.conversation("warm")?;
+    created.push(conv.clone());
+    let s = manager.open(&conv).await?;
+    b.note_cgroups(&conv);
+    b.progress.set_message(format!("{name} warm exec"));
+    for _ in 0..b.warmup {
+        spawn_baseline()?;
+        exec_true(&s).await?;
+        b.progress.inc(1);
+    }
+    let mut execs = Vec::with_capacity(b.warm);
+    for _ in 0..b.warm {
+        base.push(spawn_baseline()?);
+        let t = Instant::now();
+        exec_true(&s).await?;
+        execs.push(ms(t));
+        b.progress.inc(1);
+    }
+    out.insert("warm_exec".into(), json!(Stats::of(&execs)));
+
+    b.progress.set_message(format!("{name} file write+read"));
+    let data: Vec<u8> = (0..FILE_BYTES).map(|i| (i % 251) as u8).collect();
+    let (mut wr, mut w, mut r) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..b.warm {
+        let path = format!("bench-{}.bin", i % 4);
+        let t = Instant::now();
+        s.write(&path, &data).await?;
+        let written = ms(t);
+        let t1 = Instant::now();
+        let got = s.read(&path).await?;
+        r.push(ms(t1));
+        wr.push(ms(t));
+        w.push(written);
+        if got != data {
+            bail!(
+                "read back {} bytes that differ from the 4 KiB written",
+                got.len()
+            );
+        }
+        b.progress.inc(1);
+    }
+    out.insert(
+        "file_write_read_4k".into(),
+        json!({
+            "stats": Stats::of(&wr),
+            "write": Stats::of(&w),
+            "read": Stats::of(&r),
+        }),
+    );
+
+    // Reopening the warm conversation: what every CLI call pays before its operation.
+    b.progress.set_message(format!("{name} warm open"));
+    let mut reopen = Vec::with_capacity(b.warm);
+    for _ in 0..b.warm {
+        let t = Instant::now();
+        let again = manager.open(&conv).await?;
+        reopen.push(ms(t));
+        Box::new(again).close().await?;
+        b.progress.inc(1);
+    }
+    out.insert(
+        "warm_open".into(),
+        json!({
+            "what": "manager open of an existing conversation whose sandbox is up (close not timed)",
+            "stats": Stats::of(&reopen),
+        }),
+    );
+
+    // Breakdown of a warm exec.
+    b.progress.set_message(format!("{name} breakdown"));
+    let mut breakdown = serde_json::Map::new();
+    let raw = manager.runtime().open(&conv).await?;
+    for _ in 0..b.warmup {
+        exec_true(raw.as_ref()).await?;
+    }
+    let mut raw_execs = Vec::with_capacity(b.warm);
+    for _ in 0..b.warm {
+        let t = Instant::now();
+        exec_true(raw.as_ref()).await?;
+        raw_execs.push(ms(t));
+        b.progress.inc(1);
+    }
+    breakdown.insert(
+        "exec_without_manager".into(),
+        json!({
+            "what": "warm exec `true` on the runtime's own session: no store, no audit",
+            "stats": Stats::of(&raw_execs),
+        }),
+    );
+    if kind == RuntimeKind::Isolated {
+        let socket = b.run_dir(&conv).join("agent.sock");
+        let mut builds = Vec::with_capacity(b.cold);
+        for _ in 0..b.cold {
+            let t = Instant::now();
+            let c = sessionbox_execd::ExecdClient::unix(&socket)?;
+            builds.push(ms(t));
+            drop(c);
+        }
+        breakdown.insert(
+            "execd_client_build".into(),
+            json!({
+                "what": "building an execd client for the agent's socket, as every open does",
+                "stats": Stats::of(&builds),
+            }),
+        );
+        let client = sessionbox_execd::ExecdClient::unix(socket)?;
+        let mut pings = Vec::with_capacity(b.warm);
+        client.ping().await?;
+        for _ in 0..b.warm {
+            let t = Instant::now();
+            client.ping().await?;
+            pings.push(ms(t));
+            b.progress.inc(1);
+        }
+        breakdown.insert(
+            "http_ping".into(),
+            json!({
+                "what": "execd HTTP round trip on a kept-alive connection (GET /ping)",
+                "stats": Stats::of(&pings),
+            }),
+        );
+    } else {
+        b.progress.inc(b.warm as u64);
+    }
+    let mut per_spawn = Vec::new();
+    let loop_cmd = format!("i=0; while [ $i -lt {SPAWN_LOOP} ]; do /bin/true; i=$((i+1)); done");
+    for _ in 0..SPAWN_LOOP_REPEATS {
+        let t = Instant::now();
+        let r = raw
+            .exec(ExecRequest::new(loop_cmd.clone()).timeout(Duration::from_secs(120)))
+            .await?;
+        let elapsed = ms(t);
+        if !r.success() {
+            bail!(
+                "the spawn loop failed: {}",
+                String::from_utf8_lossy(&r.stderr)
+            );
+        }
+        per_spawn.push(elapsed / SPAWN_LOOP as f64);
+        b.progress.inc(1);
+    }
+    breakdown.insert(
+        "fork_exec_in_workspace".into(),
+        json!({
+            "what": format!("one /bin/true spawned by a command's shell in the workspace (wall time of a loop of {SPAWN_LOOP}, divided; {SPAWN_LOOP_REPEATS} loops)"),
+            "stats": Stats::of(&per_spawn),
+        }),
+    );
+    raw.close().await?;
+
+    if kind == RuntimeKind::Isolated {
+        out.insert("memory".into(), memory(&b.run_dir(&conv))?);
+    }
+    out.insert("breakdown".into(), Value::Object(breakdown));
+    Box::new(s).close().await?;
+    Ok(Value::Object(out))
+}
+
+/// The part of `run/<key>/sandbox.json` the bench reads.
+#[derive(Debug, serde::Deserialize)]
+struct SandboxRecord {
+    monitor_pid: u32,
+    init_pid: u32,
+    cgroups: Vec<PathBuf>,
+}
+
+fn sandbox_record(run_dir: &Path) -> Option<SandboxRecord> {
+    let data = std::fs::read(run_dir.join("sandbox.json")).ok()?;
+    serde_json::from_slice(&data).ok()
+}
+
+/// Memory of one process, from `/proc/<pid>/status` and `smaps_rollup`, in KiB.
+#[derive(Debug, Clone, Serialize)]
+struct ProcMem {
+    pid: u32,
+    role: &'static str,
+    cmdline: String,
+    rss_kib: u64,
+    rss_anon_kib: Option<u64>,
+    rss_file_kib: Option<u64>,
+    pss_kib: Option<u64>,
+    threads: Option<u64>,
+}
+
+fn status_field(text: &str, name: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix(name)?
+            .strip_prefix(':')?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
+}
+
+fn mib(kib: u64) -> f64 {
+    round3(kib as f64 / 1024.0)
+}
+
+/// Resident memory of the sandbox of the conversation whose run directory is `run_dir`.
+fn memory(run_dir: &Path) -> anyhow::Result<Value> {
+    let rec = sandbox_record(run_dir)
+        .with_context(|| format!("cannot read {}", run_dir.join("sandbox.json").display()))?;
+    let mut pids = BTreeSet::new();
+    for cg in &rec.cgroups {
+        if let Ok(s) = std::fs::read_to_string(cg.join("cgroup.procs")) {
+            pids.extend(s.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+        }
+    }
+    let mut procs = Vec::new();
+    for pid in pids {
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let argv: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let role = if argv.get(1).is_some_and(|a| a == "agent") {
+            "agent"
+        } else if pid == rec.init_pid {
+            "init"
+        } else if pid == rec.monitor_pid {
+            "monitor"
+        } else {
+            "other"
+        };
+        let pss = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+            .ok()
+            .and_then(|s| status_field(&s, "Pss"));
+        procs.push(ProcMem {
+            pid,
+            role,
+            cmdline: argv.join(" "),
+            rss_kib: status_field(&status, "VmRSS").unwrap_or(0),
+            rss_anon_kib: status_field(&status, "RssAnon"),
+            rss_file_kib: status_field(&status, "RssFile"),
+            pss_kib: pss,
+            threads: status_field(&status, "Threads"),
+        });
+    }
+    let agents: Vec<&ProcMem> = procs.iter().filter(|p| p.role == "agent").collect();
+    let [agent] = agents.as_slice() else {
+        bail!(
+            "expected one agent process in the sandbox's cgroups, found {}: {procs:?}",
+            agents.len()
+        );
+    };
+    let total: u64 = procs.iter().map(|p| p.rss_kib).sum();
+    let cgroup_bytes = rec.cgroups.iter().find_map(|cg| {
+        ["memory.current", "memory.usage_in_bytes"]
+            .iter()
+            .find_map(|f| std::fs::read_to_string(cg.join(f)).ok())
+            .and_then(|s| s.trim().parse::<u64>().ok())
+    });
+    Ok(json!({
+        "agent_rss_mib": mib(agent.rss_kib),
+        "agent_pss_mib": agent.pss_kib.map(mib),
+        "sandbox_rss_mib": mib(total),
+        "cgroup_memory_mib": cgroup_bytes.map(|b| round3(b as f64 / (1024.0 * 1024.0))),
+        "processes": procs,
+    }))
+}
+
+/// The targets that apply to one runtime's results.
+fn judge(kind: RuntimeKind, r: &Value, baseline: &Stats) -> Vec<Value> {
+    let name = kind.name();
+    let target = |id: &str, what: String, value: f64, limit: f64, unit: &str| {
+        json!({
+            "id": id,
+            "runtime": name,
+            "target": what,
+            "value": value,
+            "limit": limit,
+            "unit": unit,
+            "pass": value <= limit,
+        })
+    };
+    let mut out = Vec::new();
+    if let Some(v) = r["cold_start"]["stats"]["p50_ms"].as_f64() {
+        out.push(target(
+            "cold_start_p50",
+            format!("cold start p50 <= {COLD_START_P50_MS} ms"),
+            v,
+            COLD_START_P50_MS,
+            "ms",
+        ));
+    }
+    if let Some(v) = r["warm_exec"]["p50_ms"].as_f64() {
+        out.push(target(
+            "warm_exec_p50",
+            format!("warm exec p50 <= {WARM_EXEC_P50_MS} ms"),
+            v,
+            WARM_EXEC_P50_MS,
+            "ms",
+        ));
+        out.push(target(
+            "warm_exec_ratio",
+            format!(
+                "warm exec p50 <= {WARM_EXEC_RATIO}x bare spawn p50 ({} ms)",
+                baseline.p50_ms
+            ),
+            r["warm_exec"]["ratio_to_baseline_p50"]
+                .as_f64()
+                .unwrap_or(f64::INFINITY),
+            WARM_EXEC_RATIO,
+            "x",
+        ));
+    }
+    if let Some(v) = r["memory"]["agent_rss_mib"].as_f64() {
+        out.push(target(
+            "agent_rss",
+            format!("agent RSS <= {AGENT_RSS_MIB} MiB"),
+            v,
+            AGENT_RSS_MIB,
+            "MiB",
+        ));
+    }
+    out
+}
+
+fn environment(profile: &str) -> Value {
+    let os = std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("PRETTY_NAME=")
+                    .map(|v| v.trim_matches('"').to_owned())
+            })
+        })
+        .unwrap_or_else(|| std::env::consts::OS.to_owned());
+    let uname = rustix::system::uname();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| {
+        s.lines().find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+    });
+    json!({
+        "os": os,
+        "kernel": uname.release().to_string_lossy(),
+        "arch": std::env::consts::ARCH,
+        "cpu": cpu,
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "sessionbox_version": env!("CARGO_PKG_VERSION"),
+        "build_profile": profile,
+        // Other work on the machine skews every number: kept so a noisy run can be spotted.
+        "loadavg": std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" ")),
+    })
+}
+
+fn markdown(r: &Value) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let num = |v: &Value| match v.as_f64() {
+        Some(f) => format!("{f}"),
+        None => "-".to_owned(),
+    };
+    let _ = writeln!(
+        s,
+        "# sessionbox bench: {}",
+        if r["targets_met"] == true {
+            "every target met"
+        } else {
+            "TARGETS MISSED"
+        }
+    );
+    let _ = writeln!(s);
+    if r["build_profile"] != "release" {
+        let _ = writeln!(
+            s,
+            "**WARNING: DEBUG BUILD. These numbers are not meaningful; run `cargo run --release -- bench`.**"
+        );
+        let _ = writeln!(s);
+    }
+    let e = &r["environment"];
+    let it = &r["iterations"];
+    let _ = writeln!(
+        s,
+        "- started {} ({} ms); sessionbox {} ({} build)",
+        r["started"].as_str().unwrap_or(""),
+        r["duration_ms"],
+        e["sessionbox_version"].as_str().unwrap_or(""),
+        r["build_profile"].as_str().unwrap_or(""),
+    );
+    let _ = writeln!(
+        s,
+        "- {} / kernel {} / {} / {} ({} cores); load average at start {}",
+        e["os"].as_str().unwrap_or(""),
+        e["kernel"].as_str().unwrap_or(""),
+        e["arch"].as_str().unwrap_or(""),
+        e["cpu"].as_str().unwrap_or("unknown CPU"),
+        e["cores"],
+        e["loadavg"].as_str().unwrap_or("unknown"),
+    );
+    let _ = writeln!(
+        s,
+        "- {} warm iterations (after {} warm-up), {} cold starts per runtime; runtimes: {}",
+        it["warm"],
+        it["warmup"],
+        it["cold"],
+        r["runtimes"]
+            .as_array()
+            .map(|a| a
+                .iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join(", "))
+            .unwrap_or_default(),
+    );
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "| measurement | count | p50 ms | p95 ms | x baseline p50 |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|");
+    let b = &r["baseline"]["stats"];
+    let _ = writeln!(
+        s,
+        "| baseline: spawn `/bin/sh -c true` | {} | {} | {} | 1 |",
+        b["count"],
+        num(&b["p50_ms"]),
+        num(&b["p95_ms"])
+    );
+    let row = |s: &mut String, label: String, st: &Value| {
+        let _ = writeln!(
+            s,
+            "| {label} | {} | {} | {} | {} |",
+            st["count"],
+            num(&st["p50_ms"]),
+            num(&st["p95_ms"]),
+            num(&st["ratio_to_baseline_p50"]),
+        );
+    };
+    let runtimes: Vec<&str> = r["runtimes"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    for rt in &runtimes {
+        let v = &r["results"][*rt];
+        let rows: [(&str, &Value); 11] = [
+            ("cold start (open + first exec)", &v["cold_start"]["stats"]),
+            ("cold start: open", &v["cold_start"]["phases"]["open"]),
+            (
+                "cold start: first exec",
+                &v["cold_start"]["phases"]["first_exec"],
+            ),
+            ("warm exec `true`", &v["warm_exec"]),
+            ("warm 4 KiB write + read", &v["file_write_read_4k"]["stats"]),
+            (
+                "warm open (existing conversation)",
+                &v["warm_open"]["stats"],
+            ),
+            (
+                "breakdown: exec without manager/audit",
+                &v["breakdown"]["exec_without_manager"]["stats"],
+            ),
+            (
+                "breakdown: execd HTTP round trip (ping)",
+                &v["breakdown"]["http_ping"]["stats"],
+            ),
+            (
+                "breakdown: execd client build",
+                &v["breakdown"]["execd_client_build"]["stats"],
+            ),
+            (
+                "breakdown: one fork+exec in the workspace",
+                &v["breakdown"]["fork_exec_in_workspace"]["stats"],
+            ),
+            (
+                "destroy (not part of cold start)",
+                &v["cold_start"]["destroy_untimed"],
+            ),
+        ];
+        for (label, st) in rows {
+            if st.is_object() {
+                row(&mut s, format!("{rt}: {label}"), st);
+            }
+        }
+    }
+    for rt in &runtimes {
+        let m = &r["results"][*rt]["memory"];
+        if m.is_object() {
+            let _ = writeln!(s);
+            let _ = writeln!(
+                s,
+                "{rt} memory: agent RSS {} MiB (PSS {}), sandbox total RSS {} MiB, cgroup memory {} MiB",
+                num(&m["agent_rss_mib"]),
+                num(&m["agent_pss_mib"]),
+                num(&m["sandbox_rss_mib"]),
+                num(&m["cgroup_memory_mib"]),
+            );
+            let _ = writeln!(s);
+            let _ = writeln!(
+                s,
+                "| process | pid | RSS KiB | anon KiB | file KiB | threads |"
+            );
+            let _ = writeln!(s, "|---|---|---|---|---|---|");
+            for p in m["processes"].as_array().into_iter().flatten() {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} | {} |",
+                    p["role"].as_str().unwrap_or(""),
+                    p["pid"],
+                    p["rss_kib"],
+                    p["rss_anon_kib"],
+                    p["rss_file_kib"],
+                    p["threads"],
+                );
+            }
+        }
+    }
+    let _ = writeln!(s);
+    let _ = writeln!(s, "Targets:");
+    for t in r["targets"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            s,
+            "- {} {}: {} (measured {} {})",
+            if t["pass"] == true { "PASS" } else { "FAIL" },
+            t["runtime"].as_str().unwrap_or(""),
+            t["target"].as_str().unwrap_or(""),
+            num(&t["value"]),
+            t["unit"].as_str().unwrap_or(""),
+        );
+    }
+    if r["cleanup"]["ok"] != true {
+        let _ = writeln!(s);
+        let _ = writeln!(s, "Cleanup FAILED:");
+        for f in r["cleanup"]["failures"].as_array().into_iter().flatten() {
+            let _ = writeln!(s, "- {}", f.as_str().unwrap_or(""));
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        let s = Stats::of(&v);
+        assert_eq!(s.count, 100);
+        assert_eq!(s.p50_ms, 51.0);
+        assert_eq!(s.p95_ms, 95.0);
+        assert_eq!(s.min_ms, 1.0);
+        assert_eq!(s.max_ms, 100.0);
+        assert_eq!(s.mean_ms, 50.5);
+        let base = Stats::of(&[2.0]);
+        assert_eq!(ratio(s.p50_ms, &base), 25.5);
+        let mut v = json!({"a": {"count": 1, "p50_ms": 3.0}, "b": [{"count": 2, "p50_ms": 1.0}], "c": {"p50_ms": 1.0}});
+        add_ratios(&mut v, &base);
+        assert_eq!(v["a"]["ratio_to_baseline_p50"], 1.5);
+        assert_eq!(v["b"][0]["ratio_to_baseline_p50"], 0.5);
+        assert!(v["c"].get("ratio_to_baseline_p50").is_none());
+    }
+
+    #[test]
+    fn status_fields_are_read_in_kib() {
+        let text = "Name:\tsessionbox\nVmRSS:\t    7340 kB\nRssAnon:\t  2048 kB\n";
+        assert_eq!(status_field(text, "VmRSS"), Some(7340));
+        assert_eq!(status_field(text, "RssAnon"), Some(2048));
+        assert_eq!(status_field(text, "Vm"), None);
+        assert_eq!(mib(7340), 7.168);
+    }
+}

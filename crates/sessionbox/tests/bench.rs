@@ -1,0 +1,309 @@
+//! `sessionbox bench` end to end, with tiny iteration counts: the report's shape, that every
+//! number is a positive measurement and every ratio and verdict is computed from the numbers
+//! next to it, and that the bench cleans up after itself. Nothing here asserts how fast anything
+//! is: timing assertions in tests are forbidden (they fail on a busy machine).
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const WARM: u64 = 3;
+const COLD: u64 = 2;
+
+fn bench(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sessionbox"))
+        .arg("bench")
+        .args(["--iterations", &WARM.to_string()])
+        .args(["--cold-iterations", &COLD.to_string()])
+        .args(args)
+        .env_remove("SESSIONBOX_RUNTIME")
+        .env_remove("SESSIONBOX_TENANT")
+        .output()
+        .expect("run sessionbox bench")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn report(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).expect("the JSON report was written"))
+        .expect("the JSON report parses")
+}
+
+fn num(v: &Value, what: &str) -> f64 {
+    v.as_f64()
+        .unwrap_or_else(|| panic!("{what} is not a number: {v}"))
+}
+
+/// A latency summary: positive, ordered, counted, and its ratio computed from its p50 and the
+/// baseline's p50 (both as reported, rounded to the microsecond).
+fn check_stats(st: &Value, count: u64, base_p50: Option<f64>, what: &str) {
+    assert_eq!(st["count"].as_u64(), Some(count), "{what}: {st}");
+    let min = num(&st["min_ms"], what);
+    let p50 = num(&st["p50_ms"], what);
+    let p95 = num(&st["p95_ms"], what);
+    let max = num(&st["max_ms"], what);
+    let mean = num(&st["mean_ms"], what);
+    assert!(min > 0.0, "{what}: {st}");
+    assert!(min <= p50 && p50 <= p95 && p95 <= max, "{what}: {st}");
+    assert!(min <= mean && mean <= max, "{what}: {st}");
+    if let Some(base) = base_p50 {
+        let ratio = num(&st["ratio_to_baseline_p50"], what);
+        let want = p50 / base;
+        assert!(
+            (ratio - want).abs() <= 0.0005 + want * 1e-9,
+            "{what}: ratio {ratio} is not p50 {p50} / baseline p50 {base}"
+        );
+    }
+}
+
+fn check_report(r: &Value, runtimes: &[&str], stdout: &str) {
+    assert_eq!(r["kind"], "sessionbox-bench");
+    let profile = r["build_profile"].as_str().expect("build_profile");
+    assert!(matches!(profile, "debug" | "release"), "{profile}");
+    let env = &r["environment"];
+    assert_eq!(env["build_profile"], profile);
+    for k in ["os", "kernel", "arch", "sessionbox_version"] {
+        assert!(
+            env[k].as_str().is_some_and(|s| !s.is_empty()),
+            "environment.{k}: {env}"
+        );
+    }
+    assert!(env["cores"].as_u64().is_some_and(|n| n >= 1), "{env}");
+    assert!(
+        chrono::DateTime::parse_from_rfc3339(r["started"].as_str().expect("started")).is_ok(),
+        "{}",
+        r["started"]
+    );
+    assert_eq!(r["iterations"]["warm"].as_u64(), Some(WARM));
+    assert_eq!(r["iterations"]["cold"].as_u64(), Some(COLD));
+    let listed: Vec<&str> = r["runtimes"]
+        .as_array()
+        .expect("runtimes")
+        .iter()
+        .map(|v| v.as_str().expect("runtime name"))
+        .collect();
+    assert_eq!(listed, runtimes);
+
+    // The baseline: one sample before each warm exec of each runtime.
+    let base = &r["baseline"]["stats"];
+    check_stats(base, WARM * runtimes.len() as u64, None, "baseline");
+    let base_p50 = num(&base["p50_ms"], "baseline p50");
+
+    let results = r["results"].as_object().expect("results");
+    assert_eq!(results.len(), runtimes.len(), "{results:?}");
+    for rt in runtimes {
+        let v = &r["results"][*rt];
+        let b = Some(base_p50);
+        check_stats(&v["cold_start"]["stats"], COLD, b, "cold start");
+        check_stats(
+            &v["cold_start"]["phases"]["open"],
+            COLD,
+            b,
+            "cold start open",
+        );
+        check_stats(
+            &v["cold_start"]["phases"]["first_exec"],
+            COLD,
+            b,
+            "cold start first exec",
+        );
+        check_stats(&v["cold_start"]["destroy_untimed"], COLD, b, "destroy");
+        // The whole cold start contains its two phases.
+        assert!(
+            num(&v["cold_start"]["stats"]["max_ms"], "cold max")
+                >= num(&v["cold_start"]["phases"]["open"]["min_ms"], "open min")
+        );
+        check_stats(&v["warm_exec"], WARM, b, "warm exec");
+        check_stats(&v["file_write_read_4k"]["stats"], WARM, b, "write+read");
+        check_stats(&v["file_write_read_4k"]["write"], WARM, b, "write");
+        check_stats(&v["file_write_read_4k"]["read"], WARM, b, "read");
+        check_stats(&v["warm_open"]["stats"], WARM, b, "warm open");
+        let bd = &v["breakdown"];
+        check_stats(
+            &bd["exec_without_manager"]["stats"],
+            WARM,
+            b,
+            "exec without manager",
+        );
+        check_stats(
+            &bd["fork_exec_in_workspace"]["stats"],
+            5,
+            b,
+            "fork+exec in workspace",
+        );
+        if *rt == "isolated" {
+            check_stats(&bd["http_ping"]["stats"], WARM, b, "ping");
+            check_stats(&bd["execd_client_build"]["stats"], COLD, b, "client build");
+            let m = &v["memory"];
+            let agent = num(&m["agent_rss_mib"], "agent rss");
+            let total = num(&m["sandbox_rss_mib"], "sandbox rss");
+            assert!(agent > 0.0 && total >= agent, "{m}");
+            let procs = m["processes"].as_array().expect("processes");
+            let agents: Vec<&Value> = procs.iter().filter(|p| p["role"] == "agent").collect();
+            assert_eq!(agents.len(), 1, "{m}");
+            assert!(
+                agents[0]["cmdline"]
+                    .as_str()
+                    .is_some_and(|c| c.contains(" agent")),
+                "{m}"
+            );
+            let sum: u64 = procs.iter().map(|p| p["rss_kib"].as_u64().unwrap()).sum();
+            assert!(
+                (total - sum as f64 / 1024.0).abs() < 0.001,
+                "sandbox RSS {total} MiB is not the sum of {sum} KiB"
+            );
+            let agent_kib = agents[0]["rss_kib"].as_u64().unwrap();
+            assert!((agent - agent_kib as f64 / 1024.0).abs() < 0.001, "{m}");
+        } else {
+            assert!(v.get("memory").is_none(), "{v}");
+        }
+    }
+
+    // Every target: its verdict follows from its value and limit, and its value is the
+    // measurement it names.
+    let targets = r["targets"].as_array().expect("targets");
+    let mut seen = Vec::new();
+    for t in targets {
+        let rt = t["runtime"].as_str().expect("runtime");
+        let id = t["id"].as_str().expect("id");
+        let value = num(&t["value"], id);
+        let limit = num(&t["limit"], id);
+        assert_eq!(t["pass"].as_bool(), Some(value <= limit), "{t}");
+        let v = &r["results"][rt];
+        let measured = match id {
+            "cold_start_p50" => &v["cold_start"]["stats"]["p50_ms"],
+            "warm_exec_p50" => &v["warm_exec"]["p50_ms"],
+            "warm_exec_ratio" => &v["warm_exec"]["ratio_to_baseline_p50"],
+            "agent_rss" => &v["memory"]["agent_rss_mib"],
+            other => panic!("unknown target {other}"),
+        };
+        assert_eq!(value, num(measured, id), "{t}");
+        let verdict = if t["pass"] == true { "PASS" } else { "FAIL" };
+        let target = t["target"].as_str().expect("target text");
+        assert!(
+            stdout.contains(&format!("{verdict} {rt}: {target}")),
+            "{verdict} {rt}: {target} not printed:\n{stdout}"
+        );
+        seen.push(format!("{rt}/{id}"));
+    }
+    let mut want = Vec::new();
+    for rt in runtimes {
+        want.extend(
+            ["cold_start_p50", "warm_exec_p50", "warm_exec_ratio"].map(|i| format!("{rt}/{i}")),
+        );
+        if *rt == "isolated" {
+            want.push(format!("{rt}/agent_rss"));
+        }
+    }
+    seen.sort();
+    want.sort();
+    assert_eq!(seen, want);
+    let all = targets.iter().all(|t| t["pass"] == true);
+    assert_eq!(r["targets_met"].as_bool(), Some(all));
+    assert_eq!(r["cleanup"]["ok"], true, "{}", r["cleanup"]);
+}
+
+#[test]
+fn bench_reports_every_runtime_and_cleans_up_its_temporary_data_dir() {
+    let out_dir = tempfile::tempdir().unwrap();
+    let json = out_dir.path().join("bench.json");
+    let md = out_dir.path().join("bench.md");
+    let out = bench(&[
+        "--report-json",
+        json.to_str().unwrap(),
+        "--report-md",
+        md.to_str().unwrap(),
+    ]);
+    let stdout = text(&out.stdout);
+    let stderr = text(&out.stderr);
+    // A report, not a check: exit 0 whether or not the targets are met.
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let r = report(&json);
+    check_report(&r, &["isolated", "host"], &stdout);
+    // The temporary data directory is not named (it is gone).
+    assert!(r["data_dir"].is_null(), "{}", r["data_dir"]);
+    assert_eq!(std::fs::read_to_string(&md).unwrap(), stdout);
+    assert!(
+        stdout.contains("baseline: spawn `/bin/sh -c true`"),
+        "{stdout}"
+    );
+    if r["build_profile"] == "debug" {
+        assert!(stderr.contains("DEBUG build"), "{stderr}");
+        assert!(stdout.contains("DEBUG BUILD"), "{stdout}");
+    }
+}
+
+#[test]
+fn bench_in_a_given_data_dir_leaves_nothing_and_check_follows_the_targets() {
+    // Short: the isolated runtime's socket paths must fit in 107 bytes.
+    let data = tempfile::Builder::new()
+        .prefix("sbt")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let json = data.path().join("r.json");
+    let out = bench(&[
+        "--runtime",
+        "host",
+        "--check",
+        "--report-json",
+        json.to_str().unwrap(),
+        "--data-dir",
+        data.path().to_str().unwrap(),
+    ]);
+    let stdout = text(&out.stdout);
+    let r = report(&json);
+    check_report(&r, &["host"], &stdout);
+    assert_eq!(r["data_dir"].as_str(), data.path().to_str());
+    // --check: exit 1 exactly when a target was missed.
+    let want = if r["targets_met"] == true { 0 } else { 1 };
+    assert_eq!(
+        out.status.code(),
+        Some(want),
+        "{stdout}\n{}",
+        text(&out.stderr)
+    );
+    // Nothing of the bench is left in the data directory: no workspace, no record.
+    let left: Vec<_> = std::fs::read_dir(data.path().join("workspaces"))
+        .unwrap()
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    let list = Command::new(env!("CARGO_BIN_EXE_sessionbox"))
+        .args([
+            "--data-dir",
+            data.path().to_str().unwrap(),
+            "--runtime",
+            "host",
+        ])
+        .args(["conversations", "--all-tenants"])
+        .output()
+        .unwrap();
+    assert!(list.status.success(), "{}", text(&list.stderr));
+    assert_eq!(
+        text(&list.stdout).lines().count(),
+        1,
+        "{}",
+        text(&list.stdout)
+    );
+}
+
+#[test]
+fn a_data_dir_too_long_for_the_isolated_runtime_is_refused_up_front() {
+    let data = tempfile::tempdir().unwrap();
+    let long = data.path().join("a".repeat(40));
+    let out = bench(&[
+        "--runtime",
+        "isolated",
+        "--data-dir",
+        long.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("at most 27 bytes"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!long.exists(), "the bench created {}", long.display());
+}
