@@ -6,7 +6,10 @@
 //!    the execs it is compared with see the machine in the same state.
 //! 2. For each runtime (`isolated` and `host` unless `--runtime` names one):
 //!    - cold start: open a NEW conversation through the manager and run `true` in it (create to
-//!      first exec); its close and destroy are not timed;
+//!      first exec); its close and destroy are not timed, nor a pause before each (100 ms by
+//!      default: new conversations do not arrive back to back, and a launch after a pause pays
+//!      an RCU grace period in its first cgroup migration that back-to-back launches mostly
+//!      skip);
 //!    - warm exec: `true` on an open conversation, N times, after a short warm-up;
 //!    - warm file write + read of a 4 KiB file, N times;
 //!    - for `isolated`, the resident memory of the agent of that warm conversation and of its
@@ -82,6 +85,11 @@ pub struct BenchArgs {
     /// Cold starts (new conversations) per runtime.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     cold_iterations: u32,
+    /// Pause before each cold start, untimed, in milliseconds. New conversations do not arrive
+    /// back to back: after a pause the kernel's first cgroup migration waits for an RCU grace
+    /// period, which back-to-back cold starts mostly skip (0 measures that best case).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    cold_pause_ms: u64,
     /// Write the report as JSON here.
     #[arg(long, value_name = "PATH")]
     report_json: Option<PathBuf>,
@@ -205,6 +213,7 @@ struct Bench {
     warm: usize,
     warmup: usize,
     cold: usize,
+    cold_pause: Duration,
     progress: indicatif::ProgressBar,
     /// Cgroup directories of every sandbox seen, checked to be gone at the end.
     cgroups: BTreeSet<PathBuf>,
@@ -338,6 +347,7 @@ pub async fn run(
         warm,
         warmup,
         cold,
+        cold_pause: Duration::from_millis(args.cold_pause_ms),
         progress,
         cgroups: BTreeSet::new(),
     };
@@ -404,7 +414,7 @@ pub async fn run(
         "duration_ms": t0.elapsed().as_millis() as u64,
         "build_profile": profile,
         "environment": env,
-        "iterations": {"warm": warm, "warmup": warmup, "cold": cold},
+        "iterations": {"warm": warm, "warmup": warmup, "cold": cold, "cold_pause_ms": args.cold_pause_ms},
         "runtimes": kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
         "data_dir": if temp.is_some() { Value::Null } else { json!(data_dir) },
         "tenant": bench.tenant.as_str(),
@@ -512,6 +522,7 @@ async fn measure(
     for i in 0..b.cold {
         let conv = b.conversation(&format!("cold-{i:05}"))?;
         created.push(conv.clone());
+        tokio::time::sleep(b.cold_pause).await;
         let t = Instant::now();
         let s = manager.open(&conv).await?;
         let opened = ms(t);
@@ -946,10 +957,11 @@ fn markdown(r: &Value) -> String {
     );
     let _ = writeln!(
         s,
-        "- {} warm iterations (after {} warm-up), {} cold starts per runtime; runtimes: {}",
+        "- {} warm iterations (after {} warm-up), {} cold starts per runtime {} ms apart; runtimes: {}",
         it["warm"],
         it["warmup"],
         it["cold"],
+        it["cold_pause_ms"],
         r["runtimes"]
             .as_array()
             .map(|a| a

@@ -79,6 +79,11 @@ fn check_report(r: &Value, runtimes: &[&str], stdout: &str) {
     );
     assert_eq!(r["iterations"]["warm"].as_u64(), Some(WARM));
     assert_eq!(r["iterations"]["cold"].as_u64(), Some(COLD));
+    assert!(
+        r["iterations"]["cold_pause_ms"].as_u64().is_some(),
+        "{}",
+        r["iterations"]
+    );
     let listed: Vec<&str> = r["runtimes"]
         .as_array()
         .expect("runtimes")
@@ -247,6 +252,8 @@ fn bench_in_a_given_data_dir_leaves_nothing_and_check_follows_the_targets() {
     let out = bench(&[
         "--runtime",
         "host",
+        "--cold-pause-ms",
+        "0",
         "--check",
         "--report-json",
         json.to_str().unwrap(),
@@ -257,6 +264,7 @@ fn bench_in_a_given_data_dir_leaves_nothing_and_check_follows_the_targets() {
     let r = report(&json);
     check_report(&r, &["host"], &stdout);
     assert_eq!(r["data_dir"].as_str(), data.path().to_str());
+    assert_eq!(r["iterations"]["cold_pause_ms"].as_u64(), Some(0));
     // --check: exit 1 exactly when a target was missed.
     let want = if r["targets_met"] == true { 0 } else { 1 };
     assert_eq!(
