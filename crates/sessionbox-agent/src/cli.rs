@@ -43,6 +43,10 @@ pub struct Cli {
     /// Exit cleanly after this many seconds with no request and no running command (0: never).
     #[arg(long, value_name = "SECS", default_value_t = 0)]
     pub idle_timeout: u64,
+    /// File-operation limits as JSON (`sessionbox_core::Limits`; absent fields keep their
+    /// defaults), e.g. '{"max_file_bytes": 1048576}'.
+    #[arg(long, value_name = "JSON")]
+    pub limits: Option<String>,
 }
 
 impl Cli {
@@ -91,6 +95,10 @@ impl Cli {
         config.token = token.map(AccessToken::new);
         config.idle_timeout =
             (self.idle_timeout > 0).then(|| Duration::from_secs(self.idle_timeout));
+        if let Some(json) = &self.limits {
+            config.limits = serde_json::from_str(json)
+                .map_err(|e| Error::InvalidRequest(format!("--limits: {e}")))?;
+        }
         Ok(config)
     }
 }

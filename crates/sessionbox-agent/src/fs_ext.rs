@@ -13,10 +13,19 @@ use sessionbox_execd::fs_ext::{FS_ERROR_PREFIX, FsRequest, FsResponse};
 use sessionbox_execd::types::ErrorResponse;
 use sessionbox_fs::Workspace;
 
-use crate::server::{AppState, json_body};
+use crate::server::{AppState, parse_json, read_body};
 
 pub(crate) async fn fs(State(state): State<Arc<AppState>>, req: Request) -> Response {
-    let request: FsRequest = match json_body(&state, req).await {
+    // A write carries a whole file, base64: allow the largest file the limits allow.
+    let limit = usize::try_from(state.config.limits.max_file_bytes)
+        .unwrap_or(usize::MAX)
+        .saturating_mul(4)
+        / 3
+        + 64 * 1024;
+    let request: FsRequest = match read_body(req, limit.max(state.config.max_request_bytes))
+        .await
+        .and_then(|b| parse_json(&b))
+    {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };

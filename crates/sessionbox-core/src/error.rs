@@ -112,9 +112,23 @@ impl Error {
     /// use sessionbox_core::Error;
     /// let e = Error::from_code("outside_workspace", "path \"../x\" is outside the workspace");
     /// assert_eq!(e.code(), "outside_workspace");
+    /// let e = Error::from_code("conflict", "conflict: `old` occurs 2 times");
+    /// assert_eq!(e.to_string(), "conflict: `old` occurs 2 times");
     /// ```
     pub fn from_code(code: &str, message: &str) -> Self {
-        let m = message.to_owned();
+        // The text is the remote error's Display, which already starts with the kind ("conflict:
+        // ..."): keep it once.
+        let m = [
+            "invalid request: ",
+            "not found: ",
+            "already exists: ",
+            "conflict: ",
+            "backend error: ",
+        ]
+        .iter()
+        .find_map(|p| message.strip_prefix(p))
+        .unwrap_or(message)
+        .to_owned();
         match code {
             "invalid_id" | "invalid_request" => Error::InvalidRequest(m),
             "invalid_path" => Error::InvalidPath {

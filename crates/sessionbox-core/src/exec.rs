@@ -106,7 +106,7 @@ impl ExecRequest {
                 "the command contains a NUL byte".into(),
             ));
         }
-        if self.timeout.is_zero() || self.timeout > MAX_TIMEOUT {
+        if self.timeout < Duration::from_millis(1) || self.timeout > MAX_TIMEOUT {
             return Err(Error::InvalidRequest(format!(
                 "the timeout must be between 1 ms and {} s",
                 MAX_TIMEOUT.as_secs()
@@ -252,6 +252,7 @@ mod tests {
             ExecRequest::new("   "),
             ExecRequest::new("a\0b"),
             ExecRequest::new("true").timeout(Duration::ZERO),
+            ExecRequest::new("true").timeout(Duration::from_micros(100)),
             ExecRequest::new("true").timeout(MAX_TIMEOUT + Duration::from_millis(1)),
             ExecRequest::new("true").output_limit(0),
             ExecRequest::new("true").output_limit(MAX_OUTPUT_LIMIT + 1),

@@ -18,14 +18,24 @@
 //! with more than one hard link, and never follow a final-component link that leads out.
 //! Directory walks (`list`, `glob`, `grep`, recursive `remove`) never follow links.
 //!
+//! [`remove_tree`] removes a directory tree (a conversation's workspace, on `destroy`) and
+//! recursive [`Workspace::remove`] uses the same walk: it never follows a link, never enters a
+//! mount point, and holds a bounded number of descriptors whatever the depth, so a command that
+//! builds a tree deeper than the descriptor limit cannot make it impossible to remove.
+//!
 //! Everything here is synchronous; async callers use `spawn_blocking`. [`Workspace`] is
 //! `Send + Sync` and every method takes `&self`. It needs Linux 5.6 or later (`openat2`).
 //!
 //! Error messages name workspace-relative paths, never the host path of the workspace.
 
 mod resolve;
+mod tree;
 mod walk;
 mod write;
+
+pub use tree::remove_tree;
+
+pub use walk::{check_glob, check_grep};
 
 use std::fs::File;
 use std::io::Read;
@@ -313,11 +323,13 @@ impl Workspace {
     }
 
     /// Removes a file, a link (the link itself, never its target) or a directory (`recursive`
-    /// for a non-empty one; the recursive walk never follows links).
+    /// for a non-empty one). The recursive walk is [`remove_tree`]'s: it never follows links,
+    /// never enters a mount point, and holds a bounded number of descriptors whatever the depth.
     ///
     /// # Errors
-    /// Path policy errors; [`Error::Conflict`] for the root or a non-empty directory without
-    /// `recursive`; [`Error::OutsideWorkspace`] when a parent component is a link that leads
+    /// Path policy errors; [`Error::Conflict`] for the root, a non-empty directory without
+    /// `recursive`, a mount point inside the directory, or entries that kept appearing while it
+    /// was removed; [`Error::OutsideWorkspace`] when a parent component is a link that leads
     /// out; [`Error::NotFound`].
     pub fn remove(&self, path: &str, recursive: bool) -> Result<()> {
         let rel = self.resolve(path)?;

@@ -22,7 +22,7 @@ use crate::resolve::{
     RESOLVE, RESOLVE_NO_LINKS, ensure_dirs, io_error, open_beneath, open_parent, resolve_error,
     stat_mtime, stat_size,
 };
-use crate::{Workspace, errno_of, kind_of};
+use crate::{Workspace, errno_of, kind_of, tree};
 
 /// Bytes inspected for a NUL to call a file binary.
 const BINARY_PROBE: usize = 8 * 1024;
@@ -179,6 +179,10 @@ fn lossy(b: &[u8]) -> String {
 /// Normalises a glob pattern: no `..` component; an absolute pattern must lie inside the
 /// presented root, which is stripped; `.` and empty components are dropped.
 fn normalize_pattern(ws: &Workspace, pattern: &str) -> Result<String> {
+    normalize_pattern_in(ws.presented_root(), pattern)
+}
+
+fn normalize_pattern_in(presented_root: &str, pattern: &str) -> Result<String> {
     if pattern.is_empty() {
         return Err(Error::InvalidRequest("the glob pattern is empty".into()));
     }
@@ -188,7 +192,7 @@ fn normalize_pattern(ws: &Workspace, pattern: &str) -> Result<String> {
             reason: "a glob pattern may not contain a '..' component".into(),
         });
     }
-    let rel = ws.resolve(pattern)?;
+    let rel = WorkspacePath::resolve(presented_root, pattern)?;
     if rel.is_root() {
         return Err(Error::InvalidRequest(format!(
             "the glob pattern {pattern:?} names the workspace root; use for example \"**/*\""
@@ -204,6 +208,38 @@ fn compile_glob(pattern: &str) -> Result<GlobMatcher> {
         .build()
         .map(|g| g.compile_matcher())
         .map_err(|e| Error::InvalidRequest(format!("invalid glob pattern: {e}")))
+}
+
+/// Checks a glob pattern as [`Workspace::glob`] would, without a workspace, so a front end can
+/// refuse bad input before it opens (and so creates) a conversation.
+///
+/// # Errors
+/// As [`Workspace::glob`] for the pattern: empty, a `..` component, outside the root, or not a
+/// valid glob.
+pub fn check_glob(presented_root: &str, pattern: &str) -> Result<()> {
+    compile_glob(&normalize_pattern_in(presented_root, pattern)?).map(drop)
+}
+
+/// Checks a search as [`Workspace::grep`] would, without a workspace (see [`check_glob`]).
+///
+/// # Errors
+/// An invalid regular expression, glob filter or path.
+pub fn check_grep(presented_root: &str, req: &GrepRequest) -> Result<()> {
+    compile_regex(req)?;
+    if let Some(g) = &req.glob {
+        check_glob(presented_root, g)?;
+    }
+    if let Some(p) = &req.path {
+        WorkspacePath::resolve(presented_root, p)?;
+    }
+    Ok(())
+}
+
+fn compile_regex(req: &GrepRequest) -> Result<regex::bytes::Regex> {
+    regex::bytes::RegexBuilder::new(&req.pattern)
+        .case_insensitive(req.case_insensitive)
+        .build()
+        .map_err(|e| Error::InvalidRequest(format!("invalid regular expression: {e}")))
 }
 
 /// See [`Workspace::glob`].
@@ -246,10 +282,7 @@ pub(crate) fn glob(ws: &Workspace, pattern: &str) -> Result<Vec<String>> {
 
 /// See [`Workspace::grep`].
 pub(crate) fn grep(ws: &Workspace, req: &GrepRequest) -> Result<Vec<GrepMatch>> {
-    let re = regex::bytes::RegexBuilder::new(&req.pattern)
-        .case_insensitive(req.case_insensitive)
-        .build()
-        .map_err(|e| Error::InvalidRequest(format!("invalid regular expression: {e}")))?;
+    let re = compile_regex(req)?;
     let filter = match &req.glob {
         Some(g) => Some(compile_glob(&normalize_pattern(ws, g)?)?),
         None => None,
@@ -417,69 +450,17 @@ pub(crate) fn remove(ws: &Workspace, rel: &WorkspacePath, recursive: bool) -> Re
             e => io_error(e, "remove", shown),
         });
     }
-    remove_tree(dir.as_fd(), name, shown)
-}
-
-/// Removes the directory `name` in `parent` and everything below it. Each directory is opened
-/// with one component relative to its parent's descriptor and `RESOLVE_NO_SYMLINKS`; links are
-/// unlinked, never followed. One descriptor is held per level.
-fn remove_tree(parent: BorrowedFd<'_>, name: &str, shown: &str) -> Result<()> {
-    struct Frame {
-        fd: OwnedFd,
-        name: CString,
-        pending: Vec<(CString, FileType)>,
-    }
-    let err = |e: Errno| io_error(e, "remove", shown);
-    let open = |dir: BorrowedFd<'_>, name: CString| -> rustix::io::Result<Frame> {
-        let fd = open_beneath(
-            dir,
-            name.as_c_str(),
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            RESOLVE_NO_LINKS,
-        )?;
-        let pending = read_entries(&fd, usize::MAX)?.unwrap_or_default();
-        Ok(Frame { fd, name, pending })
-    };
-    let name = CString::new(name).map_err(|_| Error::InvalidPath {
+    let cname = CString::new(name).map_err(|_| Error::InvalidPath {
         path: shown.to_owned(),
         reason: "the path contains a NUL byte".into(),
     })?;
-    let mut stack = vec![open(parent, name).map_err(err)?];
-    loop {
-        let Some(top) = stack.last_mut() else {
-            return Ok(());
-        };
-        if let Some((child, ft)) = top.pending.pop() {
-            let dir = top.fd.as_fd();
-            if ft == FileType::Directory {
-                match open(dir, child.clone()) {
-                    Ok(frame) => stack.push(frame),
-                    Err(Errno::NOENT) => {}
-                    // Replaced by a file or a link since it was listed: unlink that.
-                    Err(Errno::NOTDIR | Errno::LOOP) => {
-                        unlink_ok_if_gone(dir, &child, AtFlags::empty()).map_err(err)?
-                    }
-                    Err(e) => return Err(err(e)),
-                }
-            } else {
-                unlink_ok_if_gone(dir, &child, AtFlags::empty()).map_err(err)?;
-            }
-        } else {
-            let done = stack.pop().expect("the stack is not empty");
-            let dir = stack.last().map(|f| f.fd.as_fd()).unwrap_or(parent);
-            unlink_ok_if_gone(dir, &done.name, AtFlags::REMOVEDIR).map_err(err)?;
-        }
-    }
-}
-
-fn unlink_ok_if_gone(
-    dir: BorrowedFd<'_>,
-    name: &CString,
-    flags: AtFlags,
-) -> rustix::io::Result<()> {
-    match rustix::fs::unlinkat(dir, name.as_c_str(), flags) {
-        Err(Errno::NOENT) => Ok(()),
-        r => r,
+    match tree::remove_at(dir.as_fd(), &cname, tree::Top::SameMount) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(Error::NotFound(shown.to_owned())),
+        Err(Errno::XDEV) => Err(Error::Conflict(format!(
+            "{shown} contains a mount point; it was not entered"
+        ))),
+        Err(e) => Err(io_error(e, "remove", shown)),
     }
 }
 

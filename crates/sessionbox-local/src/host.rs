@@ -58,15 +58,27 @@ impl HostRuntime {
     /// # Errors
     /// [`Error::Backend`] when the directory cannot be created.
     pub fn new(config: HostConfig) -> Result<Self> {
-        let workspaces = config.data_dir.join("workspaces");
+        let workspaces = Self::workspaces_dir(&config.data_dir)?;
         create_private_dir_all(&workspaces)?;
-        let workspaces = std::fs::canonicalize(&workspaces)
-            .map_err(|e| Error::Backend(format!("cannot resolve {}: {e}", workspaces.display())))?;
         Ok(HostRuntime {
             workspaces,
             limits: config.limits,
             kill_grace: config.kill_grace,
         })
+    }
+
+    /// The workspace of `key` under `data_dir` as this runtime presents it (an absolute path),
+    /// computed without touching the file system, so a front end can check paths before
+    /// anything is created.
+    pub fn workspace_path(data_dir: &Path, key: &ConversationKey) -> PathBuf {
+        Self::workspaces_dir(data_dir)
+            .unwrap_or_else(|_| data_dir.join("workspaces"))
+            .join(key.as_str())
+    }
+
+    fn workspaces_dir(data_dir: &Path) -> Result<PathBuf> {
+        std::path::absolute(data_dir.join("workspaces"))
+            .map_err(|e| Error::Backend(format!("cannot resolve {}: {e}", data_dir.display())))
     }
 
     fn dir_of(&self, key: &ConversationKey) -> PathBuf {

@@ -34,6 +34,8 @@ use crate::sandbox::{self, SandboxLimits, SandboxSpec, SandboxStdio};
 
 /// The workspace as commands in the sandbox see it.
 pub const WORKSPACE: &str = "/workspace";
+/// How long a running agent has to answer a liveness ping.
+const PING_TIMEOUT: Duration = Duration::from_secs(2);
 /// Where the `sessionbox` binary is bound inside the sandbox.
 const AGENT_EXE: &str = "/.sessionbox/sessionbox";
 
@@ -79,6 +81,19 @@ struct SandboxRecord {
     monitor_pid: u32,
     init_pid: u32,
     cgroups: Vec<PathBuf>,
+    /// When it was launched, in milliseconds since the Unix epoch.
+    #[serde(default)]
+    launched_ms: u64,
+}
+
+/// A sandbox launched less than this long ago is starting, not hung: it is given time to answer
+/// rather than replaced.
+const STARTING_GRACE: Duration = Duration::from_secs(10);
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The `isolated` runtime. See the module documentation.
@@ -130,15 +145,23 @@ impl IsolatedRuntime {
         self.run.join(key.as_str())
     }
 
-    /// Finds the conversation's running agent or launches one; returns the socket path.
-    fn ensure_agent(&self, key: &ConversationKey) -> Result<PathBuf> {
+    /// Finds the conversation's running agent or launches one; returns the socket path and
+    /// whether this call launched it. With `replace`, an agent that accepts connections but did
+    /// not answer a ping (stopped, wedged) is ended and replaced, unless it was launched moments
+    /// ago (then it is starting).
+    fn ensure_agent(&self, key: &ConversationKey, replace: bool) -> Result<(PathBuf, bool)> {
         let run = self.run_dir(key);
         create_private_dir_all(&run)?;
         let socket = run.join("agent.sock");
         let lock = lock_file(&run.join("lock"))?;
         if agent_answers(&socket) {
-            drop(lock);
-            return Ok(socket);
+            let starting = read_record(&run).is_some_and(|r| {
+                now_ms().saturating_sub(r.launched_ms) < STARTING_GRACE.as_millis() as u64
+            });
+            if !replace || starting {
+                drop(lock);
+                return Ok((socket, starting));
+            }
         }
         // Nothing answers: end whatever is left of an earlier sandbox, then launch.
         kill_recorded(&run);
@@ -171,6 +194,8 @@ impl IsolatedRuntime {
             WORKSPACE.to_owned(),
             "--idle-timeout".to_owned(),
             self.config.idle_timeout.as_secs().max(1).to_string(),
+            "--limits".to_owned(),
+            serde_json::to_string(&self.config.limits).map_err(Error::backend)?,
         ]);
         spec.env = vec![("SESSIONBOX_LOG".to_owned(), "warn".to_owned())];
         let log = std::fs::OpenOptions::new()
@@ -189,6 +214,7 @@ impl IsolatedRuntime {
             monitor_pid: handle.monitor_pid(),
             init_pid: handle.pid(),
             cgroups: handle.cgroup_paths(),
+            launched_ms: now_ms(),
         };
         write_atomic(
             &run.join("sandbox.json"),
@@ -196,9 +222,22 @@ impl IsolatedRuntime {
         )?;
         // The sandbox outlives this handle (and this process): it is found again through
         // sandbox.json and ends itself when idle.
+        let monitor = handle.monitor_pid();
         std::mem::forget(handle);
+        // The monitor is this process's child: collect it when the sandbox ends on its own
+        // (idle stop, crash), so that a long-lived manager does not keep one zombie per
+        // sandbox that ended.
+        let _ = std::thread::Builder::new()
+            .name("sandbox-reaper".into())
+            .stack_size(64 * 1024)
+            .spawn(move || {
+                if let Some(pid) = rustix::process::Pid::from_raw(monitor as i32) {
+                    let _ =
+                        rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
+                }
+            });
         drop(lock);
-        Ok(socket)
+        Ok((socket, true))
     }
 }
 
@@ -339,31 +378,48 @@ impl Runtime for IsolatedRuntime {
     }
 
     async fn open(&self, conversation: &ConversationRef) -> Result<Box<dyn Session>> {
-        let this = self.clone();
         let key = conversation.key.clone();
-        let socket = blocking(move || this.ensure_agent(&key)).await?;
-        let client = ExecdClient::builder(sessionbox_execd::Endpoint::Unix(socket))
-            .request_timeout(Some(Duration::from_secs(60)))
-            .build()
-            .map_err(Error::from)?;
-        // The first request waits until the agent accepts (it may still be starting).
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut replace = false;
         loop {
-            match client.ping().await {
-                Ok(()) => break,
-                Err(e) if Instant::now() >= deadline => {
-                    return Err(Error::Backend(format!(
-                        "the sandbox agent did not answer: {e}; see {}",
-                        self.run_dir(&conversation.key).join("agent.log").display()
-                    )));
+            let this = self.clone();
+            let k = key.clone();
+            let (socket, launched) = blocking(move || this.ensure_agent(&k, replace)).await?;
+            let endpoint = sessionbox_execd::Endpoint::Unix(socket);
+            // A short deadline for the liveness ping: an agent that accepts but does not answer
+            // (stopped by a signal, wedged) is replaced instead of hanging every call.
+            let probe = ExecdClient::builder(endpoint.clone())
+                .request_timeout(Some(PING_TIMEOUT))
+                .build()
+                .map_err(Error::from)?;
+            let deadline = Instant::now() + STARTING_GRACE;
+            let answered = loop {
+                match probe.ping().await {
+                    Ok(()) => break true,
+                    Err(_) if launched && Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                    Err(_) => break false,
                 }
-                Err(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+            };
+            if answered {
+                let client = ExecdClient::builder(endpoint)
+                    .request_timeout(Some(Duration::from_secs(120)))
+                    .build()
+                    .map_err(Error::from)?;
+                return Ok(Box::new(IsolatedSession {
+                    key,
+                    client,
+                    runtime: self.clone(),
+                }));
             }
+            if launched || replace {
+                return Err(Error::Backend(format!(
+                    "the sandbox agent did not answer; see {}",
+                    self.run_dir(&key).join("agent.log").display()
+                )));
+            }
+            replace = true;
         }
-        Ok(Box::new(IsolatedSession {
-            key: conversation.key.clone(),
-            client,
-        }))
     }
 
     async fn destroy(&self, key: &ConversationKey) -> Result<DestroyReport> {
@@ -430,11 +486,44 @@ impl Runtime for IsolatedRuntime {
 struct IsolatedSession {
     key: ConversationKey,
     client: ExecdClient,
+    /// Launches the agent again when it stopped (idle timeout, crash) while this session was
+    /// held.
+    runtime: IsolatedRuntime,
 }
 
 impl IsolatedSession {
     async fn fs(&self, request: FsRequest) -> Result<FsResponse> {
-        self.client.fs(&request).await.map_err(Error::from)
+        self.relaunching(|| self.client.fs(&request)).await
+    }
+
+    /// Runs `call`. When nothing accepts the connection, the request reached no agent (it
+    /// stopped while this session was held): launch it again, unless the conversation was
+    /// destroyed meanwhile, and retry once.
+    async fn relaunching<T, F>(&self, call: impl Fn() -> F) -> Result<T>
+    where
+        F: std::future::Future<Output = std::result::Result<T, sessionbox_execd::ExecdError>>,
+    {
+        match call().await {
+            // Nothing accepted the connection, or a pooled connection was closed under the
+            // request because the agent exited (idle stop) just then: in both cases the agent
+            // never took the request.
+            Err(
+                e @ (sessionbox_execd::ExecdError::Connect { .. }
+                | sessionbox_execd::ExecdError::Transport { .. }),
+            ) if self.runtime.workspace_dir(&self.key).is_dir() => {
+                let socket = self.runtime.run_dir(&self.key).join("agent.sock");
+                if matches!(e, sessionbox_execd::ExecdError::Transport { .. })
+                    && agent_answers(&socket)
+                {
+                    return Err(Error::from(e));
+                }
+                let runtime = self.runtime.clone();
+                let key = self.key.clone();
+                blocking(move || runtime.ensure_agent(&key, false)).await?;
+                call().await.map_err(Error::from)
+            }
+            r => r.map_err(Error::from),
+        }
     }
 }
 
@@ -470,7 +559,7 @@ impl Session for IsolatedSession {
         if let Some(stdin) = &request.stdin {
             run = run.stdin(stdin.clone());
         }
-        let out = self.client.run_command(&run).await.map_err(Error::from)?;
+        let out = self.relaunching(|| self.client.run_command(&run)).await?;
         if let (None, Some(e)) = (out.exit_code, &out.error) {
             if out.signal.is_none() && !out.timed_out {
                 return Err(Error::Backend(format!(

@@ -125,6 +125,19 @@ impl Manager {
     }
 
     async fn destroy_inner(&self, key: &ConversationKey) -> Result<DestroyOutcome> {
+        // A conversation is destroyed by the runtime that holds it: another runtime would remove
+        // the record and leave the sandbox running.
+        let store = self.store.clone();
+        let k = key.clone();
+        if let Some(record) = blocking(move || store.get(&k)).await? {
+            let ours = self.runtime.info().name;
+            if record.runtime != ours {
+                return Err(Error::Conflict(format!(
+                    "conversation {} belongs to the {} runtime; destroy it with --runtime {}",
+                    record.conversation_id, record.runtime, record.runtime
+                )));
+            }
+        }
         let runtime = self.runtime.destroy(key).await?;
         let store = self.store.clone();
         let k = key.clone();

@@ -103,3 +103,22 @@ async fn a_conversation_resumes_its_files_after_close() {
     assert!(!s.created());
     assert_eq!(s.read("a.txt").await.unwrap(), b"kept");
 }
+
+#[tokio::test]
+async fn destroy_through_another_runtime_is_refused_and_removes_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let store = Store::open(&d.path().join("sessionbox.db")).unwrap();
+    let conv = ConversationRef::parse("default", "owned").unwrap();
+    // Recorded as belonging to `isolated`; this manager serves `host`.
+    store
+        .get_or_create(&conv, "isolated", chrono::Utc::now())
+        .unwrap();
+    let m = Manager::new(
+        store,
+        Arc::new(HostRuntime::new(HostConfig::new(d.path())).unwrap()),
+    );
+    let err = m.destroy(&conv).await.unwrap_err();
+    assert_eq!(err.code(), "conflict");
+    assert!(err.to_string().contains("--runtime isolated"), "{err}");
+    assert_eq!(m.list(None).await.unwrap().len(), 1);
+}

@@ -277,10 +277,22 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         return Ok(doctor::run(kind));
     }
 
-    // Validate the conversation id before anything is created.
+    // Validate every input before anything is created.
     let conversation = match command_conversation(&cli.command) {
         Some(id) => Some(ConversationRef::new(tenant.clone(), id.parse()?)),
         None => None,
+    };
+    let prepared = match &conversation {
+        Some(conv) if !matches!(cli.command, Command::Destroy { .. }) => {
+            let root = match kind {
+                RuntimeKind::Isolated => sessionbox_local::isolated::WORKSPACE.to_owned(),
+                RuntimeKind::Host => HostRuntime::workspace_path(&data_dir, &conv.key)
+                    .to_string_lossy()
+                    .into_owned(),
+            };
+            Some(prepare(&root, &cli.command)?)
+        }
+        _ => None,
     };
 
     let store = Store::open(&data_dir.join("sessionbox.db"))?;
@@ -380,7 +392,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         command => {
             let conv = conversation.expect("every other subcommand names a conversation");
-            session_command(&ctx, &conv, command).await
+            let prepared = prepared.expect("prepared with the conversation");
+            session_command(&ctx, &conv, command, prepared).await
         }
     }
 }
@@ -407,21 +420,76 @@ fn command_conversation(c: &Command) -> Option<&str> {
 }
 
 /// Checks every input of `command` that can be checked before the conversation is opened.
-fn precheck(ctx: &App, conv: &ConversationRef, command: &Command) -> anyhow::Result<()> {
-    let check = |p: &str| ctx.manager.check_path(conv, p).map(|_| ());
+/// What a session command needs, built and checked before anything is created.
+struct Prepared {
+    exec: Option<ExecRequest>,
+    write_data: Option<Vec<u8>>,
+}
+
+/// Checks every input of `command` against the workspace root as the runtime presents it, and
+/// reads what it needs from stdin. Runs before the store or the runtime exists, so bad input
+/// creates nothing (not even the data directory).
+fn prepare(root: &str, command: &Command) -> anyhow::Result<Prepared> {
+    let check = |p: &str| sessionbox_core::WorkspacePath::resolve(root, p).map(|_| ());
     match command {
         Command::Exec { cwd: Some(cwd), .. } => check(cwd)?,
         Command::Write { path, .. }
         | Command::Read { path, .. }
-        | Command::Edit { path, .. }
         | Command::Ls { path, .. }
         | Command::Stat { path, .. }
         | Command::Rm { path, .. }
         | Command::Mkdir { path, .. } => check(path)?,
-        Command::Grep { path: Some(p), .. } => check(p)?,
+        Command::Edit { path, old, .. } => {
+            check(path)?;
+            if old.is_empty() {
+                return Err(UsageError("--old must not be empty".into()).into());
+            }
+        }
+        Command::Glob { pattern, .. } => sessionbox_fs::check_glob(root, pattern)?,
+        Command::Grep { .. } => sessionbox_fs::check_grep(root, &grep_request(command))?,
         _ => {}
     }
-    Ok(())
+    let exec = match command {
+        Command::Exec {
+            cwd,
+            timeout,
+            env,
+            stdin,
+            command,
+            ..
+        } => Some(exec_request(command, cwd.clone(), *timeout, env, *stdin)?),
+        _ => None,
+    };
+    let write_data = match command {
+        Command::Write { .. } => {
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .context("cannot read stdin")?;
+            Some(buf)
+        }
+        _ => None,
+    };
+    Ok(Prepared { exec, write_data })
+}
+
+fn grep_request(command: &Command) -> GrepRequest {
+    match command {
+        Command::Grep {
+            pattern,
+            path,
+            glob,
+            ignore_case,
+            ..
+        } => {
+            let mut req = GrepRequest::new(pattern.clone());
+            req.path = path.clone();
+            req.glob = glob.clone();
+            req.case_insensitive = *ignore_case;
+            req
+        }
+        _ => unreachable!("only called for grep"),
+    }
 }
 
 fn exec_request(
@@ -463,38 +531,10 @@ async fn session_command(
     ctx: &App,
     conv: &ConversationRef,
     command: Command,
+    prepared: Prepared,
 ) -> anyhow::Result<ExitCode> {
-    precheck(ctx, conv, &command)?;
-    // Build (and validate) everything before opening, so bad input creates nothing.
-    let exec = match &command {
-        Command::Exec {
-            cwd,
-            timeout,
-            env,
-            stdin,
-            command,
-            ..
-        } => Some(exec_request(command, cwd.clone(), *timeout, env, *stdin)?),
-        _ => None,
-    };
-    let write_data = match &command {
-        Command::Write { .. } => {
-            let mut buf = Vec::new();
-            std::io::stdin()
-                .read_to_end(&mut buf)
-                .context("cannot read stdin")?;
-            Some(buf)
-        }
-        _ => None,
-    };
-    if let Command::Edit { old, .. } = &command
-        && old.is_empty()
-    {
-        return Err(UsageError("--old must not be empty".into()).into());
-    }
-
     let session = ctx.manager.open(conv).await?;
-    let result = run_on_session(&session, command, exec, write_data).await;
+    let result = run_on_session(&session, command, prepared.exec, prepared.write_data).await;
     let closed = Box::new(session).close().await;
     let code = result?;
     closed?;
@@ -592,17 +632,8 @@ async fn run_on_session(
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Grep {
-            pattern,
-            path,
-            glob,
-            ignore_case,
-            ..
-        } => {
-            let mut req = GrepRequest::new(pattern);
-            req.path = path;
-            req.glob = glob;
-            req.case_insensitive = ignore_case;
+        command @ Command::Grep { .. } => {
+            let req = grep_request(&command);
             let matches = s.grep(&req).await?;
             for m in &matches {
                 writeln!(out, "{}:{}:{}", m.path, m.line_number, m.line)?;

@@ -427,3 +427,43 @@ fn doctor_reports_every_sandbox_layer_enforced_here() {
     }
     assert!(!report.contains("MISSING"), "{report}");
 }
+
+#[test]
+fn invalid_input_creates_not_even_the_data_directory() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("never");
+    let cases: &[&[&str]] = &[
+        &["exec", "-c", "ok", "--timeout", "0", "--", "true"],
+        &["exec", "-c", "ok", "--timeout", "0.0001", "--", "true"],
+        &["exec", "-c", "ok", "--timeout", "nan", "--", "true"],
+        &["exec", "-c", "ok", "-e", "=x", "--", "true"],
+        &["exec", "-c", "ok", "--cwd", "../x", "--", "true"],
+        &["grep", "-c", "ok", "("],
+        &["grep", "-c", "ok", "x", "--glob", "["],
+        &["glob", "-c", "ok", ""],
+        &["glob", "-c", "ok", "../x"],
+        &["read", "-c", "ok", "/etc/passwd"],
+        &["edit", "-c", "ok", "a", "--old", "", "--new", "x"],
+    ];
+    for runtime in ["isolated", "host"] {
+        for args in cases {
+            let out = Command::new(env!("CARGO_BIN_EXE_sessionbox"))
+                .arg("--data-dir")
+                .arg(&data)
+                .args(["--runtime", runtime])
+                .args(*args)
+                .output()
+                .unwrap();
+            assert_eq!(
+                out.status.code(),
+                Some(2),
+                "{runtime} {args:?}: {}",
+                text(&out.stderr)
+            );
+            assert!(
+                !data.exists(),
+                "{runtime} {args:?} created the data directory"
+            );
+        }
+    }
+}
