@@ -26,6 +26,7 @@
 //! # Ok::<(), sessionbox_core::Error>(())
 //! ```
 
+mod keys;
 mod schema;
 mod types;
 
@@ -40,6 +41,7 @@ use rusqlite::types::Type;
 use rusqlite::{Connection, ErrorCode, OptionalExtension, Row, TransactionBehavior, params};
 use sessionbox_core::{ConversationKey, ConversationRef, Error, Result, TenantId};
 
+pub use keys::{API_KEY_PREFIX, ApiKeyRecord, NewApiKey};
 pub use schema::SCHEMA_VERSION;
 pub use types::{AuditEntry, AuditFilter, AuditRecord, ConversationRecord, ConversationState};
 

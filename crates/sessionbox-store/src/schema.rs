@@ -42,6 +42,16 @@ const MIGRATIONS: &[&str] = &[
         uid              INTEGER PRIMARY KEY,
         conversation_key TEXT UNIQUE NOT NULL REFERENCES conversations (key) ON DELETE CASCADE
     );",
+    // 3: API keys of the HTTP server: only a hash of each secret is kept.
+    "CREATE TABLE api_keys (
+        id         TEXT PRIMARY KEY NOT NULL,
+        tenant     TEXT NOT NULL,
+        label      TEXT,
+        hash       TEXT NOT NULL CHECK (length(hash) = 64),
+        created_at INTEGER NOT NULL,
+        revoked_at INTEGER
+    );
+    CREATE INDEX api_keys_by_tenant ON api_keys (tenant);",
 ];
 
 /// The schema version this build writes: the number of migrations.

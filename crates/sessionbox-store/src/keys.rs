@@ -1,0 +1,297 @@
+//! API keys of the HTTP server.
+//!
+//! A key is `sbk_<id>_<secret>`: `id` is 16 hex digits naming the key in listings and the audit
+//! log, `secret` 64 hex digits (32 bytes from the kernel's `getrandom`). The whole key is shown
+//! once, when it is made; the store keeps only its SHA-256 (a fast hash is enough for 256 random
+//! bits), and [`Store::verify_api_key`] compares hashes in constant time.
+
+use chrono::{DateTime, Utc};
+use rusqlite::{OptionalExtension, Row, params};
+use serde::{Deserialize, Serialize};
+use sessionbox_core::{Error, Result, TenantId};
+use sha2::{Digest, Sha256};
+
+use crate::{Store, check, sql_error, time};
+
+/// What every API key starts with, so leaked keys are easy to find by scanners.
+pub const API_KEY_PREFIX: &str = "sbk_";
+
+const ID_BYTES: usize = 8;
+const SECRET_BYTES: usize = 32;
+
+/// One API key as stored (without its secret).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiKeyRecord {
+    /// The key's public id (16 hex digits).
+    pub id: String,
+    /// The tenant whose conversations it reaches.
+    pub tenant: TenantId,
+    /// A note for people (who or what uses it).
+    pub label: Option<String>,
+    /// When it was made.
+    pub created_at: DateTime<Utc>,
+    /// When it was revoked; `None` while it is valid.
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+/// A key just made by [`Store::create_api_key`]: the record and the secret, which is not kept.
+#[derive(Debug, Clone)]
+pub struct NewApiKey {
+    /// The stored record.
+    pub record: ApiKeyRecord,
+    /// The whole key, `sbk_<id>_<secret>`. Show it once; it cannot be recovered.
+    pub key: String,
+}
+
+const COLUMNS: &str = "id, tenant, label, created_at, revoked_at";
+
+impl Store {
+    /// Makes an API key for `tenant`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] for a label longer than 200 characters or with control
+    /// characters; [`Error::Backend`] when the kernel gives no random bytes or SQLite fails.
+    pub fn create_api_key(
+        &self,
+        tenant: &TenantId,
+        label: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<NewApiKey> {
+        if let Some(l) = label
+            && (l.chars().count() > 200 || l.chars().any(char::is_control))
+        {
+            return Err(Error::InvalidRequest(
+                "a key label is at most 200 characters, without control characters".into(),
+            ));
+        }
+        let id = hex(&random::<ID_BYTES>()?);
+        let secret = hex(&random::<SECRET_BYTES>()?);
+        let key = format!("{API_KEY_PREFIX}{id}_{secret}");
+        let record = ApiKeyRecord {
+            id,
+            tenant: tenant.clone(),
+            label: label.map(str::to_owned),
+            created_at: DateTime::from_timestamp_millis(now.timestamp_millis()).unwrap_or(now),
+            revoked_at: None,
+        };
+        self.conn()
+            .execute(
+                "INSERT INTO api_keys (id, tenant, label, hash, created_at, revoked_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, NULL)",
+                params![
+                    record.id,
+                    record.tenant.as_str(),
+                    record.label,
+                    hex(&Sha256::digest(key.as_bytes())),
+                    now.timestamp_millis()
+                ],
+            )
+            .map_err(sql_error("store the API key"))?;
+        Ok(NewApiKey { record, key })
+    }
+
+    /// Every API key, revoked ones included, oldest first.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when SQLite fails.
+    pub fn list_api_keys(&self) -> Result<Vec<ApiKeyRecord>> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare(&format!(
+                "SELECT {COLUMNS} FROM api_keys ORDER BY created_at, id"
+            ))
+            .map_err(sql_error("list the API keys"))?;
+        let rows = stmt
+            .query_map([], key_record)
+            .map_err(sql_error("list the API keys"))?;
+        rows.collect::<rusqlite::Result<_>>()
+            .map_err(sql_error("list the API keys"))
+    }
+
+    /// Revokes the key `id`; it is refused from then on. Revoking a revoked key is a no-op.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when there is no such key; [`Error::Backend`].
+    pub fn revoke_api_key(&self, id: &str, now: DateTime<Utc>) -> Result<()> {
+        let conn = self.conn();
+        let n = conn
+            .execute(
+                "UPDATE api_keys SET revoked_at = coalesce(revoked_at, ?2) WHERE id = ?1",
+                params![id, now.timestamp_millis()],
+            )
+            .map_err(sql_error("revoke the API key"))?;
+        if n == 0 {
+            return Err(Error::NotFound(format!("API key {id:?}")));
+        }
+        Ok(())
+    }
+
+    /// True when at least one key is valid (not revoked).
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when SQLite fails.
+    pub fn has_api_keys(&self) -> Result<bool> {
+        self.conn()
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM api_keys WHERE revoked_at IS NULL)",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(sql_error("count the API keys"))
+    }
+
+    /// The record of a presented key when it is valid (known, not revoked); `None` otherwise.
+    /// The hashes are compared in constant time; the key itself is never stored or logged.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when SQLite fails.
+    pub fn verify_api_key(&self, presented: &str) -> Result<Option<ApiKeyRecord>> {
+        let Some(id) = presented
+            .strip_prefix(API_KEY_PREFIX)
+            .and_then(|rest| rest.split_once('_'))
+            .map(|(id, _)| id)
+            .filter(|id| id.len() == 2 * ID_BYTES && id.bytes().all(|b| b.is_ascii_hexdigit()))
+        else {
+            return Ok(None);
+        };
+        let found: Option<(ApiKeyRecord, String)> = self
+            .conn()
+            .query_row(
+                &format!("SELECT {COLUMNS}, hash FROM api_keys WHERE id = ?1"),
+                [id],
+                |r| Ok((key_record(r)?, r.get::<_, String>(5)?)),
+            )
+            .optional()
+            .map_err(sql_error("read the API key"))?;
+        let Some((record, stored)) = found else {
+            return Ok(None);
+        };
+        let hash = hex(&Sha256::digest(presented.as_bytes()));
+        if !constant_time_eq(hash.as_bytes(), stored.as_bytes()) || record.revoked_at.is_some() {
+            return Ok(None);
+        }
+        Ok(Some(record))
+    }
+}
+
+fn key_record(r: &Row<'_>) -> rusqlite::Result<ApiKeyRecord> {
+    Ok(ApiKeyRecord {
+        id: r.get(0)?,
+        tenant: check(1, r.get::<_, String>(1)?.parse())?,
+        label: r.get(2)?,
+        created_at: time(r, 3)?,
+        revoked_at: r
+            .get::<_, Option<i64>>(4)?
+            .map(|_| time(r, 4))
+            .transpose()?,
+    })
+}
+
+/// Equal-length byte strings compared without an early exit.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+fn random<const N: usize>() -> Result<[u8; N]> {
+    let mut buf = [0u8; N];
+    let mut filled = 0;
+    while filled < N {
+        match rustix::rand::getrandom(&mut buf[filled..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => {
+                return Err(Error::Backend(format!(
+                    "the kernel gave no random bytes for an API key: {e}"
+                )));
+            }
+        }
+    }
+    Ok(buf)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_verified_by_hash_until_revoked() {
+        let store = Store::open_in_memory().unwrap();
+        let acme = TenantId::new("acme").unwrap();
+        assert!(!store.has_api_keys().unwrap());
+        let k = store.create_api_key(&acme, Some("ci"), Utc::now()).unwrap();
+        assert!(k.key.starts_with(API_KEY_PREFIX));
+        assert_eq!(k.key.len(), API_KEY_PREFIX.len() + 16 + 1 + 64);
+        assert!(store.has_api_keys().unwrap());
+        assert_eq!(
+            store.verify_api_key(&k.key).unwrap(),
+            Some(k.record.clone())
+        );
+
+        // The secret is not stored.
+        let stored: Vec<String> = {
+            let conn = store.conn();
+            let mut st = conn.prepare("SELECT hash FROM api_keys").unwrap();
+            st.query_map([], |r| r.get(0))
+                .unwrap()
+                .map(|r| r.unwrap())
+                .collect()
+        };
+        assert!(!stored.iter().any(|h| k.key.contains(h.as_str())));
+
+        // One changed character, a truncation, another format: refused.
+        let mut wrong = k.key.clone().into_bytes();
+        let last = wrong.len() - 1;
+        wrong[last] = if wrong[last] == b'0' { b'1' } else { b'0' };
+        let wrong = String::from_utf8(wrong).unwrap();
+        for bad in [
+            wrong.as_str(),
+            &k.key[..k.key.len() - 1],
+            "",
+            "sbk_",
+            "Bearer x",
+            &k.record.id,
+        ] {
+            assert_eq!(store.verify_api_key(bad).unwrap(), None, "{bad}");
+        }
+
+        assert_eq!(store.list_api_keys().unwrap(), vec![k.record.clone()]);
+        store.revoke_api_key(&k.record.id, Utc::now()).unwrap();
+        store.revoke_api_key(&k.record.id, Utc::now()).unwrap();
+        assert_eq!(store.verify_api_key(&k.key).unwrap(), None);
+        assert!(!store.has_api_keys().unwrap());
+        assert!(store.list_api_keys().unwrap()[0].revoked_at.is_some());
+        assert_eq!(
+            store.revoke_api_key("0000", Utc::now()).unwrap_err().code(),
+            "not_found"
+        );
+    }
+
+    #[test]
+    fn keys_are_distinct_and_labels_checked() {
+        let store = Store::open_in_memory().unwrap();
+        let t = TenantId::new("t").unwrap();
+        let a = store.create_api_key(&t, None, Utc::now()).unwrap();
+        let b = store.create_api_key(&t, None, Utc::now()).unwrap();
+        assert_ne!(a.key, b.key);
+        assert_ne!(a.record.id, b.record.id);
+        assert_eq!(
+            store
+                .create_api_key(&t, Some("a\nb"), Utc::now())
+                .unwrap_err()
+                .code(),
+            "invalid_request"
+        );
+    }
+}
