@@ -1,0 +1,821 @@
+//! The routes and their JSON shapes.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use axum::extract::rejection::{BytesRejection, JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use sessionbox_core::{
+    ConversationId, ConversationKey, ConversationRef, EditRequest, Error, ExecRequest, ExitStatus,
+    GrepRequest, Session,
+};
+use sessionbox_manager::Conversation;
+use sessionbox_store::{AuditEntry, ConversationRecord};
+
+use crate::auth::Principal;
+use crate::error::{ApiError, rejection};
+use crate::queue::Turn;
+use crate::{AppState, blocking};
+
+/// The application: every route, JSON errors for unknown routes and methods, body limits.
+pub fn router(state: AppState) -> Router {
+    let file_limit = DefaultBodyLimit::max(state.config.max_file_bytes);
+    let json_limit = DefaultBodyLimit::max(state.config.max_json_bytes);
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/v1/conversations", get(list_conversations))
+        .route(
+            "/v1/conversations/{id}",
+            get(get_conversation).delete(destroy_conversation),
+        )
+        .route("/v1/conversations/{id}/exec", post(exec))
+        .route(
+            "/v1/conversations/{id}/files/{*path}",
+            get(read_file)
+                .put(write_file)
+                .delete(remove_file)
+                .layer(file_limit),
+        )
+        .route("/v1/conversations/{id}/edit", post(edit))
+        .route("/v1/conversations/{id}/mkdir", post(mkdir))
+        .route("/v1/conversations/{id}/ls", get(ls))
+        .route("/v1/conversations/{id}/stat", get(stat))
+        .route("/v1/conversations/{id}/glob", get(glob))
+        .route("/v1/conversations/{id}/grep", post(grep))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(json_limit)
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not take that method",
+    )
+}
+
+// ---- Extractors whose rejections are the JSON error body. ----
+
+struct JsonBody<T>(T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(JsonBody(v)),
+            Err(e) => Err(json_rejection(e)),
+        }
+    }
+}
+
+fn json_rejection(e: JsonRejection) -> ApiError {
+    rejection(e.status(), e.body_text())
+}
+
+struct RawBody(Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for RawBody {
+    type Rejection = ApiError;
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        Bytes::from_request(req, state)
+            .await
+            .map(RawBody)
+            .map_err(|e: BytesRejection| rejection(e.status(), e.body_text()))
+    }
+}
+
+struct PathArgs<T>(T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for PathArgs<T> {
+    type Rejection = ApiError;
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|p| PathArgs(p.0))
+            .map_err(|e: PathRejection| ApiError::bad_request(e.body_text()))
+    }
+}
+
+struct QueryArgs<T>(T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for QueryArgs<T> {
+    type Rejection = ApiError;
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| QueryArgs(q.0))
+            .map_err(|e: QueryRejection| ApiError::bad_request(e.body_text()))
+    }
+}
+
+// ---- Conversations, turns and audit. ----
+
+/// An open conversation and the turn that orders it.
+struct Opened {
+    conv: Conversation,
+    _turn: Turn,
+}
+
+impl Opened {
+    /// Closes the session (keeping all state) and ends the turn.
+    async fn done(self) {
+        let Opened { conv, _turn } = self;
+        if let Err(e) = Box::new(conv).close().await {
+            tracing::warn!(error = %e, "closing a conversation session failed");
+        }
+    }
+}
+
+impl AppState {
+    fn conversation(&self, p: &Principal, id: &str) -> Result<ConversationRef, ApiError> {
+        let id = ConversationId::new(id)?;
+        Ok(ConversationRef::new(p.tenant.clone(), id))
+    }
+
+    async fn turn(&self, key: &ConversationKey) -> Result<Turn, ApiError> {
+        self.queues
+            .turn(key, self.config.max_queue)
+            .await
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "busy",
+                    format!(
+                        "more than {} requests are queued for this conversation; retry later",
+                        self.config.max_queue
+                    ),
+                )
+            })
+    }
+
+    async fn record(&self, key: &ConversationKey) -> Result<Option<ConversationRecord>, ApiError> {
+        let store = self.manager.store().clone();
+        let key = key.clone();
+        Ok(blocking(move || store.get(&key)).await?)
+    }
+
+    /// Waits for the conversation's turn, then opens it. With `create` false, a conversation
+    /// that does not exist is 404 and is not created.
+    async fn open(&self, conv: &ConversationRef, create: bool) -> Result<Opened, ApiError> {
+        let turn = self.turn(&conv.key).await?;
+        if !create && self.record(&conv.key).await?.is_none() {
+            return Err(conversation_not_found(conv));
+        }
+        let opened = self.manager.open(conv).await?;
+        Ok(Opened {
+            conv: opened,
+            _turn: turn,
+        })
+    }
+
+    /// Audits one API call and turns its result into the response.
+    async fn finish(
+        &self,
+        p: &Principal,
+        operation: &'static str,
+        key: Option<ConversationKey>,
+        started: Instant,
+        result: Result<Response, ApiError>,
+    ) -> Response {
+        let response = result.unwrap_or_else(ApiError::response);
+        let status = response.status();
+        let outcome = if status.is_success() {
+            "ok".to_owned()
+        } else {
+            response
+                .extensions()
+                .get::<ErrorCode>()
+                .map_or_else(|| status.as_u16().to_string(), |c| c.0.to_owned())
+        };
+        let entry = AuditEntry {
+            at: Utc::now(),
+            tenant: p.tenant.clone(),
+            conversation_key: key,
+            operation: format!("http.{operation}"),
+            outcome,
+            detail: Some(format!(
+                "key={} status={} duration_ms={}",
+                p.key_id.as_deref().unwrap_or("-"),
+                status.as_u16(),
+                started.elapsed().as_millis()
+            )),
+        };
+        let store = self.manager.store().clone();
+        if let Err(e) = blocking(move || store.audit(&entry)).await {
+            tracing::warn!(error = %e, "audit record not written");
+        }
+        response
+    }
+}
+
+/// The error code of a response, for the audit record.
+#[derive(Clone, Copy)]
+struct ErrorCode(&'static str);
+
+fn conversation_not_found(conv: &ConversationRef) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("conversation {:?} does not exist", conv.id.as_str()),
+    )
+}
+
+/// Runs `body` and audits it as `operation` on conversation `id` (when the id is valid).
+macro_rules! audited {
+    ($state:expr, $p:expr, $op:literal, $id:expr, |$conv:ident| $body:expr) => {{
+        let started = Instant::now();
+        let conv = $state.conversation(&$p, &$id);
+        let key = conv.as_ref().ok().map(|c| c.key.clone());
+        let result: Result<Response, ApiError> = async {
+            let $conv = conv?;
+            $body
+        }
+        .await;
+        $state.finish(&$p, $op, key, started, result).await
+    }};
+}
+
+impl ApiError {
+    /// The response, keeping the code for [`AppState::finish`]'s audit record.
+    fn response(self) -> Response {
+        let code = ErrorCode(self.code);
+        let mut r = self.into_response();
+        r.extensions_mut().insert(code);
+        r
+    }
+}
+
+// ---- Health. ----
+
+async fn healthz() -> Response {
+    Json(serde_json::json!({ "status": "ok" })).into_response()
+}
+
+async fn readyz(State(s): State<AppState>) -> Response {
+    let store = s.manager.store().clone();
+    let store_ok = blocking(move || store.schema_version()).await;
+    let runtime_ok = s.manager.runtime().list().await;
+    match (store_ok, runtime_ok) {
+        (Ok(_), Ok(_)) => Json(serde_json::json!({
+            "status": "ready",
+            "runtime": s.manager.runtime().info().name,
+        }))
+        .into_response(),
+        (Err(e), _) | (_, Err(e)) => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", e.to_string())
+                .into_response()
+        }
+    }
+}
+
+// ---- Conversations. ----
+
+/// A conversation as the API shows it.
+#[derive(Debug, Serialize)]
+struct ConversationView {
+    id: String,
+    state: String,
+    runtime: String,
+    created_at: DateTime<Utc>,
+    last_used_at: DateTime<Utc>,
+    expires_at: Option<DateTime<Utc>>,
+}
+
+impl From<ConversationRecord> for ConversationView {
+    fn from(r: ConversationRecord) -> Self {
+        ConversationView {
+            id: r.conversation_id.into(),
+            state: r.state.as_str().to_owned(),
+            runtime: r.runtime,
+            created_at: r.created_at,
+            last_used_at: r.last_used_at,
+            expires_at: r.expires_at,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    limit: Option<usize>,
+    cursor: Option<String>,
+}
+
+const MAX_PAGE: usize = 1000;
+const DEFAULT_PAGE: usize = 100;
+
+async fn list_conversations(
+    State(s): State<AppState>,
+    p: Principal,
+    QueryArgs(q): QueryArgs<ListQuery>,
+) -> Response {
+    let started = Instant::now();
+    let result = async {
+        let limit = q.limit.unwrap_or(DEFAULT_PAGE);
+        if limit == 0 || limit > MAX_PAGE {
+            return Err(ApiError::bad_request(format!(
+                "limit must be between 1 and {MAX_PAGE}"
+            )));
+        }
+        let mut records = s.manager.list(Some(&p.tenant)).await?;
+        records.sort_by(|a, b| a.conversation_id.cmp(&b.conversation_id));
+        let start = match &q.cursor {
+            Some(c) => records.partition_point(|r| r.conversation_id.as_str() <= c.as_str()),
+            None => 0,
+        };
+        let page: Vec<ConversationView> = records
+            .into_iter()
+            .skip(start)
+            .take(limit + 1)
+            .map(ConversationView::from)
+            .collect();
+        let (page, next) = if page.len() > limit {
+            let mut page = page;
+            page.truncate(limit);
+            let next = page.last().map(|c| c.id.clone());
+            (page, next)
+        } else {
+            (page, None)
+        };
+        Ok(Json(serde_json::json!({ "conversations": page, "next_cursor": next })).into_response())
+    }
+    .await;
+    s.finish(&p, "list", None, started, result).await
+}
+
+async fn get_conversation(
+    State(s): State<AppState>,
+    p: Principal,
+    PathArgs(id): PathArgs<String>,
+) -> Response {
+    audited!(s, p, "get", id, |conv| {
+        match s.record(&conv.key).await? {
+            Some(r) => Ok(Json(ConversationView::from(r)).into_response()),
+            None => Err(conversation_not_found(&conv)),
+        }
+    })
+}
+
+async fn destroy_conversation(
+    State(s): State<AppState>,
+    p: Principal,
+    PathArgs(id): PathArgs<String>,
+) -> Response {
+    audited!(s, p, "destroy", id, |conv| {
+        let _turn = s.turn(&conv.key).await?;
+        s.manager.destroy(&conv).await?;
+        Ok(StatusCode::NO_CONTENT.into_response())
+    })
+}
+
+// ---- Exec. ----
+
+/// `POST /v1/conversations/{id}/exec`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExecBody {
+    command: String,
+    #[serde(default)]
+    cwd: Option<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+    /// Text for stdin.
+    #[serde(default)]
+    stdin: Option<String>,
+    /// Bytes for stdin, base64 (standard alphabet, padded).
+    #[serde(default)]
+    stdin_base64: Option<String>,
+    /// Cap on each of stdout and stderr, in bytes.
+    #[serde(default)]
+    output_limit: Option<usize>,
+}
+
+/// What a command did. `stdout`/`stderr` are text (invalid UTF-8 replaced by U+FFFD); when the
+/// bytes were not valid UTF-8, `stdout_base64`/`stderr_base64` hold them exactly.
+#[derive(Debug, Serialize)]
+struct ExecView {
+    exit_code: i32,
+    status: ExitStatus,
+    stdout: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stdout_base64: Option<String>,
+    stderr: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stderr_base64: Option<String>,
+    stdout_truncated: bool,
+    stderr_truncated: bool,
+    timed_out: bool,
+    duration_ms: u64,
+}
+
+fn text_and_base64(bytes: Vec<u8>) -> (String, Option<String>) {
+    match String::from_utf8(bytes) {
+        Ok(s) => (s, None),
+        Err(e) => {
+            let b = e.into_bytes();
+            (
+                String::from_utf8_lossy(&b).into_owned(),
+                Some(BASE64.encode(&b)),
+            )
+        }
+    }
+}
+
+fn exec_request(s: &AppState, conv: &ConversationRef, b: ExecBody) -> Result<ExecRequest, Error> {
+    let mut req = ExecRequest::new(b.command);
+    if let Some(cwd) = b.cwd {
+        s.manager.check_path(conv, &cwd)?;
+        req.cwd = Some(cwd);
+    }
+    req.env = b.env;
+    if let Some(ms) = b.timeout_ms {
+        req.timeout = Duration::from_millis(ms);
+    }
+    if let Some(limit) = b.output_limit {
+        req.output_limit = limit;
+    }
+    req.stdin = match (b.stdin, b.stdin_base64) {
+        (Some(_), Some(_)) => {
+            return Err(Error::InvalidRequest(
+                "give stdin or stdin_base64, not both".into(),
+            ));
+        }
+        (Some(t), None) => Some(t.into_bytes()),
+        (None, Some(b64)) => Some(
+            BASE64
+                .decode(b64.as_bytes())
+                .map_err(|e| Error::InvalidRequest(format!("stdin_base64 is not base64: {e}")))?,
+        ),
+        (None, None) => None,
+    };
+    req.validate()?;
+    Ok(req)
+}
+
+async fn exec(
+    State(s): State<AppState>,
+    p: Principal,
+    PathArgs(id): PathArgs<String>,
+    JsonBody(body): JsonBody<ExecBody>,
+) -> Response {
+    audited!(s, p, "exec", id, |conv| {
+        let req = exec_request(&s, &conv, body)?;
+        let o = s.open(&conv, true).await?;
+        let r = o.conv.exec(req).await;
+        o.done().await;
+        let r = r?;
+        let (stdout, stdout_base64) = text_and_base64(r.stdout.clone());
+        let (stderr, stderr_base64) = text_and_base64(r.stderr.clone());
+        Ok(Json(ExecView {
+            exit_code: r.shell_exit_code(),
+            status: r.status,
+            stdout,
+            stdout_base64,
+            stderr,
+            stderr_base64,
+            stdout_truncated: r.stdout_truncated,
+            stderr_truncated: r.stderr_truncated,
+            timed_out: r.timed_out,
+            duration_ms: u64::try_from(r.duration.as_millis()).unwrap_or(u64::MAX),
+        })
+        .into_response())
+    })
+}
+
+// ---- Files. ----
+
+#[derive(Debug, Deserialize)]
+struct ReadQuery {
+    #[serde(default)]
+    download: Option<String>,
+}
+
+fn truthy(v: &Option<String>) -> bool {
+    matches!(v.as_deref(), Some("1" | "true" | "yes" | ""))
+}
+
+/// A single `bytes=` range of a `len`-byte body: `Ok(None)` for none or one this server does
+/// not handle (then the whole body is sent), `Err` when unsatisfiable.
+fn byte_range(headers: &HeaderMap, len: u64) -> Result<Option<(u64, u64)>, ()> {
+    let Some(v) = headers.get(header::RANGE).and_then(|v| v.to_str().ok()) else {
+        return Ok(None);
+    };
+    let Some(spec) = v.trim().strip_prefix("bytes=") else {
+        return Ok(None);
+    };
+    if spec.contains(',') {
+        return Ok(None);
+    }
+    let Some((a, b)) = spec.split_once('-') else {
+        return Ok(None);
+    };
+    let (a, b) = (a.trim(), b.trim());
+    let (start, end) = if a.is_empty() {
+        let Ok(n) = b.parse::<u64>() else {
+            return Ok(None);
+        };
+        if n == 0 {
+            return Err(());
+        }
+        (len.saturating_sub(n), len.saturating_sub(1))
+    } else {
+        let Ok(start) = a.parse::<u64>() else {
+            return Ok(None);
+        };
+        let end = if b.is_empty() {
+            len.saturating_sub(1)
+        } else {
+            match b.parse::<u64>() {
+                Ok(e) if e >= start => e.min(len.saturating_sub(1)),
+                _ => return Ok(None),
+            }
+        };
+        (start, end)
+    };
+    if len == 0 || start >= len {
+        return Err(());
+    }
+    Ok(Some((start, end)))
+}
+
+/// A content type from the file name's extension; `application/octet-stream` otherwise.
+fn content_type(path: &str) -> &'static str {
+    let ext = path.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase());
+    match ext.as_deref() {
+        Some("txt" | "log" | "md" | "rs" | "py" | "sh" | "toml" | "yaml" | "yml") => {
+            "text/plain; charset=utf-8"
+        }
+        Some("csv") => "text/csv; charset=utf-8",
+        Some("html" | "htm") => "text/html; charset=utf-8",
+        Some("json") => "application/json",
+        Some("pdf") => "application/pdf",
+        Some("png") => "image/png",
+        Some("jpg" | "jpeg") => "image/jpeg",
+        Some("gif") => "image/gif",
+        Some("svg") => "image/svg+xml",
+        Some("zip") => "application/zip",
+        Some("gz" | "tgz") => "application/gzip",
+        _ => "application/octet-stream",
+    }
+}
+
+/// `attachment; filename="..."` with the base name, non-ASCII and quotes replaced.
+fn disposition(path: &str) -> HeaderValue {
+    let base = path.trim_end_matches('/').rsplit('/').next().unwrap_or("");
+    let safe: String = base
+        .chars()
+        .map(|c| {
+            if c.is_ascii_graphic() && c != '"' && c != '\\' || c == ' ' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let safe = if safe.is_empty() {
+        "download".to_owned()
+    } else {
+        safe
+    };
+    HeaderValue::from_str(&format!("attachment; filename=\"{safe}\""))
+        .unwrap_or_else(|_| HeaderValue::from_static("attachment"))
+}
+
+async fn read_file(
+    State(s): State<AppState>,
+    p: Principal,
+    PathArgs((id, path)): PathArgs<(String, String)>,
+    QueryArgs(q): QueryArgs<ReadQuery>,
+    headers: HeaderMap,
+) -> Response {
+    audited!(s, p, "read", id, |conv| {
+        s.manager.check_path(&conv, &path)?;
+        let o = s.open(&conv, false).await?;
+        let data = o.conv.read(&path).await;
+        o.done().await;
+        let data = data?;
+        let len = data.len() as u64;
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(content_type(&path)),
+        );
+        h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+        if truthy(&q.download) {
+            h.insert(header::CONTENT_DISPOSITION, disposition(&path));
+        }
+        match byte_range(&headers, len) {
+            Ok(None) => Ok((StatusCode::OK, h, data).into_response()),
+            Ok(Some((start, end))) => {
+                let cr = format!("bytes {start}-{end}/{len}");
+                if let Ok(v) = HeaderValue::from_str(&cr) {
+                    h.insert(header::CONTENT_RANGE, v);
+                }
+                let part = data[start as usize..=end as usize].to_vec();
+                Ok((StatusCode::PARTIAL_CONTENT, h, part).into_response())
+            }
+            Err(()) => {
+                let mut r = ApiError::new(
+                    StatusCode::RANGE_NOT_SATISFIABLE,
+                    "range_not_satisfiable",
+                    format!("the file has {len} bytes"),
+                )
+                .response();
+                if let Ok(v) = HeaderValue::from_str(&format!("bytes */{len}")) {
+                    r.headers_mut().insert(header::CONTENT_RANGE, v);
+                }
+                Ok(r)
+            }
+        }
+    })
+}
+
+async fn write_file(
+    State(s): State<AppState>,
+    p: Principal,
+    PathArgs((id, path)): PathArgs<(String, String)>,
+    RawBody(body): RawBody,
+) -> Response {
+    audited!(s, p, "write", id, |conv| {
+        s.manager.check_path(&conv, &path)?;
+        let o = s.open(&conv, true).await?;
+        let r = o.conv.write(&path, &body).await;
+        o.done().await;
+        r?;
+        Ok(StatusCode::NO_CONTENT.into_response())
+    })
+}
+
+#[derive(Debug, Deserialize)]
+struct RemoveQuery {
+    #[serde(default)]
+    recursive: Option<String>,
+}
+
+async fn remove_file(
+    State(s): State<AppState>,
+    p: Principal,
+    PathArgs((id, path)): PathArgs<(String, String)>,
+    QueryArgs(q): QueryArgs<RemoveQuery>,
+) -> Response {
+    audited!(s, p, "remove", id, |conv| {
+        s.manager.check_path(&conv, &path)?;
+        let o = s.open(&conv, false).await?;
+        let r = o.conv.remove(&path, truthy(&q.recursive)).await;
+        o.done().await;
+        r?;
+        Ok(StatusCode::NO_CONTENT.into_response())
+    })
+}
+
+/// `POST /v1/conversations/{id}/edit`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EditBody {
+    path: String,
+    old: String,
+    new: String,
+    #[serde(default)]
+    replace_all: bool,
+}
+
+async fn edit(
+    State(s): State<AppState>,
+    p: Principal,
+    PathArgs(id): PathArgs<String>,
+    JsonBody(b): JsonBody<EditBody>,
+) -> Response {
+    audited!(s, p, "edit", id, |conv| {
+        s.manager.check_path(&conv, &b.path)?;
+        if b.old.is_empty() {
+            return Err(ApiError::bad_request("old must not be empty"));
+        }
+        let req = EditRequest {
+            old: b.old,
+            new: b.new,
+            replace_all: b.replace_all,
+        };
+        let o = s.open(&conv, false).await?;
+        let r = o.conv.edit(&b.path, &req).await;
+        o.done().await;
+        Ok(Json(r?).into_response())
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PathBody {
+    path: String,
+}
+
+async fn mkdir(
+    State(s): State<AppState>,
+    p: Principal,
+    PathArgs(id): PathArgs<String>,
+    JsonBody(b): JsonBody<PathBody>,
+) -> Response {
+    audited!(s, p, "mkdir", id, |conv| {
+        s.manager.check_path(&conv, &b.path)?;
+        let o = s.open(&conv, true).await?;
+        let r = o.conv.mkdir(&b.path).await;
+        o.done().await;
+        r?;
+        Ok(StatusCode::NO_CONTENT.into_response())
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PathQuery {
+    #[serde(default)]
+    path: Option<String>,
+}
+
+async fn ls(
+    State(s): State<AppState>,
+    p: Principal,
+    PathArgs(id): PathArgs<String>,
+    QueryArgs(q): QueryArgs<PathQuery>,
+) -> Response {
+    audited!(s, p, "ls", id, |conv| {
+        let path = q.path.unwrap_or_else(|| ".".to_owned());
+        s.manager.check_path(&conv, &path)?;
+        let o = s.open(&conv, false).await?;
+        let r = o.conv.list(&path).await;
+        o.done().await;
+        Ok(Json(serde_json::json!({ "entries": r? })).into_response())
+    })
+}
+
+async fn stat(
+    State(s): State<AppState>,
+    p: Principal,
+    PathArgs(id): PathArgs<String>,
+    QueryArgs(q): QueryArgs<PathQuery>,
+) -> Response {
+    audited!(s, p, "stat", id, |conv| {
+        let path = q.path.unwrap_or_else(|| ".".to_owned());
+        s.manager.check_path(&conv, &path)?;
+        let o = s.open(&conv, false).await?;
+        let r = o.conv.stat(&path).await;
+        o.done().await;
+        Ok(Json(r?).into_response())
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GlobQuery {
+    pattern: String,
+}
+
+async fn glob(
+    State(s): State<AppState>,
+    p: Principal,
+    PathArgs(id): PathArgs<String>,
+    QueryArgs(q): QueryArgs<GlobQuery>,
+) -> Response {
+    audited!(s, p, "glob", id, |conv| {
+        let o = s.open(&conv, false).await?;
+        let r = o.conv.glob(&q.pattern).await;
+        o.done().await;
+        Ok(Json(serde_json::json!({ "paths": r? })).into_response())
+    })
+}
+
+async fn grep(
+    State(s): State<AppState>,
+    p: Principal,
+    PathArgs(id): PathArgs<String>,
+    JsonBody(req): JsonBody<GrepRequest>,
+) -> Response {
+    audited!(s, p, "grep", id, |conv| {
+        if let Some(path) = &req.path {
+            s.manager.check_path(&conv, path)?;
+        }
+        let o = s.open(&conv, false).await?;
+        let r = o.conv.grep(&req).await;
+        o.done().await;
+        Ok(Json(serde_json::json!({ "matches": r? })).into_response())
+    })
+}

@@ -1,0 +1,69 @@
+//! The one error body of the API: `{"code": "...", "message": "..."}`.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use sessionbox_core::Error;
+
+/// An error answer: a status, a stable snake_case code and a message for people.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+}
+
+/// The HTTP status of each [`Error::code`]. Caller faults are 4xx; only a failing backend is 5xx.
+pub fn status_of(e: &Error) -> StatusCode {
+    match e.code() {
+        "invalid_id" | "invalid_path" | "invalid_request" => StatusCode::BAD_REQUEST,
+        "outside_workspace" => StatusCode::FORBIDDEN,
+        "not_found" => StatusCode::NOT_FOUND,
+        "already_exists" | "conflict" => StatusCode::CONFLICT,
+        "too_large" => StatusCode::PAYLOAD_TOO_LARGE,
+        "timed_out" => StatusCode::GATEWAY_TIMEOUT,
+        "runtime_unavailable" => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        ApiError::new(status_of(&e), e.code(), e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({ "code": self.code, "message": self.message });
+        (self.status, Json(body)).into_response()
+    }
+}
+
+/// Maps an axum extractor rejection (malformed JSON, wrong types, body too large, bad query) to
+/// the error body: 413 for size, 422 for well-formed JSON of the wrong shape, 400 otherwise.
+pub fn rejection(status: StatusCode, text: String) -> ApiError {
+    match status {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(status, "too_large", text),
+        StatusCode::UNPROCESSABLE_ENTITY => ApiError::new(status, "invalid_request", text),
+        _ => ApiError::bad_request(text),
+    }
+}

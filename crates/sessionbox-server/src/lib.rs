@@ -1,0 +1,130 @@
+//! sessionbox's HTTP API: REST under `/v1`, API keys and tenants, per-conversation ordering.
+//!
+//! [`router`] builds the axum application over a [`Manager`]; [`serve`] runs it on a listener
+//! until a shutdown signal; [`check_listen`] refuses to expose a server without keys.
+//!
+//! - Every request but `/healthz` and `/readyz` carries an API key (`Authorization: Bearer KEY`
+//!   or `X-API-Key: KEY`), which names its tenant: a key reaches only its tenant's conversations,
+//!   so two tenants can use one conversation id apart. A loopback server with no valid key in the
+//!   store runs *open*, as [`ServerConfig::open_tenant`]; creating the first key closes it.
+//! - Operations on one conversation run one at a time in arrival order; different conversations
+//!   run in parallel; more than [`ServerConfig::max_queue`] requests for one conversation get
+//!   429.
+//! - Errors are `{"code", "message"}` with the [`sessionbox_core::Error::code`] (plus
+//!   `unauthorized`, `busy`, `range_not_satisfiable`, `not_ready`): bad input is 400, 403, 404,
+//!   409, 413 or 422, never 5xx.
+//! - Every call is audited twice: by the [`Manager`] per operation, and here as one `http.*`
+//!   record with the key id, the status and the duration (never bodies, commands or keys).
+//!
+//! Architecture invariant: only this crate knows the HTTP (and, later, MCP) wire formats of the
+//! public API; it reaches conversations only through the [`Manager`].
+
+mod api;
+mod auth;
+mod error;
+mod queue;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::ops::Deref;
+use std::sync::Arc;
+
+use sessionbox_core::{Error, Result, TenantId};
+use sessionbox_manager::Manager;
+
+pub use api::router;
+pub use auth::Principal;
+pub use error::{ApiError, status_of};
+
+/// Settings of the server.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Largest JSON request body, in bytes (default 8 MiB; exec stdin travels in it).
+    pub max_json_bytes: usize,
+    /// Largest file body of `PUT .../files/{path}`, in bytes (default 64 MiB).
+    pub max_file_bytes: usize,
+    /// Most requests holding or waiting for one conversation before 429 (default 64).
+    pub max_queue: usize,
+    /// The tenant of requests without a key while no valid key exists; `None` requires a key
+    /// always. Only for loopback listeners (see [`check_listen`]).
+    pub open_tenant: Option<TenantId>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_json_bytes: 8 * 1024 * 1024,
+            max_file_bytes: 64 * 1024 * 1024,
+            max_queue: 64,
+            open_tenant: None,
+        }
+    }
+}
+
+/// The shared state of the handlers.
+#[derive(Clone)]
+pub struct AppState(Arc<Inner>);
+
+pub struct Inner {
+    pub manager: Manager,
+    pub config: ServerConfig,
+    queues: Arc<queue::Queues>,
+}
+
+impl Deref for AppState {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+impl AppState {
+    /// State over `manager` with `config`.
+    pub fn new(manager: Manager, config: ServerConfig) -> Self {
+        AppState(Arc::new(Inner {
+            manager,
+            config,
+            queues: Arc::default(),
+        }))
+    }
+
+    /// Conversations with requests in flight now.
+    pub fn busy_conversations(&self) -> usize {
+        self.queues.busy()
+    }
+}
+
+/// Refuses a listen address that is not loopback unless the store holds a valid API key.
+///
+/// # Errors
+/// [`Error::InvalidRequest`] saying how to create a key; [`Error::Backend`] from the store.
+pub fn check_listen(addr: &SocketAddr, store: &sessionbox_store::Store) -> Result<()> {
+    if addr.ip().is_loopback() || store.has_api_keys()? {
+        return Ok(());
+    }
+    Err(Error::InvalidRequest(format!(
+        "refusing to listen on {addr}, which is not a loopback address, while no API key \
+         exists; create one first with `sessionbox keys create --tenant TENANT`"
+    )))
+}
+
+/// Serves `state` on `listener` until `shutdown` completes, then finishes the requests in
+/// flight.
+///
+/// # Errors
+/// The listener's I/O errors.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Backend(format!("store task failed: {e}")))?
+}
