@@ -6,6 +6,7 @@
 mod bench;
 mod config;
 mod doctor;
+mod serve;
 mod verify;
 
 use std::io::{Read, Write};
@@ -180,6 +181,17 @@ enum Command {
     /// Report which sandbox layers this machine enforces; exits 0 only when the default runtime
     /// can run.
     Doctor,
+    /// Serve the HTTP API (REST under /v1; see crates/sessionbox-server) until SIGINT or SIGTERM.
+    ///
+    /// Requests carry an API key (`Authorization: Bearer KEY` or `X-API-Key`) naming their
+    /// tenant. A loopback server with no API key in the store serves requests without a key as
+    /// --tenant; any other listen address is refused until a key exists.
+    Serve(serve::ServeArgs),
+    /// Create, list and revoke API keys of the HTTP server.
+    Keys {
+        #[command(subcommand)]
+        command: serve::KeysCommand,
+    },
     /// Serve the execd API as the in-sandbox agent (see `sessionbox agent --help`). The
     /// `isolated` runtime starts it inside each conversation's sandbox.
     #[command(disable_help_flag = true)]
@@ -276,6 +288,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Command::Doctor = cli.command {
         return Ok(doctor::run(kind));
     }
+    if let Command::Keys { command } = &cli.command {
+        let given = cli.tenant.is_some().then_some(&tenant);
+        return serve::keys(command, &data_dir, given);
+    }
 
     // Validate every input before anything is created.
     let conversation = match command_conversation(&cli.command) {
@@ -345,6 +361,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
     match cli.command {
         Command::Verify(args) => verify::run(&ctx, args).await,
+        Command::Serve(args) => serve::run(&ctx, args).await,
+        Command::Keys { .. } => unreachable!("handled before the runtime"),
         Command::Doctor | Command::Agent { .. } => unreachable!("handled before the runtime"),
         Command::Conversations { all_tenants } => {
             let tenant = (!all_tenants).then_some(&ctx.tenant);
@@ -415,6 +433,8 @@ fn command_conversation(c: &Command) -> Option<&str> {
         | Command::Verify(_)
         | Command::Bench(_)
         | Command::Doctor
+        | Command::Serve(_)
+        | Command::Keys { .. }
         | Command::Agent { .. } => None,
     }
 }
@@ -649,6 +669,8 @@ async fn run_on_session(
         | Command::Verify(_)
         | Command::Bench(_)
         | Command::Doctor
+        | Command::Serve(_)
+        | Command::Keys { .. }
         | Command::Agent { .. } => {
             unreachable!("handled without a session")
         }

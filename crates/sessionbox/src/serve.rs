@@ -1,0 +1,169 @@
+//! `sessionbox serve` (the HTTP API) and `sessionbox keys` (its API keys).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use chrono::Utc;
+use sessionbox_core::TenantId;
+use sessionbox_server::{AppState, ServerConfig};
+use sessionbox_store::Store;
+
+use crate::{App, UsageError};
+
+/// Arguments of `sessionbox serve`.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on. Anything but a loopback address needs an API key to exist
+    /// (`sessionbox keys create`). Port 0 picks a free port; the address is printed on stdout.
+    #[arg(long, env = "SESSIONBOX_LISTEN", default_value = "127.0.0.1:7070")]
+    listen: SocketAddr,
+    /// Most requests holding or waiting for one conversation before the server answers 429.
+    #[arg(long, default_value_t = 64)]
+    max_queue: usize,
+    /// Largest JSON request body in bytes (exec stdin travels in it).
+    #[arg(long, default_value_t = 8 * 1024 * 1024)]
+    max_json_bytes: usize,
+    /// Largest file body of `PUT .../files/{path}` in bytes.
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    max_file_bytes: usize,
+}
+
+/// `sessionbox keys ...`. Keys are never taken on the command line: they are only printed, once,
+/// by `create`.
+#[derive(Debug, clap::Subcommand)]
+pub enum KeysCommand {
+    /// Create an API key for the tenant given with --tenant; prints the key once on stdout.
+    Create {
+        /// A note for people: who or what uses the key.
+        #[arg(long)]
+        label: Option<String>,
+    },
+    /// List the API keys (never their secrets).
+    List {
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke an API key by its id; it is refused from then on.
+    Revoke {
+        /// The key's id (the ID column of `keys list`).
+        id: String,
+    },
+}
+
+/// Runs `sessionbox serve` until SIGINT or SIGTERM.
+pub async fn run(ctx: &App, args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let store = ctx.manager.store().clone();
+    sessionbox_server::check_listen(&args.listen, &store)?;
+    let loopback = args.listen.ip().is_loopback();
+    let config = ServerConfig {
+        max_json_bytes: args.max_json_bytes,
+        max_file_bytes: args.max_file_bytes,
+        max_queue: args.max_queue.max(1),
+        open_tenant: loopback.then(|| ctx.tenant.clone()),
+    };
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let addr = listener
+        .local_addr()
+        .context("cannot read the listen address")?;
+    let keyed = store.has_api_keys()?;
+    println!("listening on http://{addr}");
+    eprintln!(
+        "sessionbox: serving the HTTP API on http://{addr} with the {} runtime; {}",
+        ctx.runtime_name,
+        if keyed {
+            "API keys are required".to_owned()
+        } else {
+            format!(
+                "no API key exists, so requests without one act as tenant {:?} until the first \
+                 `sessionbox keys create`",
+                ctx.tenant.as_str()
+            )
+        }
+    );
+    use std::io::Write;
+    std::io::stdout().flush().ok();
+    let state = AppState::new(ctx.manager.clone(), config);
+    sessionbox_server::serve(listener, state, shutdown_signal())
+        .await
+        .context("the HTTP server failed")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+/// Runs `sessionbox keys ...` on the store in `data_dir`. `tenant` is the tenant given with
+/// --tenant (or SESSIONBOX_TENANT), if any.
+pub fn keys(
+    command: &KeysCommand,
+    data_dir: &Path,
+    tenant: Option<&TenantId>,
+) -> anyhow::Result<ExitCode> {
+    if let KeysCommand::Create { label } = command {
+        let Some(tenant) = tenant else {
+            return Err(UsageError(
+                "keys create needs --tenant TENANT: the key reaches only that tenant's conversations"
+                    .into(),
+            )
+            .into());
+        };
+        let store = Store::open(&data_dir.join("sessionbox.db"))?;
+        let k = store.create_api_key(tenant, label.as_deref(), Utc::now())?;
+        eprintln!(
+            "created API key {} for tenant {:?}; it is shown once, below, and cannot be recovered",
+            k.record.id,
+            tenant.as_str()
+        );
+        println!("{}", k.key);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let store = Store::open(&data_dir.join("sessionbox.db"))?;
+    match command {
+        KeysCommand::Create { .. } => unreachable!("handled above"),
+        KeysCommand::List { json } => {
+            let keys = store.list_api_keys()?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&keys)?);
+            } else {
+                println!(
+                    "{:<16} {:<20} {:<24} {:<20} {:<20}",
+                    "ID", "TENANT", "LABEL", "CREATED", "REVOKED"
+                );
+                let t =
+                    |d: chrono::DateTime<Utc>| d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+                for k in keys {
+                    println!(
+                        "{:<16} {:<20} {:<24} {:<20} {:<20}",
+                        k.id,
+                        k.tenant.as_str(),
+                        k.label.as_deref().unwrap_or("-"),
+                        t(k.created_at),
+                        k.revoked_at.map_or_else(|| "-".to_owned(), t)
+                    );
+                }
+            }
+        }
+        KeysCommand::Revoke { id } => {
+            store.revoke_api_key(id, Utc::now())?;
+            println!("revoked API key {id}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

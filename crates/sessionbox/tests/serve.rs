@@ -1,0 +1,282 @@
+//! `sessionbox serve` and `sessionbox keys` end to end: the real binary with the `isolated`
+//! runtime (the default), a real HTTP client (reqwest), keys made by the CLI.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use reqwest::{Client, StatusCode};
+use serde_json::{Value, json};
+
+fn sessionbox(data: &Path, args: &[&str]) -> Output {
+    setup(data);
+    Command::new(env!("CARGO_BIN_EXE_sessionbox"))
+        .arg("--data-dir")
+        .arg(data)
+        .args(args)
+        .env_remove("SESSIONBOX_RUNTIME")
+        .env_remove("SESSIONBOX_TENANT")
+        .env_remove("SESSIONBOX_LISTEN")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sessionbox")
+}
+
+fn setup(data: &Path) {
+    std::fs::create_dir_all(data).unwrap();
+    let config = data.join("sessionbox.toml");
+    if !config.exists() {
+        // Sandboxes left warm by a test stop soon after it.
+        std::fs::write(&config, "[isolated]\nidle_timeout_secs = 3\n").unwrap();
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn create_key(data: &Path, tenant: &str) -> String {
+    let out = sessionbox(
+        data,
+        &["--tenant", tenant, "keys", "create", "--label", "e2e"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let key = text(&out.stdout).trim().to_owned();
+    assert!(key.starts_with("sbk_"), "{key}");
+    key
+}
+
+/// A running `sessionbox serve`, killed when dropped.
+struct Served {
+    child: Child,
+    base: String,
+}
+
+impl Served {
+    fn start(data: &Path) -> Served {
+        setup(data);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sessionbox"))
+            .arg("--data-dir")
+            .arg(data)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env_remove("SESSIONBOX_RUNTIME")
+            .env_remove("SESSIONBOX_TENANT")
+            .env_remove("SESSIONBOX_LISTEN")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn sessionbox serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let base = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_owned();
+        Served { child, base }
+    }
+
+    fn stop(mut self) {
+        // SIGTERM: a graceful stop exits 0.
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(&self.child),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert!(status.success(), "{status}");
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "serve did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn json_of(r: reqwest::Response) -> (StatusCode, Value) {
+    let st = r.status();
+    let b = r.bytes().await.unwrap();
+    (st, serde_json::from_slice(&b).unwrap_or(Value::Null))
+}
+
+#[test]
+fn serve_refuses_a_public_address_without_a_key_and_keys_are_listed_and_revoked() {
+    let d = tempfile::tempdir().unwrap();
+    let out = sessionbox(d.path(), &["serve", "--listen", "0.0.0.0:0"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("keys create"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // create needs an explicit tenant.
+    let out = sessionbox(d.path(), &["keys", "create"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+
+    let key = create_key(d.path(), "acme");
+    let out = sessionbox(d.path(), &["keys", "list"]);
+    let listing = text(&out.stdout);
+    assert!(
+        listing.contains("acme") && listing.contains("e2e"),
+        "{listing}"
+    );
+    assert!(!listing.contains(&key[20..]), "the secret is never listed");
+    let out = sessionbox(d.path(), &["keys", "list", "--json"]);
+    let keys: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let id = keys[0]["id"].as_str().unwrap().to_owned();
+    assert!(key.contains(&id));
+    let out = sessionbox(d.path(), &["keys", "revoke", &id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = sessionbox(d.path(), &["keys", "list", "--json"]);
+    let keys: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(keys[0]["revoked_at"].is_string());
+    let out = sessionbox(d.path(), &["keys", "revoke", "0123456789abcdef"]);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_runs_conversations_in_sandboxes_per_tenant_over_http() {
+    let d = tempfile::tempdir().unwrap();
+    let acme = create_key(d.path(), "acme");
+    let globex = create_key(d.path(), "globex");
+    let served = Served::start(d.path());
+    let base = served.base.clone();
+    let client = Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let run = async {
+        let exec = |key: &str, conv: &str, cmd: &str| {
+            client
+                .post(format!("{base}/v1/conversations/{conv}/exec"))
+                .bearer_auth(key)
+                .header("content-type", "application/json")
+                .body(json!({ "command": cmd }).to_string())
+                .send()
+        };
+        // A wrong key is refused and creates nothing.
+        let r = exec("sbk_0000000000000000_00", "one", "true")
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+
+        // Two tenants, one conversation id: two sandboxes.
+        let (st, v) = json_of(
+            exec(&acme, "one", "echo acme > f; pwd; id -u")
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(st, StatusCode::OK, "{v}");
+        assert!(
+            v["stdout"].as_str().unwrap().starts_with("/workspace\n"),
+            "{v}"
+        );
+        let r = client
+            .put(format!("{base}/v1/conversations/one/files/f"))
+            .bearer_auth(&globex)
+            .body("globex\n")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::NO_CONTENT);
+        let (_, v) = json_of(exec(&acme, "one", "cat f").await.unwrap()).await;
+        assert_eq!(v["stdout"], "acme\n");
+        let body = client
+            .get(format!("{base}/v1/conversations/one/files/f"))
+            .bearer_auth(&globex)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert_eq!(body, "globex\n");
+
+        // Edit and grep through the sandbox's agent.
+        let r = client
+            .post(format!("{base}/v1/conversations/one/edit"))
+            .bearer_auth(&acme)
+            .header("content-type", "application/json")
+            .body(r#"{"path":"f","old":"acme","new":"ACME"}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        let (_, v) = json_of(
+            client
+                .post(format!("{base}/v1/conversations/one/grep"))
+                .bearer_auth(&acme)
+                .header("content-type", "application/json")
+                .body(r#"{"pattern":"ACME"}"#)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(v["matches"][0]["path"], "f", "{v}");
+
+        // Escapes are refused before the sandbox is asked.
+        let r = client
+            .get(format!(
+                "{base}/v1/conversations/one/files/..%2F..%2Fetc%2Fshadow"
+            ))
+            .bearer_auth(&acme)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::FORBIDDEN);
+
+        let (st, v) = json_of(
+            client
+                .get(format!("{base}/v1/conversations/one"))
+                .bearer_auth(&acme)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(st, StatusCode::OK);
+        assert_eq!(v["runtime"], "isolated");
+
+        let (st, v) = json_of(client.get(format!("{base}/readyz")).send().await.unwrap()).await;
+        assert_eq!(st, StatusCode::OK, "{v}");
+
+        for key in [&acme, &globex] {
+            for _ in 0..2 {
+                let r = client
+                    .delete(format!("{base}/v1/conversations/one"))
+                    .bearer_auth(key)
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), StatusCode::NO_CONTENT);
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("the test finished in time");
+    served.stop();
+    let out = sessionbox(d.path(), &["conversations", "--all-tenants"]);
+    assert_eq!(
+        text(&out.stdout).lines().count(),
+        1,
+        "{}",
+        text(&out.stdout)
+    );
+}
