@@ -14,16 +14,27 @@
 //! - a timeout that sends `SIGTERM` to the whole process group, then `SIGKILL` after a grace;
 //! - whatever is left in the group sent `SIGKILL` as soon as the shell exits (normally, or during
 //!   the grace), so nothing outlives the call; output already in the pipes is then read for at
-//!   most [`DRAIN_DEADLINE`], in case a process that left the group still holds a pipe open.
+//!   most [`DRAIN_DEADLINE`], in case a process that left the group still holds a pipe open;
+//! - when the caller runs with `no_new_privs` (as everything in a sandbox does: the in-sandbox
+//!   agent) and the kernel has Landlock scopes (ABI 6, Linux 6.12), a Landlock domain of its own,
+//!   nested in the caller's, that restricts no file access but scopes signals and abstract UNIX
+//!   sockets: the command and its descendants can signal each other, not the caller (the agent),
+//!   its other processes or anything else outside, and cannot connect to abstract sockets created
+//!   outside; Landlock also keeps it from `ptrace`-style access (`/proc/PID/mem`) to them. A
+//!   command therefore cannot stop or kill the agent, but neither can it signal what an earlier
+//!   command left running. Without `no_new_privs` (a host runtime run by a person) nothing
+//!   changes: setting it would stop set-uid programs such as `sudo` in the commands. On a kernel
+//!   without scopes, commands run without the domain ([`command_scoping`] says which).
 //!
 //! [`processes_under`] and [`kill_all`] find and kill host processes still working in a
 //! directory, for tearing a workspace down.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use rustix::process::{Pid, Signal};
@@ -127,17 +138,25 @@ pub async fn run(spawn: Spawn<'_>, mut on_output: Option<OnOutput<'_>>) -> Resul
         .current
         .unwrap_or(FALLBACK_MAX_FD)
         .min(FALLBACK_MAX_FD) as RawFd;
+    // Built before the fork: the child may not allocate.
+    let scope_fd: Option<RawFd> = scope_ruleset().map(|fd| fd.as_raw_fd());
     // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
-    // calls are allowed. It captures two integers and makes only raw system calls: setsid,
-    // fchdir, close_range and fcntl (rustix issues these as direct system calls or plain libc
-    // wrappers; libc::syscall is a thin wrapper). It allocates nothing, takes no lock and touches no shared state; errors are
-    // returned as `io::Error::from_raw_os_error`, which does not allocate. `cwd_fd` stays open
-    // for the whole spawn because `spawn.cwd` borrows it for longer than this function.
+    // calls are allowed. It captures three integers and makes only raw system calls: setsid,
+    // fchdir, close_range, fcntl, prctl and landlock_restrict_self (rustix issues these as
+    // direct system calls or plain libc wrappers; libc::syscall and libc::prctl are thin
+    // wrappers). It allocates nothing, takes no lock and touches no shared state; errors are
+    // returned as `io::Error::from_raw_os_error` or `last_os_error`, which do not allocate.
+    // `cwd_fd` stays open for the whole spawn because `spawn.cwd` borrows it for longer than this
+    // function; `scope_fd` is owned by a static that is never dropped.
     unsafe {
         cmd.pre_exec(move || {
             rustix::process::setsid()?;
             rustix::process::fchdir(BorrowedFd::borrow_raw(cwd_fd))?;
-            mark_inherited_fds_cloexec(fallback_max_fd)
+            mark_inherited_fds_cloexec(fallback_max_fd)?;
+            if let Some(fd) = scope_fd {
+                enter_scope(fd)?;
+            }
+            Ok(())
         });
     }
 
@@ -251,6 +270,55 @@ pub async fn run(spawn: Spawn<'_>, mut on_output: Option<OnOutput<'_>>) -> Resul
         timed_out: kill_at.is_some(),
         duration,
     })
+}
+
+/// Whether [`run`] puts commands in a Landlock domain of their own that scopes signals and
+/// abstract UNIX sockets (see the [module docs](self)): the calling thread runs with
+/// `no_new_privs` and the kernel has Landlock ABI 6 or later.
+pub fn command_scoping() -> bool {
+    scope_ruleset().is_some()
+}
+
+/// The Landlock ruleset commands enter, created once per process: no file-system or network
+/// access handled, signals and abstract UNIX sockets scoped. `None` when the calling thread lacks
+/// `no_new_privs` or the kernel lacks scopes.
+fn scope_ruleset() -> Option<&'static OwnedFd> {
+    static RULESET: OnceLock<Option<OwnedFd>> = OnceLock::new();
+    if !rustix::thread::no_new_privs().unwrap_or(false) {
+        return None;
+    }
+    RULESET
+        .get_or_init(|| {
+            use landlock::{ABI, Access, CompatLevel, Compatible, Ruleset, RulesetAttr, Scope};
+            let created = Ruleset::default()
+                .set_compatibility(CompatLevel::HardRequirement)
+                .scope(Scope::from_all(ABI::V6))
+                .and_then(|r| r.create());
+            match created {
+                Ok(r) => Option::<OwnedFd>::from(r),
+                Err(e) => {
+                    tracing::debug!(error = %e, "no Landlock scopes on this kernel: commands can signal the caller");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// In the forked child: enters the scoping domain of `ruleset`. `no_new_privs` is set first (the
+/// caller already has it; [`scope_ruleset`] checked), as `landlock_restrict_self` requires.
+/// Async-signal-safe: two system calls.
+fn enter_scope(ruleset: RawFd) -> io::Result<()> {
+    // SAFETY: prctl(PR_SET_NO_NEW_PRIVS, 1) takes integers only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: landlock_restrict_self(2) takes a descriptor (a ruleset that stays open: see
+    // `run`) and flags; it touches no memory of this process.
+    if unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0u32) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Marks every descriptor from 3 up close-on-exec. Runs in the forked child: async-signal-safe.
@@ -403,4 +471,95 @@ pub fn kill_all(pids: &[u32]) -> usize {
         }
     }
     signalled
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd;
+
+    use super::*;
+
+    /// The kernel's Landlock ABI (0 without Landlock).
+    fn landlock_abi() -> i64 {
+        // SAFETY: landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION) reads no
+        // memory and returns the ABI version (or -1).
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_landlock_create_ruleset,
+                std::ptr::null::<libc::c_void>(),
+                0usize,
+                1u32,
+            )
+        };
+        r.max(0)
+    }
+
+    /// Runs `command` from a fresh thread (with `no_new_privs` set on it when `nnp`), in a
+    /// temporary directory, while this process listens on the abstract UNIX socket named
+    /// `$SOCKET` in the command's environment; returns whether commands are scoped, and the
+    /// command's stdout.
+    fn run_on_thread(command: &'static str, nnp: bool) -> (bool, String) {
+        std::thread::spawn(move || {
+            use std::os::linux::net::SocketAddrExt;
+            let name = format!("sessionbox-test-{}-{nnp}", std::process::id());
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(&name).unwrap();
+            let _listener = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+            if nnp {
+                // Per thread: only this thread (and what it forks) has it.
+                rustix::thread::set_no_new_privs(true).unwrap();
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let cwd = std::fs::File::open(dir.path()).unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let mut req = ExecRequest::new(command);
+            req.env.insert("SOCKET".into(), name);
+            let r = rt
+                .block_on(run(Spawn::new(&req, cwd.as_fd(), "/w"), None))
+                .unwrap();
+            (
+                command_scoping(),
+                String::from_utf8_lossy(&r.stdout).into_owned(),
+            )
+        })
+        .join()
+        .unwrap()
+    }
+
+    /// Signals the caller (harmlessly: `SIGCONT`) and a child of its own, and connects to the
+    /// caller's abstract socket.
+    const SIGNALS: &str = "kill -CONT $PPID 2>/dev/null; echo caller $?; \
+        sleep 30 & kill $!; echo child $?; wait $!; echo waited $?; \
+        perl -MSocket -e 'socket(my $s, PF_UNIX, SOCK_STREAM, 0) or die; \
+          print connect($s, pack_sockaddr_un(\"\\0$ENV{SOCKET}\")) ? \"abstract ok\\n\" : \"abstract $!\\n\"'";
+
+    #[test]
+    fn with_no_new_privs_a_command_can_signal_its_children_but_not_its_caller() {
+        if landlock_abi() < 6 {
+            let (scoped, out) = run_on_thread(SIGNALS, true);
+            assert!(!scoped);
+            assert_eq!(out, "caller 0\nchild 0\nwaited 143\nabstract ok\n");
+            eprintln!("SKIPPED: no Landlock scopes on this kernel (ABI < 6)");
+            return;
+        }
+        let (scoped, out) = run_on_thread(SIGNALS, true);
+        assert!(scoped);
+        assert_eq!(
+            out,
+            "caller 1\nchild 0\nwaited 143\nabstract Operation not permitted\n"
+        );
+    }
+
+    #[test]
+    fn without_no_new_privs_commands_are_not_scoped() {
+        if rustix::thread::no_new_privs().unwrap() {
+            eprintln!("SKIPPED: the test runs with no_new_privs");
+            return;
+        }
+        let (scoped, out) = run_on_thread(SIGNALS, false);
+        assert!(!scoped);
+        assert_eq!(out, "caller 0\nchild 0\nwaited 143\nabstract ok\n");
+    }
 }

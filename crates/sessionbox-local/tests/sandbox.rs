@@ -920,6 +920,7 @@ fn probe_reports_every_layer_enforced_here() {
     let names: Vec<&str> = layers.iter().map(|l| l.layer.as_str()).collect();
     for l in [
         "user namespace",
+        "user namespace owner",
         "mount namespace",
         "pid namespace",
         "network namespace",
@@ -1025,4 +1026,180 @@ fn an_unprivileged_caller_gets_the_same_sandbox_in_a_delegated_cgroup() {
     assert!(!c.read("root").contains("root ") && c.read("root").contains("workspace"));
     assert_ne!(c.read("unshare"), "0");
     assert_ne!(c.read("usr"), "0");
+}
+
+/// The owner of the user namespace of process `pid`, as a host uid (`NS_GET_OWNER_UID`).
+fn userns_owner(pid: u32) -> u32 {
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/user")).unwrap();
+    let mut uid: libc::uid_t = u32::MAX;
+    // SAFETY: NS_GET_OWNER_UID writes one uid_t through the pointer, to a live local; `ns` is an
+    // open namespace descriptor.
+    let r = unsafe { libc::ioctl(ns.as_raw_fd(), libc::NS_GET_OWNER_UID, &mut uid) };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    uid
+}
+
+#[test]
+fn the_user_namespace_is_owned_by_the_conversation_uid_and_has_its_own_limits() {
+    needs_root!();
+    let c = Case::new(
+        "cd /proc/sys/user && for f in max_inotify_instances max_inotify_watches max_user_namespaces max_mnt_namespaces; do \
+           echo \"$f $(cat $f)\"; done > /workspace/sysctl; \
+         ( echo 100000 > /proc/sys/user/max_inotify_instances ) 2>/dev/null; echo $? > /workspace/raise; \
+         bash -c 'ulimit -i' > /workspace/sigpending; \
+         perl -e '$r = syscall(154, 0, 0, 0); print \"$r $!\\n\"' > /workspace/modify_ldt; \
+         touch /workspace/ready; exec sleep 30",
+    );
+    let h = c.launch();
+    assert!(eventually(10, || c.path("ready").exists()));
+    let uid = c.spec.uid;
+    let init = h.pid();
+    let program = children(init)[0];
+    // The namespace belongs to the conversation's uid, not root: the kernel charges its per-user
+    // counts to that uid.
+    assert_eq!(userns_owner(init), uid);
+    assert_eq!(userns_owner(program), uid);
+    let ns = |pid: u32| std::fs::read_link(format!("/proc/{pid}/ns/user")).unwrap();
+    assert_eq!(ns(init), ns(program));
+    assert_ne!(ns(init), ns(std::process::id()));
+    let map = std::fs::read_to_string(format!("/proc/{init}/uid_map")).unwrap();
+    assert_eq!(
+        map.split_whitespace().collect::<Vec<_>>(),
+        [INSIDE_UID.to_string(), uid.to_string(), "1".into()]
+    );
+    // Its own per-namespace limits, which the sandbox cannot raise.
+    assert_eq!(
+        c.read("sysctl"),
+        "max_inotify_instances 128\nmax_inotify_watches 65536\nmax_user_namespaces 0\nmax_mnt_namespaces 0"
+    );
+    assert_ne!(c.read("raise"), "0");
+    // RLIMIT_SIGPENDING, seen inside and from the host.
+    assert_eq!(c.read("sigpending"), "1024");
+    let limits = std::fs::read_to_string(format!("/proc/{program}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max pending signals"))
+        .unwrap();
+    assert_eq!(
+        line.split_whitespace().collect::<Vec<_>>()[3..5],
+        ["1024", "1024"],
+        "{line}"
+    );
+    if cfg!(target_arch = "x86_64") {
+        assert_eq!(c.read("modify_ldt"), "-1 Operation not permitted");
+    }
+    h.kill().unwrap();
+}
+
+#[test]
+fn inotify_instances_held_in_a_sandbox_leave_roots_allowance_alone() {
+    needs_root!();
+    // inotify_init1 is 294 on x86_64, 26 on aarch64 and riscv64.
+    let nr = if cfg!(target_arch = "x86_64") {
+        294
+    } else {
+        26
+    };
+    let c = Case::new(&format!(
+        "perl -e 'my $n = 0; for (1..200) {{ $n++ if syscall({nr}, 0) >= 0 }} \
+           open(my $f, \">\", \"/workspace/count\"); print $f \"$n\\n\"; close $f; \
+           open($f, \">\", \"/workspace/ready\"); close $f; sleep 60'"
+    ));
+    let h = c.launch();
+    assert!(
+        eventually(20, || c.path("ready").exists()),
+        "the sandbox did not get to hold its inotify instances"
+    );
+    // Held by the sandbox: as many as its own namespace's limit allows (and the host's per-user
+    // limit, now charged to the conversation's uid).
+    let host_limit: u32 = std::fs::read_to_string("/proc/sys/user/max_inotify_instances")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let held: u32 = c.read("count").parse().unwrap();
+    assert_eq!(held, host_limit.min(128));
+    // Root on the host still has its own allowance.
+    // SAFETY: inotify_init1 takes flags; the descriptor it returns is closed below.
+    let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+    let e = std::io::Error::last_os_error();
+    assert!(
+        fd >= 0,
+        "root's inotify_init1 failed while a sandbox holds {held} instances: {e}"
+    );
+    // SAFETY: `fd` is the descriptor opened above, not used elsewhere.
+    unsafe { libc::close(fd) };
+    h.kill().unwrap();
+}
+
+#[test]
+fn pending_signals_are_limited_and_not_charged_to_root() {
+    needs_root!();
+    // Queue real-time signals to itself (blocked) far past root's RLIMIT_SIGPENDING, then hold.
+    let c = Case::new(
+        "python3 -c 'import os, signal, time\n\
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGRTMIN})\n\
+for _ in range(100000): os.kill(os.getpid(), signal.SIGRTMIN)\n\
+q = [l.split()[1] for l in open(\"/proc/self/status\") if l.startswith(\"SigQ:\")][0]\n\
+open(\"/workspace/sigq\", \"w\").write(q)\n\
+open(\"/workspace/ready\", \"w\").close()\n\
+time.sleep(60)'",
+    );
+    let h = c.launch();
+    assert!(
+        eventually(30, || c.path("ready").exists()),
+        "the sandbox did not get to queue its signals"
+    );
+    assert_eq!(c.read("sigq"), "1024/1024");
+    // Root on the host can still queue signals: timer_create preallocates one.
+    let mut timer: libc::timer_t = std::ptr::null_mut();
+    // SAFETY: a null sigevent asks for SIGALRM on expiry; the timer id is written to a live
+    // local, and the timer (never armed) is deleted below.
+    let r = unsafe { libc::timer_create(libc::CLOCK_MONOTONIC, std::ptr::null_mut(), &mut timer) };
+    let e = std::io::Error::last_os_error();
+    assert_eq!(
+        r, 0,
+        "root's timer_create failed while a sandbox holds queued signals: {e}"
+    );
+    // SAFETY: `timer` was created above.
+    unsafe { libc::timer_delete(timer) };
+    h.kill().unwrap();
+}
+
+#[test]
+fn a_command_cannot_signal_the_agent_or_the_init_but_can_signal_its_own_children() {
+    needs_root!();
+    // The test binary stands in for the agent: it runs the script through process::run.
+    let mut c = Case::new("");
+    c.spec.ro_binds = vec![(PathBuf::from(INIT), "/.sessionbox/init".into())];
+    c.spec.program = "/.sessionbox/init".into();
+    c.spec.args = vec![
+        "run-command".into(),
+        "echo $PPID > /workspace/ppid; \
+         kill -STOP $PPID 2> /workspace/agent_err; echo $? > /workspace/agent; \
+         kill -STOP 1 2> /dev/null; echo $? > /workspace/init; \
+         kill -TERM 1 2> /dev/null; echo $? > /workspace/init_term; \
+         cat /proc/$PPID/environ > /dev/null 2>&1; echo $? > /workspace/environ; \
+         sleep 30 & child=$!; kill $child; echo $? > /workspace/child; \
+         wait $child 2> /dev/null; echo $? > /workspace/child_status"
+            .into(),
+    ];
+    let (h, status) = c.run(20);
+    // The agent was neither stopped nor killed (through the init's forwarding either): it ran
+    // to the end and reported the command's status.
+    assert_eq!(status, ExitStatus::Code(0));
+    assert_eq!(c.read("ppid"), "2");
+    assert_eq!(c.read("agent"), "1");
+    assert!(
+        c.read("agent_err").contains("Operation not permitted"),
+        "{}",
+        c.read("agent_err")
+    );
+    assert_eq!(c.read("init"), "1");
+    assert_eq!(c.read("init_term"), "1");
+    // Nor read the agent's memory or environment (Landlock's ptrace rule for nested domains).
+    assert_ne!(c.read("environ"), "0");
+    assert_eq!(c.read("child"), "0");
+    assert_eq!(c.read("child_status"), "143");
+    h.kill().unwrap();
 }

@@ -33,7 +33,7 @@ pub(crate) const NAMESPACES: [(&str, libc::c_int); 7] = [
     ("cgroup namespace", libc::CLONE_NEWCGROUP),
 ];
 
-pub(crate) const HINT_USERNS: &str = "run sessionbox as root, or allow unprivileged user namespaces (sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone=1 on Debian kernels, kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu); inside a container, give it a seccomp/AppArmor profile that permits clone(CLONE_NEWUSER)";
+pub(crate) const HINT_USERNS: &str = "run sessionbox as root, or allow unprivileged user namespaces (sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone=1 on Debian kernels, kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu); inside a container, give it a seccomp/AppArmor profile that permits unshare(CLONE_NEWUSER) and setns";
 const HINT_KERNEL: &str = "run on Linux 5.13 or later with namespaces, Landlock and seccomp enabled; `sessionbox doctor` lists what is missing";
 const HINT_BUG: &str =
     "this is a sessionbox bug or a very unusual host; report it with `sessionbox doctor` output";
@@ -302,12 +302,33 @@ fn monitor(ctl_slot: &mut Option<OwnedFd>) -> Step<i32> {
         )?;
     }
 
+    // The user namespace first, owned by the conversation's uid (see `create_user_namespace`);
+    // this process joins it, so the namespaces cloned next belong to it and the init starts in
+    // it with this process's (unmapped) host identity and every capability there.
+    let userns = create_user_namespace(root, host_uid, host_gid)?;
+    // SAFETY: setns(2) takes a descriptor and a flag. This process is single-threaded (checked
+    // above) and shares no file-system information, as joining a user namespace requires.
+    if unsafe { libc::setns(userns.as_raw_fd(), libc::CLONE_NEWUSER) } != 0 {
+        return Err(Failure::new(
+            "user namespace",
+            format!(
+                "cannot join the sandbox's user namespace: {}",
+                io::Error::last_os_error()
+            ),
+            HINT_USERNS,
+        ));
+    }
+    drop(userns);
+
     let (sync_r, sync_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).layer(
         "init",
         "cannot create a pipe",
         HINT_BUG,
     )?;
-    let flags = NAMESPACES.iter().fold(0, |f, (_, n)| f | n);
+    let flags = NAMESPACES
+        .iter()
+        .filter(|(_, n)| *n != libc::CLONE_NEWUSER)
+        .fold(0, |f, (_, n)| f | n);
     // SAFETY: clone(2) without CLONE_VM, CLONE_THREAD or a new stack behaves like fork(2): the
     // child gets a copy of this process's memory and continues from here on the same (copied)
     // stack. This process is single-threaded (checked above), so no lock is held by another
@@ -338,13 +359,9 @@ fn monitor(ctl_slot: &mut Option<OwnedFd>) -> Step<i32> {
     // The init has its copy.
     drop(passed);
     let child_pid = Pid::from_raw(child).expect("clone returned a positive pid");
-    if let Err(f) = write_id_maps(child, host_uid, host_gid) {
-        let _ = rustix::process::kill_process(child_pid, rustix::process::Signal::KILL);
-        let _ = rustix::process::waitpid(Some(child_pid), WaitOptions::empty());
-        return Err(f);
-    }
     send(ctl(ctl_slot), &Report::Pid { pid: child as u32 });
-    // Let the init go on; keep `sync_w` open while this process lives, so the init sees it end.
+    // Let the init go on (its reports follow the pid's); keep `sync_w` open while this process
+    // lives, so the init sees it end.
     write_all(sync_w.as_fd(), b"x");
     *ctl_slot = None;
     loop {
@@ -363,34 +380,165 @@ fn monitor(ctl_slot: &mut Option<OwnedFd>) -> Step<i32> {
     }
 }
 
-/// Names the namespace a failed clone could not create, by trying each alone.
+/// Names the namespace a failed clone could not create, by trying each alone (this process is
+/// in the sandbox's user namespace by then, with every capability there).
 fn namespace_failure(e: io::Error) -> Failure {
     for (name, flag) in NAMESPACES {
-        let flags = if flag == libc::CLONE_NEWUSER {
-            flag
-        } else {
-            libc::CLONE_NEWUSER | flag
-        };
-        if let Err(e) = probe::try_clone(flags) {
-            return Failure::new(
-                name,
-                format!("clone({name}) failed: {e}"),
-                if flag == libc::CLONE_NEWUSER {
-                    HINT_USERNS
-                } else {
-                    HINT_KERNEL
-                },
-            );
+        if flag == libc::CLONE_NEWUSER {
+            continue;
+        }
+        if let Err(e) = probe::try_clone(flag) {
+            return Failure::new(name, format!("clone({name}) failed: {e}"), HINT_KERNEL);
         }
     }
     Failure::new(
         "namespaces",
         format!("clone with the sandbox's namespaces failed: {e}"),
-        HINT_USERNS,
+        HINT_KERNEL,
     )
 }
 
-/// Writes the init's `setgroups`, `uid_map` and `gid_map` from outside its user namespace.
+/// Creates the sandbox's user namespace, owned by host `uid`/`gid`, maps [`INSIDE_UID`] and
+/// [`INSIDE_GID`] to them, and returns a descriptor of it (`/proc/PID/ns/user`).
+///
+/// The kernel charges every per-user count of a user namespace (inotify instances and watches,
+/// pending signals, message queue bytes, locked memory, processes, namespaces) up the chain of
+/// its ancestors, and in the host's namespace to the namespace's *owner*: the effective uid of
+/// the process that created it. Created by root, a sandbox would spend root's host-wide
+/// allowance (128 inotify instances, for one) and could exhaust it for the whole host. So a
+/// helper process creates it: forked from this one, it switches only its effective ids to the
+/// conversation's (as root: the real and saved ids stay 0 and, with `SECBIT_NO_SETUID_FIXUP`,
+/// so do its capabilities, which hosts that allow only privileged processes to create user
+/// namespaces require), calls `unshare(CLONE_NEWUSER)`, and waits. This process, still in the
+/// host's user namespace with its own privilege, writes the maps from outside and lets the
+/// helper go. Without root the helper keeps the caller's ids, which are the conversation's.
+///
+/// The init is then cloned by this process after it joins the namespace (`setns`), so the init
+/// starts with this process's host identity, not the conversation's: it opens the spec's host
+/// paths as before, without needing search rights for the conversation's uid.
+fn create_user_namespace(root: bool, uid: u32, gid: u32) -> Step<OwnedFd> {
+    const L: &str = "user namespace";
+    let pipe = || {
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).layer(
+            "init",
+            "cannot create a pipe",
+            HINT_BUG,
+        )
+    };
+    let (ready_r, ready_w) = pipe()?;
+    let (hold_r, hold_w) = pipe()?;
+    // SAFETY: this process is single-threaded (the monitor checked), so the child of fork(2) is
+    // a complete copy; it makes only raw system calls and ends with _exit(2).
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(Failure::new(
+            "init",
+            format!("fork: {}", io::Error::last_os_error()),
+            HINT_BUG,
+        ));
+    }
+    if pid == 0 {
+        drop(ready_r);
+        drop(hold_w);
+        let errno = unshare_as_owner(root, uid, gid);
+        write_all(ready_w.as_fd(), &errno.to_ne_bytes());
+        if errno == 0 {
+            // Until the monitor has written the maps and holds a descriptor of the namespace:
+            // it closes its end then (or dies).
+            let mut b = [0u8; 1];
+            while let Ok(1) | Err(rustix::io::Errno::INTR) = rustix::io::read(&hold_r, &mut b) {}
+        }
+        // SAFETY: _exit(2) ends this child without running the parent's atexit handlers.
+        unsafe { libc::_exit(0) };
+    }
+    drop(ready_w);
+    drop(hold_r);
+    let helper = Pid::from_raw(pid).expect("fork returned a positive pid");
+    let result = (|| {
+        let mut b = [0u8; 4];
+        let mut got = 0;
+        while got < b.len() {
+            match rustix::io::read(&ready_r, &mut b[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => {
+                    return Err(Failure::new(
+                        L,
+                        format!("reading from the helper: {e}"),
+                        HINT_BUG,
+                    ));
+                }
+            }
+        }
+        if got < b.len() {
+            return Err(Failure::new(L, "the helper creating it died", HINT_BUG));
+        }
+        let errno = i32::from_ne_bytes(b);
+        if errno != 0 {
+            return Err(Failure::new(
+                L,
+                format!(
+                    "unshare(CLONE_NEWUSER) with effective uid {uid} and gid {gid} failed: {}",
+                    io::Error::from_raw_os_error(errno)
+                ),
+                HINT_USERNS,
+            ));
+        }
+        let ns = rustix::fs::open(
+            format!("/proc/{pid}/ns/user"),
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .layer(L, format!("cannot open /proc/{pid}/ns/user"), HINT_BUG)?;
+        write_id_maps(pid, uid, gid)?;
+        Ok(ns)
+    })();
+    drop(hold_w);
+    let _ = rustix::process::waitpid(Some(helper), WaitOptions::empty());
+    result
+}
+
+/// In the helper of [`create_user_namespace`]: takes `uid`/`gid` as effective ids (as root) and
+/// creates a user namespace. Returns 0 or an errno. Only raw system calls.
+fn unshare_as_owner(root: bool, uid: u32, gid: u32) -> i32 {
+    let errno = || {
+        io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO)
+    };
+    const KEEP: libc::c_long = -1;
+    if root {
+        // SAFETY: prctl(PR_SET_SECUREBITS) and setresgid/setresuid(2) take integers only; -1
+        // leaves an id unchanged. Raw system calls: they change this (only) thread.
+        unsafe {
+            if libc::prctl(
+                libc::PR_SET_SECUREBITS,
+                libc::SECBIT_NO_SETUID_FIXUP as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return errno();
+            }
+            if libc::syscall(libc::SYS_setresgid, KEEP, gid as libc::c_long, KEEP) != 0 {
+                return errno();
+            }
+            if libc::syscall(libc::SYS_setresuid, KEEP, uid as libc::c_long, KEEP) != 0 {
+                return errno();
+            }
+        }
+    }
+    // SAFETY: unshare(2) takes a flag.
+    if unsafe { libc::unshare(libc::CLONE_NEWUSER) } != 0 {
+        return errno();
+    }
+    0
+}
+
+/// Writes `setgroups`, `uid_map` and `gid_map` of the user namespace of process `pid` (the
+/// helper of [`create_user_namespace`]) from outside it.
 fn write_id_maps(pid: i32, uid: u32, gid: u32) -> Step<()> {
     let w = |file: &str, data: String| -> Step<()> {
         let path = format!("/proc/{pid}/{file}");
@@ -452,7 +600,8 @@ extern "C" fn forward_signal(sig: libc::c_int) {
 /// is at [`PASSED_FD`]), reaps until it exits.
 fn init(ctl: OwnedFd, sync: OwnedFd, passed: Option<OwnedFd>, spec: &SandboxSpec) -> i32 {
     let mut b = [0u8; 1];
-    // Wait until the monitor has written the id maps; EOF means it failed (and reported why).
+    // Wait until the monitor has reported this process's pid; EOF means it failed (and reported
+    // why).
     loop {
         match rustix::io::read(&sync, &mut b) {
             Ok(1) => break,
@@ -487,9 +636,9 @@ fn init(ctl: OwnedFd, sync: OwnedFd, passed: Option<OwnedFd>, spec: &SandboxSpec
 /// Everything between the id maps and the program's fork, in order. Returns how Landlock was
 /// applied.
 fn setup(sync: &OwnedFd, spec: &SandboxSpec) -> Step<String> {
-    // Host paths are opened first, with the identity the init was cloned with (the host uid
-    // unmapped here, and every capability in the new namespaces), so the sandbox user never
-    // needs search rights on their parent directories.
+    // Host paths are opened first, with the identity the init was cloned with (the monitor's
+    // host uid, unmapped here when it is root, and every capability in the new namespaces), so
+    // the sandbox user never needs search rights on their parent directories.
     let sources = mounts::Sources::open(spec)?;
 
     // Identity. Capabilities survive: uid 0 is not mapped in this namespace, so the kernel sees
@@ -588,6 +737,53 @@ fn loopback_up() -> io::Result<()> {
     Ok(())
 }
 
+/// `RLIMIT_SIGPENDING`: signals queued at once for the sandbox user.
+pub(crate) const SIGPENDING: u64 = 1024;
+/// `RLIMIT_MSGQUEUE`: bytes of POSIX message queues (the kernel's default).
+const MSGQUEUE_BYTES: u64 = 819_200;
+/// `RLIMIT_MEMLOCK`: locked memory, 8 MiB (the usual default).
+const MEMLOCK_BYTES: u64 = 8 << 20;
+
+/// Limits of the sandbox's own user namespace (`/proc/sys/user`), which bound everything created
+/// inside it whatever the host's: inotify instances and watches, and no namespace of any kind
+/// (seccomp refuses creating them too).
+pub(crate) const USERNS_LIMITS: [(&str, u64); 11] = [
+    ("max_inotify_instances", 128),
+    ("max_inotify_watches", 65_536),
+    ("max_fanotify_groups", 0),
+    ("max_user_namespaces", 0),
+    ("max_mnt_namespaces", 0),
+    ("max_pid_namespaces", 0),
+    ("max_net_namespaces", 0),
+    ("max_ipc_namespaces", 0),
+    ("max_uts_namespaces", 0),
+    ("max_cgroup_namespaces", 0),
+    ("max_time_namespaces", 0),
+];
+
+/// Writes [`USERNS_LIMITS`] through `proc` (the sandbox's new procfs, before its `sys` is made
+/// read-only). The values are per user namespace: these are the sandbox's own, which the init
+/// may set while it holds `CAP_SYS_RESOURCE` there; the host's stay as they are, and still apply
+/// on top, to the conversation's uid. A limit this kernel does not have is skipped; any other
+/// failure fails the launch.
+pub(crate) fn limit_user_namespace(proc: &std::path::Path) -> Step<()> {
+    for (name, value) in USERNS_LIMITS {
+        let path = proc.join("sys/user").join(name);
+        match std::fs::write(&path, value.to_string()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(Failure::new(
+                    "user namespace limits",
+                    format!("cannot set /proc/sys/user/{name} to {value}: {e}"),
+                    HINT_KERNEL,
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn set_rlimits(spec: &SandboxSpec) -> Step<()> {
     use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
     let l = &spec.limits;
@@ -596,6 +792,9 @@ fn set_rlimits(spec: &SandboxSpec) -> Step<()> {
         (Resource::Fsize, "RLIMIT_FSIZE", l.fsize),
         (Resource::Nofile, "RLIMIT_NOFILE", l.nofile),
         (Resource::Core, "RLIMIT_CORE", 0),
+        (Resource::Sigpending, "RLIMIT_SIGPENDING", SIGPENDING),
+        (Resource::Msgqueue, "RLIMIT_MSGQUEUE", MSGQUEUE_BYTES),
+        (Resource::Memlock, "RLIMIT_MEMLOCK", MEMLOCK_BYTES),
     ] {
         // Never above the current hard limit: raising it needs privilege in the host namespace.
         let v = getrlimit(res).maximum.map_or(want, |hard| want.min(hard));

@@ -29,6 +29,9 @@ const FS_ABI: ABI = ABI::V5;
 /// the sandbox.
 const SCOPE_ABI: ABI = ABI::V6;
 
+/// What a kernel without Landlock scopes (before ABI 6, Linux 6.12) leaves open.
+pub(crate) const NO_SCOPES: &str = "without scopes (ABI 6, Linux 6.12), a command can signal (stop, kill) the sandbox's agent and init";
+
 /// Directories where everything is allowed.
 pub(crate) const WRITABLE: [&str; 3] = ["/workspace", "/tmp", "/dev/shm"];
 
@@ -126,8 +129,8 @@ fn landlock() -> Step<String> {
     match status.ruleset {
         RulesetStatus::FullyEnforced => Ok("fully enforced".into()),
         RulesetStatus::PartiallyEnforced => Ok(format!(
-            "partially enforced (the kernel lacks some rights of Landlock ABI {}: {:?})",
-            FS_ABI as i32, status.landlock
+            "partially enforced (the kernel lacks some rights of Landlock ABI {} or the scopes of ABI {}: {:?}; {})",
+            FS_ABI as i32, SCOPE_ABI as i32, status.landlock, NO_SCOPES
         )),
         RulesetStatus::NotEnforced => Err(Failure::new(
             L,
@@ -194,6 +197,8 @@ fn denied_syscalls() -> Vec<i64> {
         libc::SYS_ioperm,
         libc::SYS_uselib,
         libc::SYS_lookup_dcookie,
+        // Per-process LDT entries: a rarely needed, bug-prone interface (Docker refuses it too).
+        libc::SYS_modify_ldt,
     ]);
     v
 }

@@ -7,8 +7,10 @@
 //!    cgroups and writes the limits, spawns `init_exe init_args...` with a control socket as
 //!    descriptor 3, puts that process in the cgroups, then sends it the spec as one JSON line.
 //! 2. [`init_main`] in that process (the *monitor*, single-threaded, still in the host
-//!    namespaces) clones the sandbox's *init* into fresh user, mount, PID, IPC, UTS, network and
-//!    cgroup namespaces, writes the init's `uid_map`/`gid_map` from outside, and waits for it.
+//!    namespaces) has a helper create the sandbox's user namespace with the conversation's uid as
+//!    its owner (so the kernel charges the sandbox's per-user counts to that uid, not root),
+//!    writes its `uid_map`/`gid_map` from outside, joins it, clones the sandbox's *init* into
+//!    fresh mount, PID, IPC, UTS, network and cgroup namespaces, and waits for it.
 //! 3. The init (PID 1 inside) builds the new root on a tmpfs, pivots into it, takes the
 //!    sandbox identity, drops every capability, sets `no_new_privs`, applies Landlock and seccomp
 //!    to itself, and forks the program, which execs with a clean descriptor table in

@@ -384,6 +384,8 @@ pub(crate) fn build(sources: Sources, spec: &SandboxSpec) -> Step<()> {
         None,
     )
     .layer(LAYER, "mount /proc for the new PID namespace", HINT)?;
+    // The user namespace's own limits, while /proc/sys is still writable.
+    super::child::limit_user_namespace(&at("proc"))?;
     mask_proc(&at("proc"), &at("dev/null"))?;
 
     // /tmp.

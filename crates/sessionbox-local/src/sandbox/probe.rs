@@ -78,6 +78,82 @@ pub(crate) fn try_clone(flags: libc::c_int) -> io::Result<()> {
     Ok(())
 }
 
+/// Whether a user namespace can be created with the conversation's uid as its owner, as the
+/// monitor's helper does as root (effective ids switched, capabilities kept): tried with uid and
+/// gid 65534 in a child that exits at once. Without root the owner is the caller, nothing to
+/// try.
+fn owner_probe() -> LayerStatus {
+    const LAYER: &str = "user namespace owner";
+    if !rustix::process::geteuid().is_root() {
+        return LayerStatus::ok(
+            LAYER,
+            "not root: the namespace is owned by the caller's own uid, which is the conversation's",
+        );
+    }
+    const NOBODY: libc::c_long = 65534;
+    const KEEP: libc::c_long = -1;
+    // SAFETY: fork(2) in a possibly multithreaded process: the child makes only raw system calls
+    // (prctl, setresgid, setresuid, unshare, _exit), which are async-signal-safe, and touches no
+    // memory but its own stack.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: see above; every call takes integers only.
+        unsafe {
+            let code = if libc::prctl(
+                libc::PR_SET_SECUREBITS,
+                libc::SECBIT_NO_SETUID_FIXUP as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                1
+            } else if libc::syscall(libc::SYS_setresgid, KEEP, NOBODY, KEEP) != 0
+                || libc::syscall(libc::SYS_setresuid, KEEP, NOBODY, KEEP) != 0
+            {
+                2
+            } else if libc::unshare(libc::CLONE_NEWUSER) != 0 {
+                3
+            } else {
+                0
+            };
+            libc::_exit(code);
+        }
+    }
+    if pid < 0 {
+        return LayerStatus::missing(
+            LAYER,
+            format!("fork failed: {}", io::Error::last_os_error()),
+            "free process slots and retry",
+        );
+    }
+    let status = rustix::process::Pid::from_raw(pid).and_then(|p| {
+        rustix::process::waitpid(Some(p), rustix::process::WaitOptions::empty())
+            .ok()
+            .flatten()
+            .and_then(|(_, s)| s.exit_status())
+    });
+    match status {
+        Some(0) => LayerStatus::ok(
+            LAYER,
+            "each sandbox's user namespace is owned by its conversation's uid: its per-user counts (inotify, pending signals, ...) are charged to that uid, not root",
+        ),
+        other => LayerStatus::missing(
+            LAYER,
+            format!(
+                "creating a user namespace with effective uid 65534 failed ({})",
+                match other {
+                    Some(1) => "prctl(PR_SET_SECUREBITS)",
+                    Some(2) => "setresuid/setresgid",
+                    Some(3) => "unshare(CLONE_NEWUSER)",
+                    _ => "the probe did not finish",
+                }
+            ),
+            HINT_USERNS,
+        ),
+    }
+}
+
 /// The kernel's Landlock ABI version (0 when Landlock is unavailable).
 fn landlock_abi() -> i64 {
     const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
@@ -118,6 +194,8 @@ pub fn probe() -> Vec<LayerStatus> {
         });
     }
 
+    out.push(owner_probe());
+
     // mount_setattr(2): read-only recursive binds.
     // SAFETY: with an invalid descriptor and null pointers the kernel fails early (EBADF/EINVAL)
     // without touching memory; only ENOSYS matters here.
@@ -151,9 +229,16 @@ pub fn probe() -> Vec<LayerStatus> {
         ),
         1..=4 => LayerStatus::ok(
             "landlock",
-            format!("ABI {abi}: partially enforced (writes are confined; truncation or device ioctls need ABI 5, Linux 6.10)"),
+            format!("ABI {abi}: partially enforced (writes are confined; truncation or device ioctls need ABI 5, Linux 6.10; {})", confine::NO_SCOPES),
         ),
-        _ => LayerStatus::ok("landlock", format!("ABI {abi}: fully enforced")),
+        5 => LayerStatus::ok(
+            "landlock",
+            format!("ABI {abi}: partially enforced (writes are confined; {})", confine::NO_SCOPES),
+        ),
+        _ => LayerStatus::ok(
+            "landlock",
+            format!("ABI {abi}: fully enforced (signals and abstract UNIX sockets scoped: commands cannot signal the agent)"),
+        ),
     });
 
     // SAFETY: prctl(PR_GET_SECCOMP) takes integers only.
