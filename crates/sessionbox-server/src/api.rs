@@ -17,14 +17,18 @@ use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sessionbox_core::{
-    ConversationId, ConversationKey, ConversationRef, EditRequest, Error, ExecRequest, ExitStatus,
-    GrepRequest, Session,
+    ConversationId, ConversationKey, ConversationRef, DirEntry, EditRequest, Error, ExecRequest,
+    ExitStatus, GrepMatch, GrepRequest, Session,
 };
 use sessionbox_manager::Conversation;
 use sessionbox_store::{AuditEntry, ConversationRecord};
 
 use crate::auth::Principal;
 use crate::error::{ApiError, rejection};
+use crate::openapi::{
+    BinaryDoc, DirEntryDoc, EditResultDoc, ErrorBody, ExitStatusDoc, FileStatDoc, GrepMatchDoc,
+    GrepRequestDoc,
+};
 use crate::queue::Turn;
 use crate::{AppState, blocking};
 
@@ -35,6 +39,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/v1/openapi.json", get(crate::openapi::document))
         .route("/v1/conversations", get(list_conversations))
         .route(
             "/v1/conversations/{id}",
@@ -74,7 +79,7 @@ async fn method_not_allowed() -> ApiError {
 
 // ---- Extractors whose rejections are the JSON error body. ----
 
-struct JsonBody<T>(T);
+pub(crate) struct JsonBody<T>(T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
@@ -90,7 +95,7 @@ fn json_rejection(e: JsonRejection) -> ApiError {
     rejection(e.status(), e.body_text())
 }
 
-struct RawBody(Bytes);
+pub(crate) struct RawBody(Bytes);
 
 impl<S: Send + Sync> FromRequest<S> for RawBody {
     type Rejection = ApiError;
@@ -102,7 +107,7 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
     }
 }
 
-struct PathArgs<T>(T);
+pub(crate) struct PathArgs<T>(T);
 
 impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for PathArgs<T> {
     type Rejection = ApiError;
@@ -114,7 +119,7 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for PathArg
     }
 }
 
-struct QueryArgs<T>(T);
+pub(crate) struct QueryArgs<T>(T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for QueryArgs<T> {
     type Rejection = ApiError;
@@ -129,7 +134,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for QueryArgs<T> {
 // ---- Conversations, turns and audit. ----
 
 /// An open conversation and the turn that orders it.
-struct Opened {
+pub(crate) struct Opened {
     conv: Conversation,
     _turn: Turn,
 }
@@ -228,7 +233,7 @@ impl AppState {
 
 /// The error code of a response, for the audit record.
 #[derive(Clone, Copy)]
-struct ErrorCode(&'static str);
+pub(crate) struct ErrorCode(&'static str);
 
 fn conversation_not_found(conv: &ConversationRef) -> ApiError {
     ApiError::new(
@@ -265,11 +270,18 @@ impl ApiError {
 
 // ---- Health. ----
 
-async fn healthz() -> Response {
+/// Liveness: the process answers.
+#[utoipa::path(get, path = "/healthz", tag = "health", security(),
+    responses((status = 200, description = "alive", body = Object)))]
+pub(crate) async fn healthz() -> Response {
     Json(serde_json::json!({ "status": "ok" })).into_response()
 }
 
-async fn readyz(State(s): State<AppState>) -> Response {
+/// Readiness: the store and the runtime answer.
+#[utoipa::path(get, path = "/readyz", tag = "health", security(),
+    responses((status = 200, description = "ready", body = Object),
+              (status = 503, description = "not ready", body = ErrorBody)))]
+pub(crate) async fn readyz(State(s): State<AppState>) -> Response {
     let store = s.manager.store().clone();
     let store_ok = blocking(move || store.schema_version()).await;
     let runtime_ok = s.manager.runtime().list().await;
@@ -289,8 +301,9 @@ async fn readyz(State(s): State<AppState>) -> Response {
 // ---- Conversations. ----
 
 /// A conversation as the API shows it.
-#[derive(Debug, Serialize)]
-struct ConversationView {
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = Conversation)]
+pub(crate) struct ConversationView {
     id: String,
     state: String,
     runtime: String,
@@ -312,9 +325,17 @@ impl From<ConversationRecord> for ConversationView {
     }
 }
 
+/// A page of conversations.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct ConversationPage {
+    conversations: Vec<ConversationView>,
+    /// Pass as `cursor` for the next page; `null` on the last.
+    next_cursor: Option<String>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ListQuery {
+pub(crate) struct ListQuery {
     limit: Option<usize>,
     cursor: Option<String>,
 }
@@ -322,7 +343,19 @@ struct ListQuery {
 const MAX_PAGE: usize = 1000;
 const DEFAULT_PAGE: usize = 100;
 
-async fn list_conversations(
+/// This tenant's conversations, by id, in pages.
+#[utoipa::path(get, path = "/v1/conversations", tag = "conversations",
+    params(("limit" = Option<usize>, Query, description = "1-1000, default 100"),
+           ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    responses((status = 200, body = ConversationPage), (status = 400, description = "invalid input", body = ErrorBody),
+              (status = 401, description = "no valid API key", body = ErrorBody),
+              (status = 403, description = "path outside the workspace", body = ErrorBody),
+              (status = 404, description = "no such conversation or file", body = ErrorBody),
+              (status = 409, description = "conflict", body = ErrorBody),
+              (status = 413, description = "body too large", body = ErrorBody),
+              (status = 422, description = "JSON of the wrong shape", body = ErrorBody),
+              (status = 429, description = "the conversation's queue is full", body = ErrorBody)))]
+pub(crate) async fn list_conversations(
     State(s): State<AppState>,
     p: Principal,
     QueryArgs(q): QueryArgs<ListQuery>,
@@ -355,13 +388,27 @@ async fn list_conversations(
         } else {
             (page, None)
         };
-        Ok(Json(serde_json::json!({ "conversations": page, "next_cursor": next })).into_response())
+        Ok(Json(ConversationPage {
+            conversations: page,
+            next_cursor: next,
+        })
+        .into_response())
     }
     .await;
     s.finish(&p, "list", None, started, result).await
 }
 
-async fn get_conversation(
+/// One conversation: state, runtime, created, last use, expiry.
+#[utoipa::path(get, path = "/v1/conversations/{id}", tag = "conversations", params(("id" = String, Path, description = "conversation id")),
+    responses((status = 200, body = ConversationView), (status = 400, description = "invalid input", body = ErrorBody),
+              (status = 401, description = "no valid API key", body = ErrorBody),
+              (status = 403, description = "path outside the workspace", body = ErrorBody),
+              (status = 404, description = "no such conversation or file", body = ErrorBody),
+              (status = 409, description = "conflict", body = ErrorBody),
+              (status = 413, description = "body too large", body = ErrorBody),
+              (status = 422, description = "JSON of the wrong shape", body = ErrorBody),
+              (status = 429, description = "the conversation's queue is full", body = ErrorBody)))]
+pub(crate) async fn get_conversation(
     State(s): State<AppState>,
     p: Principal,
     PathArgs(id): PathArgs<String>,
@@ -374,7 +421,17 @@ async fn get_conversation(
     })
 }
 
-async fn destroy_conversation(
+/// Destroys a conversation: processes, sandbox, workspace, record. 204 also when absent.
+#[utoipa::path(delete, path = "/v1/conversations/{id}", tag = "conversations", params(("id" = String, Path, description = "conversation id")),
+    responses((status = 204, description = "destroyed, or was absent"), (status = 400, description = "invalid input", body = ErrorBody),
+              (status = 401, description = "no valid API key", body = ErrorBody),
+              (status = 403, description = "path outside the workspace", body = ErrorBody),
+              (status = 404, description = "no such conversation or file", body = ErrorBody),
+              (status = 409, description = "conflict", body = ErrorBody),
+              (status = 413, description = "body too large", body = ErrorBody),
+              (status = 422, description = "JSON of the wrong shape", body = ErrorBody),
+              (status = 429, description = "the conversation's queue is full", body = ErrorBody)))]
+pub(crate) async fn destroy_conversation(
     State(s): State<AppState>,
     p: Principal,
     PathArgs(id): PathArgs<String>,
@@ -389,14 +446,18 @@ async fn destroy_conversation(
 // ---- Exec. ----
 
 /// `POST /v1/conversations/{id}/exec`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct ExecBody {
+pub(crate) struct ExecBody {
+    /// The command line, run as `/bin/sh -c COMMAND`.
     command: String,
+    /// Working directory, a workspace path; default the workspace root.
     #[serde(default)]
     cwd: Option<String>,
+    /// Variables added to the base environment.
     #[serde(default)]
     env: BTreeMap<String, String>,
+    /// 1-600000; default 120000.
     #[serde(default)]
     timeout_ms: Option<u64>,
     /// Text for stdin.
@@ -412,9 +473,12 @@ struct ExecBody {
 
 /// What a command did. `stdout`/`stderr` are text (invalid UTF-8 replaced by U+FFFD); when the
 /// bytes were not valid UTF-8, `stdout_base64`/`stderr_base64` hold them exactly.
-#[derive(Debug, Serialize)]
-struct ExecView {
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ExecResult)]
+pub(crate) struct ExecView {
+    /// As a shell reports it: the code, 128 + signal, 124 after a timeout.
     exit_code: i32,
+    #[schema(value_type = ExitStatusDoc)]
     status: ExitStatus,
     stdout: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -472,7 +536,18 @@ fn exec_request(s: &AppState, conv: &ConversationRef, b: ExecBody) -> Result<Exe
     Ok(req)
 }
 
-async fn exec(
+/// Runs a shell command in the conversation's workspace (creating the conversation).
+#[utoipa::path(post, path = "/v1/conversations/{id}/exec", tag = "exec", params(("id" = String, Path, description = "conversation id")),
+    request_body = ExecBody,
+    responses((status = 200, description = "the command ran (whatever its exit code)", body = ExecView), (status = 400, description = "invalid input", body = ErrorBody),
+              (status = 401, description = "no valid API key", body = ErrorBody),
+              (status = 403, description = "path outside the workspace", body = ErrorBody),
+              (status = 404, description = "no such conversation or file", body = ErrorBody),
+              (status = 409, description = "conflict", body = ErrorBody),
+              (status = 413, description = "body too large", body = ErrorBody),
+              (status = 422, description = "JSON of the wrong shape", body = ErrorBody),
+              (status = 429, description = "the conversation's queue is full", body = ErrorBody)))]
+pub(crate) async fn exec(
     State(s): State<AppState>,
     p: Principal,
     PathArgs(id): PathArgs<String>,
@@ -505,7 +580,7 @@ async fn exec(
 // ---- Files. ----
 
 #[derive(Debug, Deserialize)]
-struct ReadQuery {
+pub(crate) struct ReadQuery {
     #[serde(default)]
     download: Option<String>,
 }
@@ -601,7 +676,23 @@ fn disposition(path: &str) -> HeaderValue {
         .unwrap_or_else(|_| HeaderValue::from_static("attachment"))
 }
 
-async fn read_file(
+/// Reads a file: raw bytes, one byte range, or an attachment with `download=1`.
+#[utoipa::path(get, path = "/v1/conversations/{id}/files/{path}", tag = "files",
+    params(("id" = String, Path, description = "conversation id"),
+           ("path" = String, Path, description = "workspace path"),
+           ("download" = Option<String>, Query, description = "1: Content-Disposition attachment"),
+           ("Range" = Option<String>, Header, description = "bytes=START-END, one range")),
+    responses((status = 200, description = "the file", content_type = "application/octet-stream", body = BinaryDoc),
+              (status = 206, description = "the range", content_type = "application/octet-stream", body = BinaryDoc),
+              (status = 416, description = "range not satisfiable", body = ErrorBody), (status = 400, description = "invalid input", body = ErrorBody),
+              (status = 401, description = "no valid API key", body = ErrorBody),
+              (status = 403, description = "path outside the workspace", body = ErrorBody),
+              (status = 404, description = "no such conversation or file", body = ErrorBody),
+              (status = 409, description = "conflict", body = ErrorBody),
+              (status = 413, description = "body too large", body = ErrorBody),
+              (status = 422, description = "JSON of the wrong shape", body = ErrorBody),
+              (status = 429, description = "the conversation's queue is full", body = ErrorBody)))]
+pub(crate) async fn read_file(
     State(s): State<AppState>,
     p: Principal,
     PathArgs((id, path)): PathArgs<(String, String)>,
@@ -650,7 +741,19 @@ async fn read_file(
     })
 }
 
-async fn write_file(
+/// Writes a file atomically from the raw body, creating parents (and the conversation).
+#[utoipa::path(put, path = "/v1/conversations/{id}/files/{path}", tag = "files", params(("id" = String, Path, description = "conversation id"),
+           ("path" = String, Path, description = "workspace path")),
+    request_body(content = BinaryDoc, content_type = "application/octet-stream"),
+    responses((status = 204, description = "written"), (status = 400, description = "invalid input", body = ErrorBody),
+              (status = 401, description = "no valid API key", body = ErrorBody),
+              (status = 403, description = "path outside the workspace", body = ErrorBody),
+              (status = 404, description = "no such conversation or file", body = ErrorBody),
+              (status = 409, description = "conflict", body = ErrorBody),
+              (status = 413, description = "body too large", body = ErrorBody),
+              (status = 422, description = "JSON of the wrong shape", body = ErrorBody),
+              (status = 429, description = "the conversation's queue is full", body = ErrorBody)))]
+pub(crate) async fn write_file(
     State(s): State<AppState>,
     p: Principal,
     PathArgs((id, path)): PathArgs<(String, String)>,
@@ -667,12 +770,24 @@ async fn write_file(
 }
 
 #[derive(Debug, Deserialize)]
-struct RemoveQuery {
+pub(crate) struct RemoveQuery {
     #[serde(default)]
     recursive: Option<String>,
 }
 
-async fn remove_file(
+/// Removes a file, link or directory (`recursive=1` for a non-empty one).
+#[utoipa::path(delete, path = "/v1/conversations/{id}/files/{path}", tag = "files",
+    params(("id" = String, Path, description = "conversation id"),
+           ("path" = String, Path, description = "workspace path"), ("recursive" = Option<String>, Query, description = "1: remove a directory tree")),
+    responses((status = 204, description = "removed"), (status = 400, description = "invalid input", body = ErrorBody),
+              (status = 401, description = "no valid API key", body = ErrorBody),
+              (status = 403, description = "path outside the workspace", body = ErrorBody),
+              (status = 404, description = "no such conversation or file", body = ErrorBody),
+              (status = 409, description = "conflict", body = ErrorBody),
+              (status = 413, description = "body too large", body = ErrorBody),
+              (status = 422, description = "JSON of the wrong shape", body = ErrorBody),
+              (status = 429, description = "the conversation's queue is full", body = ErrorBody)))]
+pub(crate) async fn remove_file(
     State(s): State<AppState>,
     p: Principal,
     PathArgs((id, path)): PathArgs<(String, String)>,
@@ -689,9 +804,9 @@ async fn remove_file(
 }
 
 /// `POST /v1/conversations/{id}/edit`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct EditBody {
+pub(crate) struct EditBody {
     path: String,
     old: String,
     new: String,
@@ -699,7 +814,18 @@ struct EditBody {
     replace_all: bool,
 }
 
-async fn edit(
+/// Replaces an exact string in a file; it must occur once unless `replace_all`.
+#[utoipa::path(post, path = "/v1/conversations/{id}/edit", tag = "files", params(("id" = String, Path, description = "conversation id")),
+    request_body = EditBody,
+    responses((status = 200, body = EditResultDoc), (status = 400, description = "invalid input", body = ErrorBody),
+              (status = 401, description = "no valid API key", body = ErrorBody),
+              (status = 403, description = "path outside the workspace", body = ErrorBody),
+              (status = 404, description = "no such conversation or file", body = ErrorBody),
+              (status = 409, description = "conflict", body = ErrorBody),
+              (status = 413, description = "body too large", body = ErrorBody),
+              (status = 422, description = "JSON of the wrong shape", body = ErrorBody),
+              (status = 429, description = "the conversation's queue is full", body = ErrorBody)))]
+pub(crate) async fn edit(
     State(s): State<AppState>,
     p: Principal,
     PathArgs(id): PathArgs<String>,
@@ -722,13 +848,24 @@ async fn edit(
     })
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct PathBody {
+pub(crate) struct PathBody {
     path: String,
 }
 
-async fn mkdir(
+/// Creates a directory and its parents (and the conversation).
+#[utoipa::path(post, path = "/v1/conversations/{id}/mkdir", tag = "files", params(("id" = String, Path, description = "conversation id")),
+    request_body = PathBody,
+    responses((status = 204, description = "created or existed"), (status = 400, description = "invalid input", body = ErrorBody),
+              (status = 401, description = "no valid API key", body = ErrorBody),
+              (status = 403, description = "path outside the workspace", body = ErrorBody),
+              (status = 404, description = "no such conversation or file", body = ErrorBody),
+              (status = 409, description = "conflict", body = ErrorBody),
+              (status = 413, description = "body too large", body = ErrorBody),
+              (status = 422, description = "JSON of the wrong shape", body = ErrorBody),
+              (status = 429, description = "the conversation's queue is full", body = ErrorBody)))]
+pub(crate) async fn mkdir(
     State(s): State<AppState>,
     p: Principal,
     PathArgs(id): PathArgs<String>,
@@ -746,12 +883,23 @@ async fn mkdir(
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct PathQuery {
+pub(crate) struct PathQuery {
     #[serde(default)]
     path: Option<String>,
 }
 
-async fn ls(
+/// Lists a directory, sorted by name.
+#[utoipa::path(get, path = "/v1/conversations/{id}/ls", tag = "files",
+    params(("id" = String, Path, description = "conversation id"), ("path" = Option<String>, Query, description = "default the workspace root")),
+    responses((status = 200, body = LsView), (status = 400, description = "invalid input", body = ErrorBody),
+              (status = 401, description = "no valid API key", body = ErrorBody),
+              (status = 403, description = "path outside the workspace", body = ErrorBody),
+              (status = 404, description = "no such conversation or file", body = ErrorBody),
+              (status = 409, description = "conflict", body = ErrorBody),
+              (status = 413, description = "body too large", body = ErrorBody),
+              (status = 422, description = "JSON of the wrong shape", body = ErrorBody),
+              (status = 429, description = "the conversation's queue is full", body = ErrorBody)))]
+pub(crate) async fn ls(
     State(s): State<AppState>,
     p: Principal,
     PathArgs(id): PathArgs<String>,
@@ -763,11 +911,22 @@ async fn ls(
         let o = s.open(&conv, false).await?;
         let r = o.conv.list(&path).await;
         o.done().await;
-        Ok(Json(serde_json::json!({ "entries": r? })).into_response())
+        Ok(Json(LsView { entries: r? }).into_response())
     })
 }
 
-async fn stat(
+/// Metadata of a path.
+#[utoipa::path(get, path = "/v1/conversations/{id}/stat", tag = "files",
+    params(("id" = String, Path, description = "conversation id"), ("path" = Option<String>, Query, description = "default the workspace root")),
+    responses((status = 200, body = FileStatDoc), (status = 400, description = "invalid input", body = ErrorBody),
+              (status = 401, description = "no valid API key", body = ErrorBody),
+              (status = 403, description = "path outside the workspace", body = ErrorBody),
+              (status = 404, description = "no such conversation or file", body = ErrorBody),
+              (status = 409, description = "conflict", body = ErrorBody),
+              (status = 413, description = "body too large", body = ErrorBody),
+              (status = 422, description = "JSON of the wrong shape", body = ErrorBody),
+              (status = 429, description = "the conversation's queue is full", body = ErrorBody)))]
+pub(crate) async fn stat(
     State(s): State<AppState>,
     p: Principal,
     PathArgs(id): PathArgs<String>,
@@ -785,11 +944,22 @@ async fn stat(
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct GlobQuery {
+pub(crate) struct GlobQuery {
     pattern: String,
 }
 
-async fn glob(
+/// Workspace-relative paths of files matching a glob, sorted.
+#[utoipa::path(get, path = "/v1/conversations/{id}/glob", tag = "files",
+    params(("id" = String, Path, description = "conversation id"), ("pattern" = String, Query, description = "for example **/*.rs")),
+    responses((status = 200, body = GlobView), (status = 400, description = "invalid input", body = ErrorBody),
+              (status = 401, description = "no valid API key", body = ErrorBody),
+              (status = 403, description = "path outside the workspace", body = ErrorBody),
+              (status = 404, description = "no such conversation or file", body = ErrorBody),
+              (status = 409, description = "conflict", body = ErrorBody),
+              (status = 413, description = "body too large", body = ErrorBody),
+              (status = 422, description = "JSON of the wrong shape", body = ErrorBody),
+              (status = 429, description = "the conversation's queue is full", body = ErrorBody)))]
+pub(crate) async fn glob(
     State(s): State<AppState>,
     p: Principal,
     PathArgs(id): PathArgs<String>,
@@ -799,11 +969,22 @@ async fn glob(
         let o = s.open(&conv, false).await?;
         let r = o.conv.glob(&q.pattern).await;
         o.done().await;
-        Ok(Json(serde_json::json!({ "paths": r? })).into_response())
+        Ok(Json(GlobView { paths: r? }).into_response())
     })
 }
 
-async fn grep(
+/// Searches file contents with a regular expression.
+#[utoipa::path(post, path = "/v1/conversations/{id}/grep", tag = "files", params(("id" = String, Path, description = "conversation id")),
+    request_body = GrepRequestDoc,
+    responses((status = 200, body = GrepView), (status = 400, description = "invalid input", body = ErrorBody),
+              (status = 401, description = "no valid API key", body = ErrorBody),
+              (status = 403, description = "path outside the workspace", body = ErrorBody),
+              (status = 404, description = "no such conversation or file", body = ErrorBody),
+              (status = 409, description = "conflict", body = ErrorBody),
+              (status = 413, description = "body too large", body = ErrorBody),
+              (status = 422, description = "JSON of the wrong shape", body = ErrorBody),
+              (status = 429, description = "the conversation's queue is full", body = ErrorBody)))]
+pub(crate) async fn grep(
     State(s): State<AppState>,
     p: Principal,
     PathArgs(id): PathArgs<String>,
@@ -816,6 +997,26 @@ async fn grep(
         let o = s.open(&conv, false).await?;
         let r = o.conv.grep(&req).await;
         o.done().await;
-        Ok(Json(serde_json::json!({ "matches": r? })).into_response())
+        Ok(Json(GrepView { matches: r? }).into_response())
     })
+}
+
+/// A directory listing.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct LsView {
+    #[schema(value_type = Vec<DirEntryDoc>)]
+    entries: Vec<DirEntry>,
+}
+
+/// Paths matching a glob.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct GlobView {
+    paths: Vec<String>,
+}
+
+/// Matching lines.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct GrepView {
+    #[schema(value_type = Vec<GrepMatchDoc>)]
+    matches: Vec<GrepMatch>,
 }

@@ -1,7 +1,9 @@
 //! sessionbox's HTTP API: REST under `/v1`, API keys and tenants, per-conversation ordering.
 //!
 //! [`router`] builds the axum application over a [`Manager`]; [`serve`] runs it on a listener
-//! until a shutdown signal; [`check_listen`] refuses to expose a server without keys.
+//! until a shutdown signal; [`check_listen`] refuses to expose a server without keys;
+//! [`openapi`] is the OpenAPI 3.1 document (served at `/v1/openapi.json`), generated from the
+//! handlers' annotations. Routes and shapes: the crate's README.
 //!
 //! - Every request but `/healthz` and `/readyz` carries an API key (`Authorization: Bearer KEY`
 //!   or `X-API-Key: KEY`), which names its tenant: a key reaches only its tenant's conversations,
@@ -22,6 +24,7 @@
 mod api;
 mod auth;
 mod error;
+mod openapi;
 mod queue;
 
 use std::future::Future;
@@ -35,6 +38,7 @@ use sessionbox_manager::Manager;
 pub use api::router;
 pub use auth::Principal;
 pub use error::{ApiError, status_of};
+pub use openapi::openapi;
 
 /// Settings of the server.
 #[derive(Debug, Clone)]

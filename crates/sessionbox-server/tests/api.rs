@@ -1066,3 +1066,147 @@ async fn every_call_is_audited_with_its_key_id_and_never_its_secrets() {
     })
     .await;
 }
+
+/// The property names of a component schema of the OpenAPI document.
+fn properties(doc: &Value, schema: &str) -> Vec<String> {
+    let mut p: Vec<String> = doc["components"]["schemas"][schema]["properties"]
+        .as_object()
+        .unwrap_or_else(|| panic!("no schema {schema}"))
+        .keys()
+        .cloned()
+        .collect();
+    p.sort();
+    p
+}
+
+fn keys(v: &Value) -> Vec<String> {
+    let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+    k.sort();
+    k
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_openapi_document_lists_every_route_and_matches_the_responses() {
+    bounded(async {
+        let s = Server::start(ServerConfig::default(), true).await;
+        let r = s
+            .client
+            .get(format!("{}/v1/openapi.json", s.base))
+            .send()
+            .await
+            .unwrap();
+        let (st, doc) = body(r).await;
+        assert_eq!(st, StatusCode::OK);
+        assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"), "{doc}");
+        let c = "/v1/conversations/{id}";
+        let expected: Vec<(String, &str)> = vec![
+            ("/healthz".into(), "get"),
+            ("/readyz".into(), "get"),
+            ("/v1/conversations".into(), "get"),
+            (c.into(), "get"),
+            (c.into(), "delete"),
+            (format!("{c}/exec"), "post"),
+            (format!("{c}/files/{{path}}"), "get"),
+            (format!("{c}/files/{{path}}"), "put"),
+            (format!("{c}/files/{{path}}"), "delete"),
+            (format!("{c}/edit"), "post"),
+            (format!("{c}/mkdir"), "post"),
+            (format!("{c}/ls"), "get"),
+            (format!("{c}/stat"), "get"),
+            (format!("{c}/glob"), "get"),
+            (format!("{c}/grep"), "post"),
+        ];
+        let mut count = 0;
+        for (path, ops) in doc["paths"].as_object().unwrap() {
+            count += ops.as_object().unwrap().len();
+            let _ = path;
+        }
+        assert_eq!(count, expected.len(), "{}", doc["paths"]);
+        for (path, method) in &expected {
+            assert!(
+                doc["paths"][path.as_str()][*method].is_object(),
+                "{method} {path} missing"
+            );
+        }
+        let schemes = &doc["components"]["securitySchemes"];
+        assert!(schemes["bearer"].is_object() && schemes["api_key"].is_object());
+
+        // The documented shapes are the served ones.
+        let base = "/v1/conversations/doc";
+        let (_, v) = body(
+            s.json(
+                Method::POST,
+                &format!("{base}/exec"),
+                &json!({"command": "echo a > f.txt"}),
+            )
+            .send()
+            .await
+            .unwrap(),
+        )
+        .await;
+        let mut exec_props = properties(&doc, "ExecResult");
+        exec_props.retain(|p| !p.ends_with("_base64"));
+        assert_eq!(keys(&v), exec_props);
+        let (_, v) = body(
+            s.req(Method::GET, &format!("{base}/ls"))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(keys(&v), properties(&doc, "LsView"));
+        assert_eq!(keys(&v["entries"][0]), properties(&doc, "DirEntry"));
+        let (_, v) = body(
+            s.req(Method::GET, &format!("{base}/stat?path=f.txt"))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(keys(&v), properties(&doc, "FileStat"));
+        let (_, v) = body(
+            s.json(
+                Method::POST,
+                &format!("{base}/grep"),
+                &json!({"pattern": "a"}),
+            )
+            .send()
+            .await
+            .unwrap(),
+        )
+        .await;
+        assert_eq!(keys(&v["matches"][0]), properties(&doc, "GrepMatch"));
+        let (_, v) = body(
+            s.json(
+                Method::POST,
+                &format!("{base}/edit"),
+                &json!({"path": "f.txt", "old": "a", "new": "b"}),
+            )
+            .send()
+            .await
+            .unwrap(),
+        )
+        .await;
+        assert_eq!(keys(&v), properties(&doc, "EditResult"));
+        let (_, v) = body(s.req(Method::GET, base).send().await.unwrap()).await;
+        assert_eq!(keys(&v), properties(&doc, "Conversation"));
+        let (_, v) = body(
+            s.req(Method::GET, "/v1/conversations")
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(keys(&v), properties(&doc, "ConversationPage"));
+        let (_, v) = body(
+            s.req(Method::GET, "/v1/conversations/nope")
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(keys(&v), properties(&doc, "Error"));
+        s.stop().await;
+    })
+    .await;
+}
