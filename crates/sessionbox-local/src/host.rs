@@ -157,7 +157,7 @@ impl Runtime for HostRuntime {
             }
             match std::fs::symlink_metadata(&dir) {
                 Ok(_) => {
-                    std::fs::remove_dir_all(&dir).map_err(|e| {
+                    sessionbox_fs::remove_tree(&dir).map_err(|e| {
                         Error::Backend(format!("cannot remove the workspace of {key}: {e}"))
                     })?;
                     report.workspace_removed = true;

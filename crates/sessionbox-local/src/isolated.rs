@@ -433,12 +433,12 @@ impl Runtime for IsolatedRuntime {
                 report.processes_killed = kill_recorded(&run);
                 report.sandbox_removed = had;
                 drop(lock);
-                std::fs::remove_dir_all(&run)
+                sessionbox_fs::remove_tree(&run)
                     .map_err(|e| Error::Backend(format!("cannot remove the run directory: {e}")))?;
             }
             match std::fs::symlink_metadata(&workspace) {
                 Ok(_) => {
-                    std::fs::remove_dir_all(&workspace)
+                    sessionbox_fs::remove_tree(&workspace)
                         .map_err(|e| Error::Backend(format!("cannot remove the workspace: {e}")))?;
                     report.workspace_removed = true;
                 }
