@@ -1210,3 +1210,98 @@ async fn the_openapi_document_lists_every_route_and_matches_the_responses() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn odd_input_on_every_route_is_never_a_5xx() {
+    bounded(async {
+        let s = Server::start(ServerConfig::default(), true).await;
+        // An existing conversation, so the runtime sees the input too.
+        s.req(Method::PUT, "/v1/conversations/w/files/a.txt")
+            .body("a\n")
+            .send()
+            .await
+            .unwrap();
+        let odd = [
+            "",
+            "%00",
+            "%0A",
+            "..",
+            "...",
+            "a%2F..%2F..",
+            "%2F",
+            "%2Fproc%2Fself%2Fenviron",
+            "%FF",
+            "%C0%AE",
+            "*",
+            "[",
+            "(",
+            "\\",
+            "~",
+            "a.txt%00b",
+            "%E2%80%AE",
+            "x%20y",
+        ];
+        let long = "a".repeat(5000);
+        for o in odd.iter().copied().chain([long.as_str()]) {
+            let c = "/v1/conversations/w";
+            let reqs = vec![
+                s.req(Method::GET, &format!("{c}/files/{o}")),
+                s.req(Method::PUT, &format!("{c}/files/{o}")).body("x"),
+                s.req(Method::DELETE, &format!("{c}/files/{o}?recursive={o}")),
+                s.req(Method::GET, &format!("{c}/ls?path={o}")),
+                s.req(Method::GET, &format!("{c}/stat?path={o}")),
+                s.req(Method::GET, &format!("{c}/glob?pattern={o}")),
+                s.req(
+                    Method::GET,
+                    &format!("/v1/conversations?cursor={o}&limit={o}"),
+                ),
+                s.req(Method::GET, &format!("/v1/conversations/{o}")),
+                s.json(
+                    Method::POST,
+                    &format!("{c}/grep"),
+                    &json!({"pattern": o, "glob": o}),
+                ),
+                s.json(
+                    Method::POST,
+                    &format!("{c}/edit"),
+                    &json!({"path": o, "old": o, "new": o}),
+                ),
+                s.json(
+                    Method::POST,
+                    &format!("{c}/exec"),
+                    &json!({"command": "true", "cwd": o, "env": {o: o}}),
+                ),
+                s.json(Method::POST, &format!("{c}/mkdir"), &json!({"path": o})),
+                s.req(Method::GET, &format!("{c}/files/a.txt"))
+                    .header("range", format!("bytes={o}")),
+            ];
+            for r in reqs {
+                let r = r.send().await.unwrap();
+                let url = r.url().to_string();
+                let st = r.status();
+                let text = r.text().await.unwrap();
+                assert!(!st.is_server_error(), "{url} ({o:?}): {st} {text}");
+                if !st.is_success() {
+                    let v: Value = serde_json::from_str(&text).unwrap();
+                    assert!(v["code"].is_string(), "{url}: {text}");
+                }
+            }
+        }
+        // Regular expressions and globs that do not parse are the caller's fault.
+        error(
+            s.json(
+                Method::POST,
+                "/v1/conversations/w/grep",
+                &json!({"pattern": "("}),
+            )
+            .send()
+            .await
+            .unwrap(),
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        )
+        .await;
+        s.stop().await;
+    })
+    .await;
+}
