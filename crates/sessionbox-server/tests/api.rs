@@ -604,7 +604,10 @@ async fn wrong_missing_or_revoked_keys_get_401_and_x_api_key_works() {
     bounded(async {
         let s = Server::start(ServerConfig::default(), true).await;
         let url = format!("{}/v1/conversations", s.base);
-        let wrong = format!("{}0", &s.key[..s.key.len() - 1]);
+        // The key with its last hex digit changed.
+        let last = if s.key.ends_with('0') { '1' } else { '0' };
+        let wrong = format!("{}{last}", &s.key[..s.key.len() - 1]);
+        assert_ne!(wrong, s.key);
         let cases: Vec<(&str, String)> = vec![
             ("", String::new()),
             ("authorization", format!("Bearer {wrong}")),
@@ -949,10 +952,10 @@ async fn one_conversation_runs_in_arrival_order_others_in_parallel_and_a_full_qu
         };
         // A slow command, then a fast one on the same conversation: the fast one waits.
         let t0 = Instant::now();
-        let slow = tokio::spawn(exec("q", "sleep 1; echo 1 >> log".into()));
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        let slow = tokio::spawn(exec("q", "sleep 2; echo 1 >> log".into()));
+        tokio::time::sleep(Duration::from_millis(400)).await;
         let fast = tokio::spawn(exec("q", "echo 2 >> log; cat log".into()));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(400)).await;
         // The queue holds 2: a third is refused at once.
         let (st, v, _) = exec("q", "true".into()).await;
         assert_eq!(st, StatusCode::TOO_MANY_REQUESTS, "{v}");
@@ -964,7 +967,7 @@ async fn one_conversation_runs_in_arrival_order_others_in_parallel_and_a_full_qu
         let (_, v, fast_done) = fast.await.unwrap();
         assert!(other_done < slow_done);
         assert!(fast_done >= slow_done);
-        assert!(fast_done - t0 >= Duration::from_millis(900));
+        assert!(fast_done - t0 >= Duration::from_millis(1900));
         assert_eq!(v["stdout"], "1\n2\n", "{v}");
         let s = Arc::into_inner(s).unwrap();
         s.stop().await;
