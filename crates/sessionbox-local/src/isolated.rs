@@ -149,11 +149,27 @@ impl IsolatedRuntime {
     /// whether this call launched it. With `replace`, an agent that accepts connections but did
     /// not answer a ping (stopped, wedged) is ended and replaced, unless it was launched moments
     /// ago (then it is starting).
-    fn ensure_agent(&self, key: &ConversationKey, replace: bool) -> Result<(PathBuf, bool)> {
+    ///
+    /// With `resume` (a session held across a stop), only a conversation that still exists is
+    /// served: one destroyed meanwhile is not created again (checked under the lock, which
+    /// destroy holds until the workspace is gone).
+    fn ensure_agent(
+        &self,
+        key: &ConversationKey,
+        replace: bool,
+        resume: bool,
+    ) -> Result<(PathBuf, bool)> {
         let run = self.run_dir(key);
+        let destroyed = || Error::NotFound(format!("conversation {} was destroyed", key.short()));
+        if resume && !run.is_dir() {
+            return Err(destroyed());
+        }
         create_private_dir_all(&run)?;
         let socket = run.join("agent.sock");
         let lock = lock_file(&run.join("lock"))?;
+        if resume && !self.workspace_dir(key).is_dir() {
+            return Err(destroyed());
+        }
         if agent_answers(&socket) {
             let starting = read_record(&run).is_some_and(|r| {
                 now_ms().saturating_sub(r.launched_ms) < STARTING_GRACE.as_millis() as u64
@@ -383,7 +399,8 @@ impl Runtime for IsolatedRuntime {
         loop {
             let this = self.clone();
             let k = key.clone();
-            let (socket, launched) = blocking(move || this.ensure_agent(&k, replace)).await?;
+            let (socket, launched) =
+                blocking(move || this.ensure_agent(&k, replace, false)).await?;
             let endpoint = sessionbox_execd::Endpoint::Unix(socket);
             // A short deadline for the liveness ping: an agent that accepts but does not answer
             // (stopped by a signal, wedged) is replaced instead of hanging every call.
@@ -392,9 +409,17 @@ impl Runtime for IsolatedRuntime {
                 .build()
                 .map_err(Error::from)?;
             let deadline = Instant::now() + STARTING_GRACE;
+            let mut refused = false;
             let answered = loop {
                 match probe.ping().await {
                     Ok(()) => break true,
+                    // The socket is bound before the agent is launched, so a starting agent
+                    // never refuses a connection: one that does has died (crashed, killed)
+                    // after ensure_agent found it, and is replaced.
+                    Err(sessionbox_execd::ExecdError::Connect { .. }) => {
+                        refused = true;
+                        break false;
+                    }
                     Err(_) if launched && Instant::now() < deadline => {
                         tokio::time::sleep(Duration::from_millis(2)).await;
                     }
@@ -412,7 +437,7 @@ impl Runtime for IsolatedRuntime {
                     runtime: self.clone(),
                 }));
             }
-            if launched || replace {
+            if (launched && !refused) || replace {
                 return Err(Error::Backend(format!(
                     "the sandbox agent did not answer; see {}",
                     self.run_dir(&key).join("agent.log").display()
@@ -427,14 +452,14 @@ impl Runtime for IsolatedRuntime {
         let workspace = self.workspace_dir(key);
         blocking(move || {
             let mut report = DestroyReport::default();
+            // Held until the workspace is gone, so that a session held across this destroy
+            // finds it gone rather than launching the conversation again.
+            let mut lock = None;
             if run.exists() {
-                let lock = lock_file(&run.join("lock"))?;
+                lock = Some(lock_file(&run.join("lock"))?);
                 let had = read_record(&run).is_some();
                 report.processes_killed = kill_recorded(&run);
                 report.sandbox_removed = had;
-                drop(lock);
-                sessionbox_fs::remove_tree(&run)
-                    .map_err(|e| Error::Backend(format!("cannot remove the run directory: {e}")))?;
             }
             match std::fs::symlink_metadata(&workspace) {
                 Ok(_) => {
@@ -445,6 +470,11 @@ impl Runtime for IsolatedRuntime {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(Error::Backend(format!("cannot inspect the workspace: {e}"))),
             }
+            if lock.is_some() {
+                sessionbox_fs::remove_tree(&run)
+                    .map_err(|e| Error::Backend(format!("cannot remove the run directory: {e}")))?;
+            }
+            drop(lock);
             Ok(report)
         })
         .await
@@ -493,13 +523,18 @@ struct IsolatedSession {
 
 impl IsolatedSession {
     async fn fs(&self, request: FsRequest) -> Result<FsResponse> {
-        self.relaunching(|| self.client.fs(&request)).await
+        self.relaunching(|| self.client.fs(&request), || false)
+            .await
     }
 
     /// Runs `call`. When nothing accepts the connection, the request reached no agent (it
     /// stopped while this session was held): launch it again, unless the conversation was
     /// destroyed meanwhile, and retry once.
-    async fn relaunching<T, F>(&self, call: impl Fn() -> F) -> Result<T>
+    ///
+    /// `taken` says whether the agent is known to have taken the request (a command whose
+    /// first event arrived): then a broken connection means the agent died while serving it,
+    /// and it is not sent again.
+    async fn relaunching<T, F>(&self, call: impl Fn() -> F, taken: impl Fn() -> bool) -> Result<T>
     where
         F: std::future::Future<Output = std::result::Result<T, sessionbox_execd::ExecdError>>,
     {
@@ -513,13 +548,13 @@ impl IsolatedSession {
             ) if self.runtime.workspace_dir(&self.key).is_dir() => {
                 let socket = self.runtime.run_dir(&self.key).join("agent.sock");
                 if matches!(e, sessionbox_execd::ExecdError::Transport { .. })
-                    && agent_answers(&socket)
+                    && (taken() || agent_answers(&socket))
                 {
                     return Err(Error::from(e));
                 }
                 let runtime = self.runtime.clone();
                 let key = self.key.clone();
-                blocking(move || runtime.ensure_agent(&key, false)).await?;
+                blocking(move || runtime.ensure_agent(&key, false, true)).await?;
                 call().await.map_err(Error::from)
             }
             r => r.map_err(Error::from),
@@ -559,7 +594,17 @@ impl Session for IsolatedSession {
         if let Some(stdin) = &request.stdin {
             run = run.stdin(stdin.clone());
         }
-        let out = self.relaunching(|| self.client.run_command(&run)).await?;
+        let taken = std::sync::atomic::AtomicBool::new(false);
+        let out = self
+            .relaunching(
+                || {
+                    self.client.run_command_with(&run, |_| {
+                        taken.store(true, std::sync::atomic::Ordering::SeqCst);
+                    })
+                },
+                || taken.load(std::sync::atomic::Ordering::SeqCst),
+            )
+            .await?;
         if let (None, Some(e)) = (out.exit_code, &out.error) {
             if out.signal.is_none() && !out.timed_out {
                 return Err(Error::Backend(format!(
