@@ -127,8 +127,12 @@ impl ExecdClientBuilder {
             .connect_timeout(self.connect_timeout)
             .user_agent(concat!("sessionbox-execd/", env!("CARGO_PKG_VERSION")));
         let (builder, base) = match &self.endpoint {
+            // No TLS over a Unix socket: skip loading the system's root certificates (about
+            // 3 ms per client, measured by `sessionbox bench`).
             Endpoint::Unix(path) => (
-                builder.unix_socket(path.as_path()),
+                builder
+                    .unix_socket(path.as_path())
+                    .tls_certs_only(std::iter::empty()),
                 Url::parse("http://localhost/").expect("a constant URL parses"),
             ),
             Endpoint::Http(s) => {

@@ -158,14 +158,15 @@ impl IsolatedRuntime {
         key: &ConversationKey,
         replace: bool,
         resume: bool,
-    ) -> Result<(PathBuf, bool)> {
+    ) -> Result<(RunDir, bool)> {
         let run = self.run_dir(key);
         let destroyed = || Error::NotFound(format!("conversation {} was destroyed", key.short()));
         if resume && !run.is_dir() {
             return Err(destroyed());
         }
         create_private_dir_all(&run)?;
-        let socket = run.join("agent.sock");
+        let run_dir = RunDir::open(&run)?;
+        let socket = run_dir.socket();
         let lock = lock_file(&run.join("lock"))?;
         if resume && !self.workspace_dir(key).is_dir() {
             return Err(destroyed());
@@ -176,7 +177,7 @@ impl IsolatedRuntime {
             });
             if !replace || starting {
                 drop(lock);
-                return Ok((socket, starting));
+                return Ok((run_dir, starting));
             }
         }
         // Nothing answers: end whatever is left of an earlier sandbox, then launch.
@@ -253,7 +254,33 @@ impl IsolatedRuntime {
                 }
             });
         drop(lock);
-        Ok((socket, true))
+        Ok((run_dir, true))
+    }
+}
+
+/// A run directory held by a descriptor, so that its socket has a short path
+/// (`/proc/self/fd/N/agent.sock`) however long the data directory is: a Unix socket path may
+/// hold at most 107 bytes, and `<data dir>/run/<64 hex>/agent.sock` does not fit under a default
+/// data directory such as `/root/.local/share/sessionbox`.
+#[derive(Debug, Clone)]
+struct RunDir(Arc<OwnedFd>);
+
+impl RunDir {
+    fn open(dir: &Path) -> Result<Self> {
+        use rustix::fs::{Mode, OFlags};
+        rustix::fs::open(
+            dir,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map(|fd| RunDir(Arc::new(fd)))
+        .map_err(|e| Error::Backend(format!("cannot open {}: {e}", dir.display())))
+    }
+
+    /// The agent's socket, valid while this value lives (in this process).
+    fn socket(&self) -> PathBuf {
+        use std::os::fd::AsRawFd;
+        PathBuf::from(format!("/proc/self/fd/{}/agent.sock", self.0.as_raw_fd()))
     }
 }
 
@@ -399,9 +426,9 @@ impl Runtime for IsolatedRuntime {
         loop {
             let this = self.clone();
             let k = key.clone();
-            let (socket, launched) =
+            let (run_dir, launched) =
                 blocking(move || this.ensure_agent(&k, replace, false)).await?;
-            let endpoint = sessionbox_execd::Endpoint::Unix(socket);
+            let endpoint = sessionbox_execd::Endpoint::Unix(run_dir.socket());
             // A short deadline for the liveness ping: an agent that accepts but does not answer
             // (stopped by a signal, wedged) is replaced instead of hanging every call.
             let probe = ExecdClient::builder(endpoint.clone())
@@ -435,6 +462,7 @@ impl Runtime for IsolatedRuntime {
                     key,
                     client,
                     runtime: self.clone(),
+                    run_dir,
                 }));
             }
             if (launched && !refused) || replace {
@@ -519,6 +547,8 @@ struct IsolatedSession {
     /// Launches the agent again when it stopped (idle timeout, crash) while this session was
     /// held.
     runtime: IsolatedRuntime,
+    /// Keeps the socket's short path valid.
+    run_dir: RunDir,
 }
 
 impl IsolatedSession {
@@ -546,7 +576,7 @@ impl IsolatedSession {
                 e @ (sessionbox_execd::ExecdError::Connect { .. }
                 | sessionbox_execd::ExecdError::Transport { .. }),
             ) if self.runtime.workspace_dir(&self.key).is_dir() => {
-                let socket = self.runtime.run_dir(&self.key).join("agent.sock");
+                let socket = self.run_dir.socket();
                 if matches!(e, sessionbox_execd::ExecdError::Transport { .. })
                     && (taken() || agent_answers(&socket))
                 {

@@ -467,3 +467,26 @@ fn invalid_input_creates_not_even_the_data_directory() {
         }
     }
 }
+
+#[test]
+fn a_data_directory_longer_than_a_socket_path_works() {
+    // A Unix socket path holds at most 107 bytes; the agent's socket lives under the data
+    // directory, so a long one (like root's default ~/.local/share/sessionbox plus a 64-hex key)
+    // must not break the isolated runtime.
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("x".repeat(60)).join("y".repeat(60));
+    let out = sessionbox(&data, &["exec", "-c", "long", "--", "echo ok"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "ok\n");
+    let out = sessionbox(&data, &["read", "-c", "long", "missing"]);
+    assert!(
+        text(&out.stderr).contains("not found"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        sessionbox(&data, &["destroy", "-c", "long"])
+            .status
+            .success()
+    );
+}
