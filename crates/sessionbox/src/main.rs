@@ -553,6 +553,19 @@ async fn session_command(
     command: Command,
     prepared: Prepared,
 ) -> anyhow::Result<ExitCode> {
+    // Only exec, write and mkdir create a conversation (as in the HTTP API): a typo in an id
+    // given to read or ls must not start a sandbox.
+    let creates = matches!(
+        command,
+        Command::Exec { .. } | Command::Write { .. } | Command::Mkdir { .. }
+    );
+    if !creates && ctx.manager.store().get(&conv.key)?.is_none() {
+        return Err(Error::NotFound(format!(
+            "conversation {} does not exist in tenant {}; exec, write or mkdir create one",
+            conv.id, conv.tenant
+        ))
+        .into());
+    }
     let session = ctx.manager.open(conv).await?;
     let result = run_on_session(&session, command, prepared.exec, prepared.write_data).await;
     let closed = Box::new(session).close().await;

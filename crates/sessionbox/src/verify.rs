@@ -341,8 +341,10 @@ async fn experiment(
     run.progress.set_message("open");
     let mut sessions = Vec::with_capacity(convs.len());
     for c in convs {
-        let s = run.open(c).await?;
+        // Recorded first: an open that fails half-way is cleaned up too (the id is new, checked
+        // against the inventory above, so this never destroys anybody else's conversation).
         created.push(c.clone());
+        let s = run.open(c).await?;
         if !s.created() {
             bail!(
                 "conversation {} existed before this run; refusing to use it",

@@ -490,3 +490,24 @@ fn a_data_directory_longer_than_a_socket_path_works() {
             .success()
     );
 }
+
+#[test]
+fn reading_a_conversation_that_does_not_exist_creates_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    for args in [
+        &["read", "-c", "typo", "a.txt"][..],
+        &["ls", "-c", "typo"],
+        &["stat", "-c", "typo", "a.txt"],
+        &["glob", "-c", "typo", "*"],
+    ] {
+        let out = sessionbox(d.path(), args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert!(
+            text(&out.stderr).contains("does not exist"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    assert!(workspaces(d.path()).is_empty());
+    assert!(conversation_lines(d.path()).is_empty());
+}
