@@ -32,7 +32,17 @@ const FD_LIMIT: u64 = 256;
 /// `dir`; returns its output, or `None` when the child could not be started (`configure` may
 /// add a `pre_exec` step that fails without privileges).
 fn run_child(name: &str, dir: &Path, configure: impl FnOnce(&mut Command)) -> Option<String> {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    run_child_exe(&std::env::current_exe().unwrap(), name, dir, configure)
+}
+
+/// [`run_child`] with the test binary at `exe`.
+fn run_child_exe(
+    exe: &Path,
+    name: &str,
+    dir: &Path,
+    configure: impl FnOnce(&mut Command),
+) -> Option<String> {
+    let mut cmd = Command::new(exe);
     cmd.args([name, "--exact", "--nocapture"])
         .args(["--test-threads", "1"])
         .env(CHILD, dir);
@@ -397,7 +407,16 @@ fn unreadable_and_read_only_directories_are_removed() {
     }
     let base = tempfile::tempdir().unwrap();
     if rustix::process::geteuid().is_root() {
-        let out = run_child(
+        // The test binary may sit where `nobody` cannot reach it (a target directory under
+        // /root): run a copy from a directory anybody can enter.
+        use std::os::unix::fs::PermissionsExt;
+        let bin_dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(bin_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let copy = bin_dir.path().join("remove_tree_test");
+        std::fs::copy(std::env::current_exe().unwrap(), &copy).unwrap();
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let out = run_child_exe(
+            &copy,
             "unreadable_and_read_only_directories_are_removed",
             base.path(),
             |cmd| {
