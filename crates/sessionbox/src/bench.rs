@@ -880,35 +880,17 @@ fn judge(kind: RuntimeKind, r: &Value, baseline: &Stats) -> Vec<Value> {
 }
 
 fn environment(profile: &str) -> Value {
-    let os = std::fs::read_to_string("/etc/os-release")
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("PRETTY_NAME=")
-                    .map(|v| v.trim_matches('"').to_owned())
-            })
-        })
-        .unwrap_or_else(|| std::env::consts::OS.to_owned());
-    let uname = rustix::system::uname();
-    let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| {
-        s.lines().find_map(|l| {
-            l.strip_prefix("model name")
-                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned())
-        })
-    });
-    json!({
-        "os": os,
-        "kernel": uname.release().to_string_lossy(),
-        "arch": std::env::consts::ARCH,
-        "cpu": cpu,
-        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        "sessionbox_version": env!("CARGO_PKG_VERSION"),
-        "build_profile": profile,
-        // Other work on the machine skews every number: kept so a noisy run can be spotted.
-        "loadavg": std::fs::read_to_string("/proc/loadavg")
-            .ok()
-            .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" ")),
-    })
+    let mut env = crate::verify::environment();
+    env["build_profile"] = json!(profile);
+    // Other work on the machine skews every number: kept so a noisy run can be spotted.
+    env["loadavg"] = json!(
+        std::fs::read_to_string("/proc/loadavg").ok().map(|l| l
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "))
+    );
+    env
 }
 
 fn markdown(r: &Value) -> String {

@@ -519,7 +519,8 @@ fn value_of(i: usize, round: usize) -> String {
     format!("conversation-{i}-round-{round}")
 }
 
-fn environment() -> serde_json::Value {
+/// Where an experiment ran: OS, kernel, architecture, CPU, cores, sessionbox version.
+pub(crate) fn environment() -> serde_json::Value {
     let os = std::fs::read_to_string("/etc/os-release")
         .ok()
         .and_then(|s| {
