@@ -363,14 +363,32 @@ impl Cgroups {
         Ok(())
     }
 
-    /// Moves process `pid` (with all its threads) into every directory.
-    pub(crate) fn add_process(&self, pid: u32) -> Result<()> {
-        for d in &self.dirs {
+    /// Adds `pid` to the cgroup v2 directory, if any (v1 directories are joined by the monitor
+    /// itself, see `launch_with`).
+    pub(crate) fn add_process_v2(&self, pid: u32) -> Result<()> {
+        for d in self.dirs.iter().filter(|d| d.version == Version::V2) {
             let p = d.path.join("cgroup.procs");
             write(&p, &pid.to_string())
                 .map_err(|e| io_err(&d.controllers.join(","), "add the init to", &p, e))?;
         }
         Ok(())
+    }
+
+    /// The cgroup v1 directories.
+    pub(crate) fn v1_paths(&self) -> Vec<PathBuf> {
+        self.dirs
+            .iter()
+            .filter(|d| d.version == Version::V1)
+            .map(|d| d.path.clone())
+            .collect()
+    }
+
+    /// True when `pid` is in every directory.
+    pub(crate) fn holds(&self, pid: u32) -> bool {
+        self.dirs.iter().all(|d| {
+            std::fs::read_to_string(d.path.join("cgroup.procs"))
+                .is_ok_and(|s| s.split_whitespace().any(|p| p == pid.to_string()))
+        })
     }
 
     /// The directories.

@@ -270,6 +270,15 @@ fn monitor(ctl_slot: &mut Option<OwnedFd>) -> Step<i32> {
     // Own session: no controlling terminal of the caller, no signals from its terminal.
     let _ = rustix::process::setsid();
     let spec = read_spec(ctl(ctl_slot))?;
+    // Join the sandbox's cgroup v1 hierarchies before anything else (see `launch_with`): `0` in
+    // `tasks` moves this single thread, which is the whole process.
+    for dir in &spec.join_cgroups {
+        std::fs::write(dir.join("tasks"), "0").layer(
+            "cgroup",
+            format_args!("cannot join {}", dir.display()),
+            HINT_BUG,
+        )?;
+    }
 
     let euid = rustix::process::geteuid();
     let egid = rustix::process::getegid();
