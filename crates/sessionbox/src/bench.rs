@@ -30,6 +30,7 @@
 //! Runtime settings are the defaults (the configuration file is not read), so numbers from
 //! different machines compare.
 
+use crate::experiment::Inventory;
 use std::collections::BTreeSet;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -138,70 +139,17 @@ fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1000.0
 }
 
-/// What the runtimes and the store hold, to compare before and after.
-#[derive(Debug, Default)]
-struct Inventory {
-    workspaces: BTreeSet<String>,
-    processes: BTreeSet<u32>,
-    records: BTreeSet<String>,
-}
-
-async fn inventory(manager: &Manager) -> anyhow::Result<Inventory> {
-    let mut inv = Inventory::default();
-    for c in manager.runtime().list().await? {
-        inv.workspaces.insert(c.key.to_string());
-        inv.processes.extend(c.processes);
-    }
-    for r in manager.list(None).await? {
-        inv.records.insert(r.key.to_string());
-    }
-    Ok(inv)
-}
-
 fn leftovers(before: &Inventory, after: &Inventory, runtime: &str) -> Vec<String> {
-    let mut out: Vec<String> = after
-        .workspaces
-        .difference(&before.workspaces)
-        .map(|k| format!("{runtime}: workspace {k} left behind"))
+    let left = after.added_since(before);
+    let removed = after.removed_since(before);
+    left.into_iter()
+        .map(|x| format!("{runtime}: {x} left behind"))
         .chain(
-            after
-                .records
-                .difference(&before.records)
-                .map(|k| format!("{runtime}: record {k} left behind")),
+            removed
+                .into_iter()
+                .map(|x| format!("{runtime}: {x} removed but not created by the bench")),
         )
-        .chain(
-            after
-                .processes
-                .difference(&before.processes)
-                .map(|p| format!("{runtime}: process {p} left behind")),
-        )
-        .collect();
-    out.extend(
-        before
-            .workspaces
-            .difference(&after.workspaces)
-            .map(|k| format!("{runtime}: workspace {k} removed but not created by the bench")),
-    );
-    out.extend(
-        before
-            .records
-            .difference(&after.records)
-            .map(|k| format!("{runtime}: record {k} removed but not created by the bench")),
-    );
-    out
-}
-
-fn run_id() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos(),
-    );
-    h.write_u32(std::process::id());
-    format!("{:012x}", h.finish() & 0xffff_ffff_ffff)
+        .collect()
 }
 
 /// The state of one run.
@@ -343,7 +291,7 @@ pub async fn run(
         data_dir: data_dir.clone(),
         store,
         tenant,
-        id: run_id(),
+        id: crate::experiment::run_id(),
         warm,
         warmup,
         cold,
@@ -359,7 +307,7 @@ pub async fn run(
     for kind in &kinds {
         let rt = bench.runtime(*kind)?;
         let manager = Manager::new(bench.store.clone(), rt);
-        let before = inventory(&manager)
+        let before = Inventory::take(&manager)
             .await
             .context("cannot take the inventory before the run")?;
         let mut created = Vec::new();
@@ -372,7 +320,7 @@ pub async fn run(
                 cleanup_failures.push(format!("{}: destroy {}: {e}", kind.name(), c.id));
             }
         }
-        let after = inventory(&manager)
+        let after = Inventory::take(&manager)
             .await
             .context("cannot take the inventory after the run")?;
         cleanup_failures.extend(leftovers(&before, &after, kind.name()));

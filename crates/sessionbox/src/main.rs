@@ -6,6 +6,7 @@
 mod bench;
 mod config;
 mod doctor;
+mod experiment;
 mod serve;
 mod verify;
 

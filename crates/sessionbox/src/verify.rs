@@ -13,7 +13,8 @@
 //!
 //! It only ever uses conversations it created itself (fresh random ids, checked to be new).
 
-use std::collections::{BTreeMap, BTreeSet};
+use crate::experiment::Inventory;
+use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -98,26 +99,6 @@ impl Timings {
     }
 }
 
-/// What a runtime and store hold, to compare before and after.
-#[derive(Debug, Default)]
-struct Inventory {
-    workspaces: BTreeSet<String>,
-    processes: BTreeSet<u32>,
-    records: BTreeSet<String>,
-}
-
-async fn inventory(app: &App) -> anyhow::Result<Inventory> {
-    let mut inv = Inventory::default();
-    for c in app.manager.runtime().list().await? {
-        inv.workspaces.insert(c.key.to_string());
-        inv.processes.extend(c.processes);
-    }
-    for r in app.manager.list(None).await? {
-        inv.records.insert(r.key.to_string());
-    }
-    Ok(inv)
-}
-
 struct Run<'a> {
     app: &'a App,
     timings: Arc<Timings>,
@@ -165,19 +146,6 @@ impl Run<'_> {
     }
 }
 
-fn run_id() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos(),
-    );
-    h.write_u32(std::process::id());
-    format!("{:012x}", h.finish() & 0xffff_ffff_ffff)
-}
-
 /// Runs the experiment; exit 0 only when every check passes.
 pub async fn run(app: &App, args: VerifyArgs) -> anyhow::Result<ExitCode> {
     let n = args.conversations as usize;
@@ -201,10 +169,10 @@ pub async fn run(app: &App, args: VerifyArgs) -> anyhow::Result<ExitCode> {
         progress,
     };
 
-    let before = inventory(app)
+    let before = Inventory::take(&app.manager)
         .await
         .context("cannot take the inventory before the run")?;
-    let id = run_id();
+    let id = crate::experiment::run_id();
     let convs: Vec<ConversationRef> = (0..n)
         .map(|i| {
             let cid = ConversationId::new(format!("verify-{id}-{i:04}"))?;
@@ -212,7 +180,7 @@ pub async fn run(app: &App, args: VerifyArgs) -> anyhow::Result<ExitCode> {
         })
         .collect::<anyhow::Result<_>>()?;
     for c in &convs {
-        if before.records.contains(c.key.as_str()) || before.workspaces.contains(c.key.as_str()) {
+        if before.holds(c.key.as_str()) {
             bail!(
                 "conversation {} already exists; verify never reuses a conversation it did not create",
                 c.id
@@ -245,37 +213,11 @@ pub async fn run(app: &App, args: VerifyArgs) -> anyhow::Result<ExitCode> {
         }
         run.progress.inc(1);
     }
-    let after = inventory(app)
+    let after = Inventory::take(&app.manager)
         .await
         .context("cannot take the inventory after the run")?;
-    let leftover: Vec<String> = after
-        .workspaces
-        .difference(&before.workspaces)
-        .map(|k| format!("workspace {k}"))
-        .chain(
-            after
-                .records
-                .difference(&before.records)
-                .map(|k| format!("record {k}")),
-        )
-        .chain(
-            after
-                .processes
-                .difference(&before.processes)
-                .map(|p| format!("process {p}")),
-        )
-        .collect();
-    let touched: Vec<String> = before
-        .workspaces
-        .difference(&after.workspaces)
-        .map(|k| format!("workspace {k}"))
-        .chain(
-            before
-                .records
-                .difference(&after.records)
-                .map(|k| format!("record {k}")),
-        )
-        .collect();
+    let leftover = after.added_since(&before);
+    let touched = after.removed_since(&before);
     for l in &leftover {
         cleanup.failures.push(format!("left behind: {l}"));
     }
