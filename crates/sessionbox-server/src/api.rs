@@ -59,6 +59,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/conversations/{id}/stat", get(stat))
         .route("/v1/conversations/{id}/glob", get(glob))
         .route("/v1/conversations/{id}/grep", post(grep))
+        .route("/mcp", crate::mcp::route(state.clone()))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(json_limit)

@@ -24,6 +24,7 @@
 mod api;
 mod auth;
 mod error;
+mod mcp;
 mod openapi;
 mod queue;
 

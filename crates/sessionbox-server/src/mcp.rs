@@ -1,0 +1,621 @@
+//! MCP over streamable HTTP at `/mcp` (rmcp): the agent tools `bash`, `read`, `write`, `edit`,
+//! `ls`, `glob`, `grep` on one conversation's workspace.
+//!
+//! Every request carries the same API key as the REST API (it names the tenant) and an
+//! `X-Conversation-Id` header naming the conversation; a missing or invalid one is refused with
+//! the JSON error body before MCP sees the request. Tool failures come back as tool results
+//! with `isError` (text the model can read), not as protocol errors. Each call goes through the
+//! [`Manager`](sessionbox_manager::Manager) (audited per operation), waits for the
+//! conversation's turn like a REST call, and is audited once more as `mcp.TOOL` with the key id.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodRouter, any_service};
+use chrono::Utc;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, JsonObject,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData, RoleServer, ServerHandler};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use sessionbox_core::{
+    ConversationId, ConversationRef, EditRequest, Error, ExecRequest, FileKind, GrepRequest,
+    Session,
+};
+use sessionbox_store::AuditEntry;
+
+use crate::auth::Principal;
+use crate::error::ApiError;
+use crate::{AppState, blocking};
+
+/// The header that names the conversation of an MCP request.
+pub const CONVERSATION_HEADER: &str = "x-conversation-id";
+
+/// Most characters of `bash` output before it is cut.
+const MAX_OUTPUT_CHARS: usize = 30_000;
+/// Lines `read` returns by default.
+const DEFAULT_READ_LINES: usize = 2000;
+/// Characters of one line `read` returns.
+const MAX_LINE_CHARS: usize = 2000;
+
+/// The `/mcp` route: authentication and the conversation header, then rmcp's service.
+pub fn route(state: AppState) -> MethodRouter<AppState> {
+    let mut config = StreamableHttpServerConfig::default();
+    if state.config.open_tenant.is_none() {
+        // Every request needs a key, so a DNS-rebinding page gains nothing: accept any Host.
+        config.allowed_hosts = Vec::new();
+    }
+    let handler_state = state.clone();
+    let service: StreamableHttpService<Tools, LocalSessionManager> = StreamableHttpService::new(
+        move || {
+            Ok(Tools {
+                state: handler_state.clone(),
+            })
+        },
+        Arc::default(),
+        config,
+    );
+    any_service(service).layer(axum::middleware::from_fn_with_state(state, admit))
+}
+
+/// Who calls and on which conversation, as [`admit`] found them.
+#[derive(Clone)]
+struct Caller {
+    principal: Principal,
+    conversation: ConversationRef,
+}
+
+/// Checks the key and the conversation header; refuses with the JSON error body.
+async fn admit(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
+    let (mut parts, body) = req.into_parts();
+    let principal =
+        match <Principal as axum::extract::FromRequestParts<AppState>>::from_request_parts(
+            &mut parts, &s,
+        )
+        .await
+        {
+            Ok(p) => p,
+            Err(e) => return e.into_response(),
+        };
+    let id = match parts.headers.get(CONVERSATION_HEADER) {
+        None => {
+            return ApiError::bad_request(
+                "MCP requests need an `X-Conversation-Id` header naming the conversation",
+            )
+            .into_response();
+        }
+        Some(v) => match v.to_str() {
+            Ok(v) => v.to_owned(),
+            Err(_) => {
+                return ApiError::bad_request("the `X-Conversation-Id` header is not ASCII")
+                    .into_response();
+            }
+        },
+    };
+    let id = match ConversationId::new(&id) {
+        Ok(id) => id,
+        Err(e) => {
+            let mut e = ApiError::from(e);
+            e.message = format!("X-Conversation-Id: {}", e.message);
+            return e.into_response();
+        }
+    };
+    let conversation = ConversationRef::new(principal.tenant.clone(), id);
+    req = Request::from_parts(parts, body);
+    req.extensions_mut().insert(Caller {
+        principal,
+        conversation,
+    });
+    next.run(req).await
+}
+
+/// The MCP server of one session.
+#[derive(Clone)]
+pub struct Tools {
+    state: AppState,
+}
+
+fn schema(v: Value) -> Arc<JsonObject> {
+    match v {
+        Value::Object(m) => Arc::new(m),
+        _ => Arc::default(),
+    }
+}
+
+/// The tools and their input schemas.
+fn tools() -> Vec<Tool> {
+    vec![
+        Tool::new(
+            "bash",
+            "Run a shell command (/bin/sh -c) in this conversation's workspace. Output is \
+             stdout then stderr, cut at 30000 characters, then the exit code.",
+            schema(json!({
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "description": "The command line."},
+                    "timeout": {"type": "integer", "minimum": 1, "maximum": 600000,
+                                "description": "Milliseconds before it is killed (default 120000, max 600000)."},
+                    "cwd": {"type": "string", "description": "Working directory, a workspace path (default the workspace root)."},
+                    "description": {"type": "string", "description": "What the command does, in a few words (ignored)."}
+                },
+                "required": ["command"]
+            })),
+        ),
+        Tool::new(
+            "read",
+            "Read a text file, as numbered lines (cat -n). By default up to 2000 lines from the \
+             start; lines longer than 2000 characters are cut.",
+            schema(json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "Workspace path of the file."},
+                    "offset": {"type": "integer", "minimum": 1, "description": "First line to read, 1-based."},
+                    "limit": {"type": "integer", "minimum": 1, "description": "How many lines to read (default 2000)."}
+                },
+                "required": ["path"]
+            })),
+        ),
+        Tool::new(
+            "write",
+            "Write a file (created or replaced whole; parent directories are created).",
+            schema(json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "Workspace path of the file."},
+                    "content": {"type": "string", "description": "The whole new content."}
+                },
+                "required": ["path", "content"]
+            })),
+        ),
+        Tool::new(
+            "edit",
+            "Replace exact text in a file. old_string must occur exactly once unless replace_all \
+             is true.",
+            schema(json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "Workspace path of the file."},
+                    "old_string": {"type": "string", "description": "The text to replace (not empty)."},
+                    "new_string": {"type": "string", "description": "Its replacement."},
+                    "replace_all": {"type": "boolean", "default": false, "description": "Replace every occurrence."}
+                },
+                "required": ["path", "old_string", "new_string"]
+            })),
+        ),
+        Tool::new(
+            "ls",
+            "List a directory; directories end with `/`.",
+            schema(json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "Workspace path (default the workspace root)."}
+                }
+            })),
+        ),
+        Tool::new(
+            "glob",
+            "Find files whose workspace-relative path matches a glob such as `**/*.rs`.",
+            schema(json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string", "description": "The glob."}
+                },
+                "required": ["pattern"]
+            })),
+        ),
+        Tool::new(
+            "grep",
+            "Search file contents with a regular expression (Rust regex syntax).",
+            schema(json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string", "description": "The regular expression."},
+                    "path": {"type": "string", "description": "File or directory to search (default the workspace)."},
+                    "glob": {"type": "string", "description": "Only files matching this glob, e.g. `**/*.md`."},
+                    "output_mode": {"type": "string", "enum": ["content", "files_with_matches", "count"],
+                                    "default": "files_with_matches",
+                                    "description": "content: path:line:text; files_with_matches: paths; count: path:N."},
+                    "case_insensitive": {"type": "boolean", "default": false}
+                },
+                "required": ["pattern"]
+            })),
+        ),
+    ]
+}
+
+#[derive(Deserialize)]
+struct BashArgs {
+    command: String,
+    timeout: Option<u64>,
+    cwd: Option<String>,
+    #[serde(default, rename = "description")]
+    _description: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ReadArgs {
+    path: String,
+    offset: Option<usize>,
+    limit: Option<usize>,
+}
+
+#[derive(Deserialize)]
+struct WriteArgs {
+    path: String,
+    content: String,
+}
+
+#[derive(Deserialize)]
+struct EditArgs {
+    path: String,
+    old_string: String,
+    new_string: String,
+    #[serde(default)]
+    replace_all: bool,
+}
+
+#[derive(Deserialize)]
+struct LsArgs {
+    path: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct GlobArgs {
+    pattern: String,
+}
+
+#[derive(Deserialize)]
+struct GrepArgs {
+    pattern: String,
+    path: Option<String>,
+    glob: Option<String>,
+    output_mode: Option<String>,
+    #[serde(default)]
+    case_insensitive: bool,
+}
+
+fn args<T: DeserializeOwned>(tool: &str, a: Option<JsonObject>) -> Result<T, Error> {
+    serde_json::from_value(Value::Object(a.unwrap_or_default()))
+        .map_err(|e| Error::InvalidRequest(format!("invalid arguments for `{tool}`: {e}")))
+}
+
+/// Cuts `s` to `max` characters, saying so.
+fn cut(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        None => s.to_owned(),
+        Some((i, _)) => format!(
+            "{}\n... [output truncated: {} more characters]",
+            &s[..i],
+            s[i..].chars().count()
+        ),
+    }
+}
+
+/// `content` as `cat -n` would number it, from line `offset` (1-based), `limit` lines.
+fn numbered(content: &str, offset: usize, limit: usize) -> String {
+    let mut out = String::new();
+    for (n, line) in content.lines().enumerate().skip(offset - 1).take(limit) {
+        let line = match line.char_indices().nth(MAX_LINE_CHARS) {
+            Some((i, _)) => &line[..i],
+            None => line,
+        };
+        out.push_str(&format!("{:>6}\t{line}\n", n + 1));
+    }
+    out
+}
+
+impl Tools {
+    /// Runs tool `name` on the caller's conversation, holding its turn.
+    async fn run(
+        &self,
+        caller: &Caller,
+        name: &str,
+        a: Option<JsonObject>,
+    ) -> Result<String, Error> {
+        let s = &self.state;
+        let conv = &caller.conversation;
+        // Parse and check everything before opening: bad input creates nothing.
+        let op = match name {
+            "bash" => {
+                let b: BashArgs = args(name, a)?;
+                let mut req = ExecRequest::new(b.command);
+                if let Some(cwd) = b.cwd {
+                    s.manager.check_path(conv, &cwd)?;
+                    req.cwd = Some(cwd);
+                }
+                req.timeout = Duration::from_millis(b.timeout.unwrap_or(120_000));
+                req.validate()?;
+                Run::Bash(req)
+            }
+            "read" => {
+                let r: ReadArgs = args(name, a)?;
+                s.manager.check_path(conv, &r.path)?;
+                Run::Read(r)
+            }
+            "write" => {
+                let w: WriteArgs = args(name, a)?;
+                s.manager.check_path(conv, &w.path)?;
+                Run::Write(w)
+            }
+            "edit" => {
+                let e: EditArgs = args(name, a)?;
+                s.manager.check_path(conv, &e.path)?;
+                Run::Edit(e)
+            }
+            "ls" => {
+                let l: LsArgs = args(name, a)?;
+                let p = l.path.unwrap_or_else(|| ".".to_owned());
+                s.manager.check_path(conv, &p)?;
+                Run::Ls(p)
+            }
+            "glob" => Run::Glob(args::<GlobArgs>(name, a)?.pattern),
+            "grep" => {
+                let g: GrepArgs = args(name, a)?;
+                if let Some(p) = &g.path {
+                    s.manager.check_path(conv, p)?;
+                }
+                let mode = g
+                    .output_mode
+                    .unwrap_or_else(|| "files_with_matches".to_owned());
+                if !matches!(mode.as_str(), "content" | "files_with_matches" | "count") {
+                    return Err(Error::InvalidRequest(format!(
+                        "output_mode must be content, files_with_matches or count, not {mode:?}"
+                    )));
+                }
+                let mut req = GrepRequest::new(g.pattern);
+                req.path = g.path;
+                req.glob = g.glob;
+                req.case_insensitive = g.case_insensitive;
+                Run::Grep(req, mode)
+            }
+            other => {
+                return Err(Error::InvalidRequest(format!(
+                    "no tool named {other:?}; the tools are bash, read, write, edit, ls, glob, grep"
+                )));
+            }
+        };
+        let creates = matches!(op, Run::Bash(_) | Run::Write(_));
+        let _turn = s
+            .queues
+            .turn(&conv.key, s.config.max_queue)
+            .await
+            .ok_or_else(|| {
+                Error::InvalidRequest(format!(
+                    "more than {} calls are queued for this conversation; retry later",
+                    s.config.max_queue
+                ))
+            })?;
+        if !creates {
+            let store = s.manager.store().clone();
+            let key = conv.key.clone();
+            if blocking(move || store.get(&key)).await?.is_none() {
+                return Err(Error::NotFound(format!(
+                    "conversation {:?} does not exist yet (bash or write creates it)",
+                    conv.id.as_str()
+                )));
+            }
+        }
+        let session = s.manager.open(conv).await?;
+        let result = Self::apply(&session, op).await;
+        if let Err(e) = Box::new(session).close().await {
+            tracing::warn!(error = %e, "closing a conversation session failed");
+        }
+        result
+    }
+
+    async fn apply(session: &dyn Session, op: Run) -> Result<String, Error> {
+        match op {
+            Run::Bash(req) => {
+                let timeout_ms = req.timeout.as_millis();
+                let r = session.exec(req).await?;
+                let mut text = String::from_utf8_lossy(&r.stdout).into_owned();
+                let stderr = String::from_utf8_lossy(&r.stderr);
+                if !stderr.is_empty() {
+                    if !text.is_empty() && !text.ends_with('\n') {
+                        text.push('\n');
+                    }
+                    text.push_str(&stderr);
+                }
+                let mut text = cut(&text, MAX_OUTPUT_CHARS);
+                if !text.is_empty() && !text.ends_with('\n') {
+                    text.push('\n');
+                }
+                if r.timed_out {
+                    text.push_str(&format!("Command timed out after {timeout_ms} ms\n"));
+                }
+                text.push_str(&format!("Exit code: {}", r.shell_exit_code()));
+                Ok(text)
+            }
+            Run::Read(a) => {
+                let bytes = session.read(&a.path).await?;
+                let content = String::from_utf8_lossy(&bytes);
+                let offset = a.offset.unwrap_or(1).max(1);
+                let limit = a.limit.unwrap_or(DEFAULT_READ_LINES).max(1);
+                let total = content.lines().count();
+                if total == 0 {
+                    return Ok(format!("{} is empty", a.path));
+                }
+                if offset > total {
+                    return Err(Error::InvalidRequest(format!(
+                        "offset {offset} is past the end of {} ({total} lines)",
+                        a.path
+                    )));
+                }
+                let mut out = numbered(&content, offset, limit);
+                let last = (offset - 1 + limit).min(total);
+                if last < total {
+                    out.push_str(&format!(
+                        "... [{} more lines; read on with offset {}]\n",
+                        total - last,
+                        last + 1
+                    ));
+                }
+                Ok(out)
+            }
+            Run::Write(w) => {
+                session.write(&w.path, w.content.as_bytes()).await?;
+                Ok(format!("Wrote {} bytes to {}", w.content.len(), w.path))
+            }
+            Run::Edit(e) => {
+                let r = session
+                    .edit(
+                        &e.path,
+                        &EditRequest {
+                            old: e.old_string,
+                            new: e.new_string,
+                            replace_all: e.replace_all,
+                        },
+                    )
+                    .await?;
+                Ok(format!(
+                    "Replaced {} occurrence{} in {}",
+                    r.replacements,
+                    if r.replacements == 1 { "" } else { "s" },
+                    e.path
+                ))
+            }
+            Run::Ls(p) => {
+                let mut entries = session.list(&p).await?;
+                entries.sort_by(|a, b| a.name.cmp(&b.name));
+                if entries.is_empty() {
+                    return Ok(format!("{p} is empty"));
+                }
+                Ok(entries
+                    .iter()
+                    .map(|e| match e.kind {
+                        FileKind::Directory => format!("{}/", e.name),
+                        _ => e.name.clone(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n"))
+            }
+            Run::Glob(pattern) => {
+                let found = session.glob(&pattern).await?;
+                if found.is_empty() {
+                    return Ok("No files found".to_owned());
+                }
+                Ok(found.join("\n"))
+            }
+            Run::Grep(req, mode) => {
+                let matches = session.grep(&req).await?;
+                if matches.is_empty() {
+                    return Ok("No matches found".to_owned());
+                }
+                let text = match mode.as_str() {
+                    "content" => matches
+                        .iter()
+                        .map(|m| format!("{}:{}:{}", m.path, m.line_number, m.line))
+                        .collect::<Vec<_>>()
+                        .join("\n"),
+                    "count" => {
+                        let mut counts: Vec<(String, usize)> = Vec::new();
+                        for m in &matches {
+                            match counts.last_mut() {
+                                Some((p, n)) if *p == m.path => *n += 1,
+                                _ => counts.push((m.path.clone(), 1)),
+                            }
+                        }
+                        counts
+                            .iter()
+                            .map(|(p, n)| format!("{p}:{n}"))
+                            .collect::<Vec<_>>()
+                            .join("\n")
+                    }
+                    _ => {
+                        let mut paths: Vec<&str> = Vec::new();
+                        for m in &matches {
+                            if paths.last() != Some(&m.path.as_str()) {
+                                paths.push(&m.path);
+                            }
+                        }
+                        paths.join("\n")
+                    }
+                };
+                Ok(cut(&text, MAX_OUTPUT_CHARS))
+            }
+        }
+    }
+
+    async fn audit(&self, caller: &Caller, tool: &str, outcome: String, started: Instant) {
+        let entry = AuditEntry {
+            at: Utc::now(),
+            tenant: caller.principal.tenant.clone(),
+            conversation_key: Some(caller.conversation.key.clone()),
+            operation: format!("mcp.{tool}"),
+            outcome,
+            detail: Some(format!(
+                "key={} duration_ms={}",
+                caller.principal.key_id.as_deref().unwrap_or("-"),
+                started.elapsed().as_millis()
+            )),
+        };
+        let store = self.state.manager.store().clone();
+        if let Err(e) = blocking(move || store.audit(&entry)).await {
+            tracing::warn!(error = %e, "audit record not written");
+        }
+    }
+}
+
+/// A checked operation, ready to run on an open session.
+enum Run {
+    Bash(ExecRequest),
+    Read(ReadArgs),
+    Write(WriteArgs),
+    Edit(EditArgs),
+    Ls(String),
+    Glob(String),
+    Grep(GrepRequest, String),
+}
+
+impl ServerHandler for Tools {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(tools()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let caller = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|p| p.extensions.get::<Caller>())
+            .cloned()
+            .ok_or_else(|| ErrorData::internal_error("the request has no caller", None))?;
+        let started = Instant::now();
+        let result = self.run(&caller, &request.name, request.arguments).await;
+        let (outcome, out) = match result {
+            Ok(text) => (
+                "ok".to_owned(),
+                CallToolResult::success(vec![ContentBlock::text(text)]),
+            ),
+            Err(e) => (
+                e.code().to_owned(),
+                CallToolResult::error(vec![ContentBlock::text(format!(
+                    "error ({}): {e}",
+                    e.code()
+                ))]),
+            ),
+        };
+        self.audit(&caller, &request.name, outcome, started).await;
+        Ok(out.into())
+    }
+}

@@ -1,0 +1,133 @@
+"""Drives sessionbox's /mcp endpoint with the official MCP Python SDK (streamable HTTP).
+
+Usage: mcp_client.py URL KEY. Prints OK and exits 0 when every check passes; any failure
+raises. Run by tests/mcp.rs.
+"""
+
+import sys
+
+import anyio
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+URL, KEY = sys.argv[1], sys.argv[2]
+
+
+def dump(m):
+    return m.model_dump(by_alias=True, exclude_none=True)
+
+
+async def call(session, tool, args):
+    r = dump(await session.call_tool(tool, args))
+    text = "".join(c.get("text", "") for c in r["content"])
+    return text, bool(r.get("isError"))
+
+
+async def with_session(conversation, body, key=KEY):
+    headers = {"Authorization": f"Bearer {key}"}
+    if conversation is not None:
+        headers["X-Conversation-Id"] = conversation
+    async with create_mcp_http_client(headers=headers) as http:
+        async with streamable_http_client(URL, http_client=http) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                return await body(session)
+
+
+async def main():
+    with anyio.fail_after(60):
+        # The tools and their schemas: required parameters are marked required.
+        async def list_tools(session):
+            return {t["name"]: t["inputSchema"] for t in (dump(await session.list_tools()))["tools"]}
+
+        tools = await with_session("alice", list_tools)
+        assert set(tools) == {"bash", "read", "write", "edit", "ls", "glob", "grep"}, tools
+        required = {name: set(s.get("required", [])) for name, s in tools.items()}
+        assert required["bash"] == {"command"}, required
+        assert required["read"] == {"path"}, required
+        assert required["write"] == {"path", "content"}, required
+        assert required["edit"] == {"path", "old_string", "new_string"}, required
+        assert required["glob"] == {"pattern"}, required
+        assert required["grep"] == {"pattern"}, required
+        assert required["ls"] == set(), required
+        assert set(tools["grep"]["properties"]["output_mode"]["enum"]) == {
+            "content", "files_with_matches", "count"}
+
+        # Alice: bash, write, read, edit, ls, glob, grep.
+        async def alice(session):
+            text, err = await call(session, "bash", {"command": "echo out; echo err >&2; exit 3"})
+            assert not err and text == "out\nerr\nExit code: 3", repr(text)
+            text, err = await call(session, "bash", {"command": "yes x | head -c 100000"})
+            assert not err and "[output truncated" in text and "Exit code: 0" in text, text[-200:]
+            assert len(text) < 30_200, len(text)
+            text, err = await call(session, "write", {"path": "notes/a.txt", "content": "one\ntwo\nthree\n"})
+            assert not err, text
+            text, err = await call(session, "read", {"path": "notes/a.txt"})
+            assert not err and text == "     1\tone\n     2\ttwo\n     3\tthree\n", repr(text)
+            text, err = await call(session, "read", {"path": "notes/a.txt", "offset": 2, "limit": 1})
+            assert not err and text.startswith("     2\ttwo\n") and "offset 3" in text, repr(text)
+            text, err = await call(session, "edit", {"path": "notes/a.txt", "old_string": "t", "new_string": "T"})
+            assert err and "error" in text, text  # "t" occurs more than once
+            text, err = await call(session, "edit", {"path": "notes/a.txt", "old_string": "two", "new_string": "2"})
+            assert not err and "Replaced 1 occurrence" in text, text
+            text, err = await call(session, "bash", {"command": "cat notes/a.txt", "cwd": "."})
+            assert text == "one\n2\nthree\nExit code: 0", repr(text)
+            text, err = await call(session, "ls", {})
+            assert not err and "notes/" in text.split("\n"), text
+            text, err = await call(session, "glob", {"pattern": "**/*.txt"})
+            assert not err and text == "notes/a.txt", text
+            for mode, want in (("content", "notes/a.txt:3:three"), ("files_with_matches", "notes/a.txt"),
+                               ("count", "notes/a.txt:1")):
+                text, err = await call(session, "grep", {"pattern": "^thr", "output_mode": mode})
+                assert not err and text == want, (mode, text)
+            # Failures are tool errors the model reads.
+            text, err = await call(session, "read", {"path": "missing.txt"})
+            assert err and "not_found" in text, text
+            text, err = await call(session, "read", {"path": "../../etc/passwd"})
+            assert err, text
+            text, err = await call(session, "read", {})
+            assert err and "path" in text, text
+            text, err = await call(session, "bash", {"command": "sleep 5", "timeout": 200})
+            assert not err and "timed out" in text and "Exit code: 124" in text, text
+            text, err = await call(session, "bash", {"command": "true", "timeout": 600001})
+            assert err, text
+
+        await with_session("alice", alice)
+
+        # Bob: his own workspace; Alice's file is not there.
+        async def bob(session):
+            text, err = await call(session, "read", {"path": "notes/a.txt"})
+            assert err and "not_found" in text, text  # Bob has no conversation yet
+            text, err = await call(session, "write", {"path": "b.txt", "content": "bob"})
+            assert not err, text
+            text, err = await call(session, "read", {"path": "notes/a.txt"})
+            assert err and "not_found" in text, text
+            text, err = await call(session, "bash", {"command": "ls -A; cat notes/a.txt"})
+            assert text.startswith("b.txt\n") and "Exit code: 1" in text, text
+            text, err = await call(session, "glob", {"pattern": "**/*"})
+            assert text == "b.txt", text
+
+        await with_session("bob", bob)
+
+        async def alice_again(session):
+            text, err = await call(session, "read", {"path": "b.txt"})
+            assert err and "not_found" in text, text
+            text, err = await call(session, "read", {"path": "notes/a.txt"})
+            assert not err and "2" in text, text
+
+        await with_session("alice", alice_again)
+
+        # Refused before MCP: a wrong key, a missing or invalid conversation id.
+        for conversation, key in (("alice", "sbk_wrong"), (None, KEY), ("../alice", KEY)):
+            try:
+                await with_session(conversation, list_tools, key=key)
+            except BaseException as e:  # noqa: BLE001 (the SDK raises groups or its own errors)
+                if isinstance(e, (KeyboardInterrupt, anyio.get_cancelled_exc_class())):
+                    raise
+                continue
+            raise AssertionError(f"accepted conversation={conversation!r} key={key!r}")
+    print("OK")
+
+
+anyio.run(main)
