@@ -338,9 +338,23 @@ fn entries_created_during_the_removal_are_removed_too() {
         std::fs::write(tree.join(format!("d{i}/e/f")), b"x").unwrap();
     }
     let created = std::sync::atomic::AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    /// Stops the writer when the removal returns or panics, so a failure fails the test
+    /// instead of leaving the scope waiting for a writer that never ends.
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
     std::thread::scope(|s| {
         s.spawn(|| {
-            for i in 0.. {
+            // At most 100 new entries: fewer than the 128 times `remove_tree` reads a directory
+            // again, so the removal wins however slow the machine is.
+            for i in 0..100 {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
                 match std::fs::create_dir(tree.join(format!("w{i}"))) {
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
                     _ => {}
@@ -351,6 +365,7 @@ fn entries_created_during_the_removal_are_removed_too() {
                 std::thread::sleep(Duration::from_micros(50));
             }
         });
+        let _stop = StopOnDrop(&stop);
         std::thread::sleep(Duration::from_millis(20));
         assert!(remove_tree(&tree).unwrap());
     });
