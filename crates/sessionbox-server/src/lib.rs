@@ -18,7 +18,7 @@
 //! - Every call is audited twice: by the [`Manager`] per operation, and here as one `http.*`
 //!   record with the key id, the status and the duration (never bodies, commands or keys).
 //!
-//! Architecture invariant: only this crate knows the HTTP (and, later, MCP) wire formats of the
+//! Architecture invariant: only this crate knows the HTTP and MCP wire formats of the
 //! public API; it reaches conversations only through the [`Manager`].
 
 mod api;
