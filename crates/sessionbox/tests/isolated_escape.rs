@@ -1021,11 +1021,14 @@ async fn memory_bomb_in_a_is_contained_while_b_keeps_answering() {
         assert!(probes >= 5, "{probes}");
         assert!(slowest_b < Duration::from_secs(2), "B took {slowest_b:?}");
         assert!(slowest_host < Duration::from_secs(2), "host took {slowest_host:?}");
+        // The kernel charges a page or a few past the limit before it reclaims or OOM-kills
+        // (seen: 4 KiB over); a bomb that escaped the limit would be hundreds of MiB over.
+        let slack = 1024 * 1024;
         if v1 {
             let peak: u64 = read("memory.max_usage_in_bytes").trim().parse().unwrap();
-            assert!(peak <= limit, "peak {peak} > limit {limit}");
+            assert!(peak <= limit + slack, "peak {peak} > limit {limit}");
         } else if let Ok(peak) = read("memory.peak").trim().parse::<u64>() {
-            assert!(peak <= limit, "peak {peak} > limit {limit}");
+            assert!(peak <= limit + slack, "peak {peak} > limit {limit}");
         }
         if read(if v1 { "memory.oom_control" } else { "memory.events" }).contains("oom_kill ") {
             assert!(
