@@ -39,6 +39,7 @@ use sessionbox_manager::Manager;
 pub use api::router;
 pub use auth::Principal;
 pub use error::{ApiError, status_of};
+pub use mcp::serve_stdio;
 pub use openapi::openapi;
 
 /// Settings of the server.

@@ -59,12 +59,49 @@ pub fn route(state: AppState) -> MethodRouter<AppState> {
         move || {
             Ok(Tools {
                 state: handler_state.clone(),
+                fixed: None,
             })
         },
         Arc::default(),
         config,
     );
     any_service(service).layer(axum::middleware::from_fn_with_state(state, admit))
+}
+
+/// Serves the MCP tools on one conversation over stdin and stdout (newline-delimited JSON-RPC,
+/// the MCP stdio transport) until the client closes stdin.
+///
+/// The caller is `tenant` with no key id: a local process that can run this already owns the
+/// data directory. Calls are audited as `mcp.TOOL` like the HTTP ones and wait for the
+/// conversation's turn in this process (other processes on the same data directory are ordered
+/// by the runtime's own locks).
+///
+/// # Errors
+/// [`Error::Backend`] when the transport fails to start or ends with an error.
+pub async fn serve_stdio(
+    state: AppState,
+    conversation: ConversationRef,
+) -> sessionbox_core::Result<()> {
+    use rmcp::ServiceExt;
+    let tools = Tools {
+        state,
+        fixed: Some(Caller {
+            principal: Principal {
+                tenant: conversation.tenant.clone(),
+                key_id: None,
+            },
+            conversation,
+        }),
+    };
+    let running = tools
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| Error::Backend(format!("MCP stdio transport did not start: {e}")))?;
+    running
+        .waiting()
+        .await
+        .map_err(|e| Error::Backend(format!("MCP stdio transport failed: {e}")))?;
+    Ok(())
 }
 
 /// Who calls and on which conversation, as [`admit`] found them.
@@ -118,10 +155,12 @@ async fn admit(State(s): State<AppState>, mut req: Request, next: Next) -> Respo
     next.run(req).await
 }
 
-/// The MCP server of one session.
+/// The MCP server of one session: over HTTP the caller comes with each request; over stdio it
+/// is fixed for the life of the process.
 #[derive(Clone)]
 pub struct Tools {
     state: AppState,
+    fixed: Option<Caller>,
 }
 
 fn schema(v: Value) -> Arc<JsonObject> {
@@ -594,12 +633,15 @@ impl ServerHandler for Tools {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let caller = context
-            .extensions
-            .get::<axum::http::request::Parts>()
-            .and_then(|p| p.extensions.get::<Caller>())
-            .cloned()
-            .ok_or_else(|| ErrorData::internal_error("the request has no caller", None))?;
+        let caller = match &self.fixed {
+            Some(c) => c.clone(),
+            None => context
+                .extensions
+                .get::<axum::http::request::Parts>()
+                .and_then(|p| p.extensions.get::<Caller>())
+                .cloned()
+                .ok_or_else(|| ErrorData::internal_error("the request has no caller", None))?,
+        };
         let started = Instant::now();
         let result = self.run(&caller, &request.name, request.arguments).await;
         let (outcome, out) = match result {

@@ -318,6 +318,7 @@ impl Store {
             .prepare(
                 "SELECT id, at, tenant, conversation_key, operation, outcome, detail FROM audit
                  WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR conversation_key = ?2)
+                   AND (?4 IS NULL OR at >= ?4)
                  ORDER BY at DESC, id DESC LIMIT ?3",
             )
             .map_err(sql_error("read the audit log"))?;
@@ -326,7 +327,8 @@ impl Store {
                 params![
                     filter.tenant.as_ref().map(TenantId::as_str),
                     filter.key.as_ref().map(ConversationKey::as_str),
-                    limit
+                    limit,
+                    filter.since.map(|t| t.timestamp_millis())
                 ],
                 audit_record,
             )

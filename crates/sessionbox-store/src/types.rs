@@ -114,6 +114,8 @@ pub struct AuditFilter {
     pub tenant: Option<TenantId>,
     /// Only this conversation's entries.
     pub key: Option<ConversationKey>,
+    /// Only entries at or after this time.
+    pub since: Option<DateTime<Utc>>,
     /// At most this many (the newest).
     pub limit: Option<usize>,
 }

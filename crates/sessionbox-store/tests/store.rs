@@ -275,6 +275,18 @@ fn audit_log_reads_newest_first_filters_and_survives_delete() {
         .map(|r| r.entry.operation)
         .collect();
     assert_eq!(ops, ["list", "write"]);
+    // `since` is inclusive: the entry at exactly 20 is in, the one at 15 is not.
+    let since = AuditFilter {
+        since: Some(entry(20, &a, "x", "ok").at),
+        ..AuditFilter::default()
+    };
+    let ops: Vec<_> = store
+        .audit_log(&since)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.entry.operation)
+        .collect();
+    assert_eq!(ops, ["list", "write"]);
 
     assert!(store.delete(&a.key).unwrap());
     store.audit(&entry(40, &a, "destroy", "ok")).unwrap();

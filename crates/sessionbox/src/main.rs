@@ -3,6 +3,7 @@
 //! This binary is wiring: it reads settings, builds the store, runtime and manager, and maps
 //! each subcommand onto [`sessionbox_manager::Manager`] and [`sessionbox_core::Session`].
 
+mod audit;
 mod bench;
 mod config;
 mod doctor;
@@ -193,6 +194,18 @@ enum Command {
         #[command(subcommand)]
         command: serve::KeysCommand,
     },
+    /// Serve the MCP tools (bash, read, write, edit, ls, glob, grep) on one conversation over
+    /// stdin and stdout, for MCP clients that start their servers as processes.
+    ///
+    /// For example, in an MCP client's configuration: command `sessionbox`, arguments
+    /// `["mcp", "--conversation", "chat-42"]`. Logs go to stderr (SESSIONBOX_LOG).
+    Mcp {
+        #[command(flatten)]
+        conv: Conv,
+    },
+    /// Print the audit log of the tenant, newest first: operation, outcome, key id and duration
+    /// per call; never file contents, commands or secrets.
+    Audit(audit::AuditArgs),
     /// Serve the execd API as the in-sandbox agent (see `sessionbox agent --help`). The
     /// `isolated` runtime starts it inside each conversation's sandbox.
     #[command(disable_help_flag = true)]
@@ -289,6 +302,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Command::Doctor = cli.command {
         return Ok(doctor::run(kind));
     }
+    if let Command::Audit(args) = &cli.command {
+        return audit::run(args, &data_dir, &tenant);
+    }
     if let Command::Keys { command } = &cli.command {
         let given = cli.tenant.is_some().then_some(&tenant);
         return serve::keys(command, &data_dir, given);
@@ -300,7 +316,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let prepared = match &conversation {
-        Some(conv) if !matches!(cli.command, Command::Destroy { .. }) => {
+        Some(conv) if !matches!(cli.command, Command::Destroy { .. } | Command::Mcp { .. }) => {
             let root = match kind {
                 RuntimeKind::Isolated => sessionbox_local::isolated::WORKSPACE.to_owned(),
                 RuntimeKind::Host => HostRuntime::workspace_path(&data_dir, &conv.key)
@@ -363,7 +379,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Verify(args) => verify::run(&ctx, args).await,
         Command::Serve(args) => serve::run(&ctx, args).await,
-        Command::Keys { .. } => unreachable!("handled before the runtime"),
+        Command::Keys { .. } | Command::Audit(_) => unreachable!("handled before the runtime"),
+        Command::Mcp { .. } => {
+            let conv = conversation.expect("mcp names a conversation");
+            let state = sessionbox_server::AppState::new(
+                ctx.manager,
+                sessionbox_server::ServerConfig::default(),
+            );
+            sessionbox_server::serve_stdio(state, conv).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Doctor | Command::Agent { .. } => unreachable!("handled before the runtime"),
         Command::Conversations { all_tenants } => {
             let tenant = (!all_tenants).then_some(&ctx.tenant);
@@ -429,13 +454,15 @@ fn command_conversation(c: &Command) -> Option<&str> {
         | Command::Mkdir { conv, .. }
         | Command::Glob { conv, .. }
         | Command::Grep { conv, .. }
-        | Command::Destroy { conv } => Some(&conv.conversation),
+        | Command::Destroy { conv }
+        | Command::Mcp { conv } => Some(&conv.conversation),
         Command::Conversations { .. }
         | Command::Verify(_)
         | Command::Bench(_)
         | Command::Doctor
         | Command::Serve(_)
         | Command::Keys { .. }
+        | Command::Audit(_)
         | Command::Agent { .. } => None,
     }
 }
@@ -685,6 +712,8 @@ async fn run_on_session(
         | Command::Doctor
         | Command::Serve(_)
         | Command::Keys { .. }
+        | Command::Mcp { .. }
+        | Command::Audit(_)
         | Command::Agent { .. } => {
             unreachable!("handled without a session")
         }
