@@ -43,7 +43,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/conversations", get(list_conversations))
         .route(
             "/v1/conversations/{id}",
-            get(get_conversation).delete(destroy_conversation),
+            get(get_conversation)
+                .post(open_conversation)
+                .delete(destroy_conversation),
         )
         .route("/v1/conversations/{id}/exec", post(exec))
         .route(
@@ -419,6 +421,53 @@ pub(crate) async fn get_conversation(
             Some(r) => Ok(Json(ConversationView::from(r)).into_response()),
             None => Err(conversation_not_found(&conv)),
         }
+    })
+}
+
+/// `POST /v1/conversations/{id}`: the conversation, opened (and created when new).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = OpenedConversation)]
+pub(crate) struct OpenedView {
+    /// True when this call created the conversation (status 201), false when it existed (200).
+    created: bool,
+    /// The workspace root as the conversation's commands see it (`/workspace` on the isolated
+    /// runtime; a host directory on the host runtime). Paths may be given relative to it.
+    workspace_root: String,
+    conversation: ConversationView,
+}
+
+/// Opens a conversation, creating it (workspace and sandbox) when it does not exist: 201 when
+/// created, 200 when it existed. Idempotent; concurrent first calls create it once.
+#[utoipa::path(post, path = "/v1/conversations/{id}", tag = "conversations", params(("id" = String, Path, description = "conversation id")),
+    responses((status = 200, description = "it existed", body = OpenedView), (status = 201, description = "created", body = OpenedView),
+              (status = 400, description = "invalid input", body = ErrorBody),
+              (status = 401, description = "no valid API key", body = ErrorBody),
+              (status = 429, description = "the conversation's queue is full", body = ErrorBody)))]
+pub(crate) async fn open_conversation(
+    State(s): State<AppState>,
+    p: Principal,
+    PathArgs(id): PathArgs<String>,
+) -> Response {
+    audited!(s, p, "open", id, |conv| {
+        let o = s.open(&conv, true).await?;
+        let created = o.conv.created();
+        let workspace_root = o.conv.workspace_root().to_owned();
+        o.done().await;
+        let record = s
+            .record(&conv.key)
+            .await?
+            .ok_or_else(|| conversation_not_found(&conv))?;
+        let status = if created {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        };
+        let view = OpenedView {
+            created,
+            workspace_root,
+            conversation: record.into(),
+        };
+        Ok((status, Json(view)).into_response())
     })
 }
 

@@ -129,6 +129,7 @@ impl Modify for Security {
         api::readyz,
         api::list_conversations,
         api::get_conversation,
+        api::open_conversation,
         api::destroy_conversation,
         api::exec,
         api::read_file,

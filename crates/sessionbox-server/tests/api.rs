@@ -600,6 +600,51 @@ async fn conversations_are_listed_in_pages_shown_and_destroyed_idempotently() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn post_opens_a_conversation_creating_it_once() {
+    bounded(async {
+        let s = Server::start(ServerConfig::default(), true).await;
+        // Eight concurrent first opens: exactly one says it created the conversation.
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let r = s.req(Method::POST, "/v1/conversations/fresh");
+            tasks.push(tokio::spawn(
+                async move { body(r.send().await.unwrap()).await },
+            ));
+        }
+        let mut created = 0;
+        for t in tasks {
+            let (st, v) = t.await.unwrap();
+            assert_eq!(v["created"] == true, st == StatusCode::CREATED, "{st} {v}");
+            assert!(
+                st == StatusCode::CREATED || st == StatusCode::OK,
+                "{st} {v}"
+            );
+            created += usize::from(st == StatusCode::CREATED);
+            assert_eq!(v["conversation"]["id"], "fresh", "{v}");
+            // The host runtime presents the workspace at its host directory.
+            let root = v["workspace_root"].as_str().unwrap();
+            assert!(std::path::Path::new(root).is_dir(), "{v}");
+        }
+        assert_eq!(created, 1);
+        assert_eq!(s.workspaces(), 1);
+        assert_eq!(s.store.list(None).unwrap().len(), 1);
+        // Invalid ids create nothing.
+        error(
+            s.req(Method::POST, "/v1/conversations/a%20b")
+                .send()
+                .await
+                .unwrap(),
+            StatusCode::BAD_REQUEST,
+            "invalid_id",
+        )
+        .await;
+        assert_eq!(s.workspaces(), 1);
+        s.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn wrong_missing_or_revoked_keys_get_401_and_x_api_key_works() {
     bounded(async {
         let s = Server::start(ServerConfig::default(), true).await;
@@ -860,16 +905,7 @@ async fn oversized_bodies_are_413() {
 async fn invalid_ids_and_paths_are_refused_creating_nothing() {
     bounded(async {
         let s = Server::start(ServerConfig::default(), true).await;
-        for id in [
-            ".",
-            "..",
-            "-a",
-            "a%20b",
-            "a%3Ab",
-            "%C3%A9",
-            &"a".repeat(129),
-            "a%00",
-        ] {
+        for id in ["-a", "a%20b", "a%3Ab", "%C3%A9", &"a".repeat(129), "a%00"] {
             for (method, path, body) in [
                 (Method::POST, "exec", Some(json!({"command": "true"}))),
                 (Method::PUT, "files/x", None),
@@ -887,19 +923,31 @@ async fn invalid_ids_and_paths_are_refused_creating_nothing() {
                     None => s.req(method.clone(), &url).body("x"),
                 };
                 let (st, v) = body_of(r.send().await.unwrap()).await;
-                // The client resolves "." and ".." segments itself (WHATWG URLs), so those
-                // reach other routes (404, 405); every other id is refused as an id.
-                let dots = matches!(id, "." | "..");
-                assert!(
-                    st == StatusCode::BAD_REQUEST
-                        || dots
-                            && (st == StatusCode::NOT_FOUND
-                                || st == StatusCode::METHOD_NOT_ALLOWED),
-                    "{method} {url}: {st} {v}"
+                assert_eq!(st, StatusCode::BAD_REQUEST, "{method} {url}: {v}");
+                assert_eq!(v["code"], "invalid_id", "{url}: {v}");
+            }
+        }
+        // "." and ".." as ids: HTTP clients resolve such segments themselves (WHATWG URLs), so
+        // they are sent as written, over a raw connection, as `curl --path-as-is` would.
+        let addr = s.base.trim_start_matches("http://").to_owned();
+        for id in [".", ".."] {
+            for (method, tail) in [("POST", "/exec"), ("POST", ""), ("PUT", "/files/x")] {
+                let line = format!("{method} /v1/conversations/{id}{tail} HTTP/1.1");
+                let raw = format!(
+                    "{line}\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\n\
+                     Content-Type: application/json\r\nContent-Length: 18\r\n\
+                     Connection: close\r\n\r\n{{\"command\":\"true\"}}",
+                    s.key
                 );
-                if st == StatusCode::BAD_REQUEST {
-                    assert_eq!(v["code"], "invalid_id", "{url}: {v}");
-                }
+                let mut conn = tokio::net::TcpStream::connect(&addr).await.unwrap();
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                conn.write_all(raw.as_bytes()).await.unwrap();
+                let mut answer = String::new();
+                conn.read_to_string(&mut answer).await.unwrap();
+                assert!(
+                    answer.starts_with("HTTP/1.1 400") && answer.contains("invalid_id"),
+                    "{line}: {answer}"
+                );
             }
         }
         for p in ["..%2Fx", "a%2F..%2F..%2Fx", "%2Fetc%2Fhosts"] {
@@ -1107,6 +1155,7 @@ async fn the_openapi_document_lists_every_route_and_matches_the_responses() {
             ("/readyz".into(), "get"),
             ("/v1/conversations".into(), "get"),
             (c.into(), "get"),
+            (c.into(), "post"),
             (c.into(), "delete"),
             (format!("{c}/exec"), "post"),
             (format!("{c}/files/{{path}}"), "get"),
@@ -1193,6 +1242,8 @@ async fn the_openapi_document_lists_every_route_and_matches_the_responses() {
         assert_eq!(keys(&v), properties(&doc, "EditResult"));
         let (_, v) = body(s.req(Method::GET, base).send().await.unwrap()).await;
         assert_eq!(keys(&v), properties(&doc, "Conversation"));
+        let (_, v) = body(s.req(Method::POST, base).send().await.unwrap()).await;
+        assert_eq!(keys(&v), properties(&doc, "OpenedConversation"));
         let (_, v) = body(
             s.req(Method::GET, "/v1/conversations")
                 .send()
