@@ -76,6 +76,12 @@ pub enum Error {
         /// What to do next.
         hint: String,
     },
+    /// A server refused the caller's credentials (a missing, unknown or revoked API key).
+    #[error("unauthorized: {0}")]
+    Unauthorized(String),
+    /// Too many requests are waiting for the same conversation; retry later.
+    #[error("busy: {0}")]
+    Busy(String),
     /// A backend (file system, process, store, remote server) failed.
     #[error("backend error: {0}")]
     Backend(String),
@@ -100,6 +106,8 @@ impl Error {
             Error::TimedOut(_) => "timed_out",
             Error::Conflict(_) => "conflict",
             Error::RuntimeUnavailable { .. } => "runtime_unavailable",
+            Error::Unauthorized(_) => "unauthorized",
+            Error::Busy(_) => "busy",
             Error::Backend(_) => "backend_error",
         }
     }
@@ -123,6 +131,8 @@ impl Error {
             "not found: ",
             "already exists: ",
             "conflict: ",
+            "unauthorized: ",
+            "busy: ",
             "backend error: ",
         ]
         .iter()
@@ -144,6 +154,8 @@ impl Error {
             "too_large" => Error::Backend(m).into_too_large(),
             "timed_out" => Error::TimedOut(Duration::ZERO),
             "conflict" => Error::Conflict(m),
+            "unauthorized" => Error::Unauthorized(m),
+            "busy" => Error::Busy(m),
             _ => Error::Backend(m),
         }
     }

@@ -433,6 +433,9 @@ pub(crate) struct OpenedView {
     /// The workspace root as the conversation's commands see it (`/workspace` on the isolated
     /// runtime; a host directory on the host runtime). Paths may be given relative to it.
     workspace_root: String,
+    /// The conversation key: hex SHA-256 of tenant and id, the name of its workspace and
+    /// record (the same as the audit log's `conversation_key`).
+    key: String,
     conversation: ConversationView,
 }
 
@@ -465,6 +468,7 @@ pub(crate) async fn open_conversation(
         let view = OpenedView {
             created,
             workspace_root,
+            key: conv.key.to_string(),
             conversation: record.into(),
         };
         Ok((status, Json(view)).into_response())

@@ -41,6 +41,8 @@ pub fn status_of(e: &Error) -> StatusCode {
         "too_large" => StatusCode::PAYLOAD_TOO_LARGE,
         "timed_out" => StatusCode::GATEWAY_TIMEOUT,
         "runtime_unavailable" => StatusCode::SERVICE_UNAVAILABLE,
+        "unauthorized" => StatusCode::UNAUTHORIZED,
+        "busy" => StatusCode::TOO_MANY_REQUESTS,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
