@@ -94,8 +94,11 @@ impl Client {
     /// # Errors
     /// [`Error::InvalidRequest`] for a URL that is not plain `http` or `https`.
     pub fn new(base: &str, api_key: Option<String>) -> Result<Client> {
-        let url = url::Url::parse(base)
-            .map_err(|e| Error::InvalidRequest(format!("server URL {base:?}: {e}")))?;
+        let url = url::Url::parse(base).map_err(|e| {
+            Error::InvalidRequest(format!(
+                "server URL {base:?} ({e}) must be http:// or https://HOST[:PORT][/PREFIX]"
+            ))
+        })?;
         if !matches!(url.scheme(), "http" | "https")
             || url.host().is_none()
             || url.query().is_some()

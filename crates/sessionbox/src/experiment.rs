@@ -27,6 +27,14 @@ impl Inventory {
         Ok(inv)
     }
 
+    /// An inventory of records alone, named by `names` (what a server's API shows).
+    pub(crate) fn of_records(names: impl IntoIterator<Item = String>) -> Self {
+        Inventory {
+            records: names.into_iter().collect(),
+            ..Inventory::default()
+        }
+    }
+
     /// True when a workspace or a record of `key` exists.
     pub(crate) fn holds(&self, key: &str) -> bool {
         self.workspaces.contains(key) || self.records.contains(key)

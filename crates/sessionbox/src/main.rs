@@ -283,6 +283,26 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Command::Bench(args) = &cli.command {
         return bench::run(args, cli.data_dir.clone(), cli.runtime, cli.tenant.clone()).await;
     }
+    if let Command::Verify(args) = &cli.command
+        && let Some(url) = &args.via
+    {
+        // Through a server: no data directory, store or runtime here.
+        let key = std::env::var("SESSIONBOX_API_KEY").ok();
+        let client = sessionbox_client::Client::new(url, key)?;
+        let target = verify::Target::Http {
+            client,
+            base: url.clone(),
+        };
+        let tenant = TenantId::new(
+            cli.tenant
+                .clone()
+                .unwrap_or_else(|| TenantId::DEFAULT.to_owned()),
+        )?;
+        let Command::Verify(args) = cli.command else {
+            unreachable!("matched above")
+        };
+        return verify::run(&target, &tenant, args).await;
+    }
     let data_dir = config::data_dir(cli.data_dir.clone())?;
     let (config_path, required) = match &cli.config {
         Some(p) => (p.clone(), true),
@@ -377,7 +397,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     };
 
     match cli.command {
-        Command::Verify(args) => verify::run(&ctx, args).await,
+        Command::Verify(args) => verify::run(&verify::Target::Local(&ctx), &ctx.tenant, args).await,
         Command::Serve(args) => serve::run(&ctx, args).await,
         Command::Keys { .. } | Command::Audit(_) => unreachable!("handled before the runtime"),
         Command::Mcp { .. } => {

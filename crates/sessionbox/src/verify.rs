@@ -24,8 +24,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde::Serialize;
 use serde_json::json;
-use sessionbox_core::{ConversationId, ConversationRef, ExecRequest, Session};
-use sessionbox_manager::Conversation;
+use sessionbox_core::{ConversationId, ConversationRef, ExecRequest, Session, TenantId};
 use tokio::sync::Barrier;
 
 use crate::App;
@@ -45,6 +44,105 @@ pub struct VerifyArgs {
     /// Write the experiment record as Markdown here.
     #[arg(long, value_name = "PATH")]
     report_md: Option<PathBuf>,
+    /// Run the experiment through a sessionbox server's HTTP API at this URL
+    /// (`http://127.0.0.1:7070`) instead of the runtime in this process. The API key, if the
+    /// server needs one, comes from SESSIONBOX_API_KEY (never the command line).
+    #[arg(long, value_name = "URL")]
+    pub via: Option<String>,
+}
+
+/// Where the experiment runs: the configured runtime in this process, or a server over HTTP.
+pub enum Target<'a> {
+    /// The runtime and store of this process.
+    Local(&'a App),
+    /// A `sessionbox serve` at `base`.
+    Http {
+        /// The client, holding the key.
+        client: sessionbox_client::Client,
+        /// The server URL, for the record.
+        base: String,
+    },
+}
+
+/// An open conversation of either target.
+struct Opened {
+    session: Box<dyn Session>,
+    created: bool,
+}
+
+impl Target<'_> {
+    async fn open(&self, conv: &ConversationRef) -> anyhow::Result<Opened> {
+        Ok(match self {
+            Target::Local(app) => {
+                let c = app.manager.open(conv).await?;
+                let created = c.created();
+                Opened {
+                    session: Box::new(c),
+                    created,
+                }
+            }
+            Target::Http { client, .. } => {
+                let c = client.open(&conv.id).await?;
+                let created = c.created();
+                Opened {
+                    session: Box::new(c),
+                    created,
+                }
+            }
+        })
+    }
+
+    async fn destroy(&self, conv: &ConversationRef) -> anyhow::Result<()> {
+        match self {
+            Target::Local(app) => {
+                app.manager.destroy(conv).await?;
+            }
+            Target::Http { client, .. } => client.destroy(&conv.id).await?,
+        }
+        Ok(())
+    }
+
+    /// The inventory: the runtime's and the store's locally; the tenant's records (by id)
+    /// through a server, which shows nothing else.
+    async fn inventory(&self) -> anyhow::Result<Inventory> {
+        match self {
+            Target::Local(app) => Inventory::take(&app.manager).await,
+            Target::Http { client, .. } => Ok(Inventory::of_records(
+                client.list().await?.into_iter().map(|c| c.id),
+            )),
+        }
+    }
+
+    /// How the inventory names `conv`.
+    fn name_of<'c>(&self, conv: &'c ConversationRef) -> &'c str {
+        match self {
+            Target::Local(_) => conv.key.as_str(),
+            Target::Http { .. } => conv.id.as_str(),
+        }
+    }
+
+    /// Absolute paths at which `a` might reach `b`'s workspace: `b`'s location as the runtime
+    /// knows it locally; through a server, `b`'s presented root when it differs from `a`'s,
+    /// and `a`'s root joined with `..` and `b`'s key.
+    fn locations_of(&self, a: &dyn Session, b: &dyn Session) -> Vec<String> {
+        match self {
+            Target::Local(app) => vec![app.manager.runtime().workspace_location(b.key())],
+            Target::Http { .. } => {
+                let mut v = vec![format!("{}/../{}", a.workspace_root(), b.key())];
+                if b.workspace_root() != a.workspace_root() {
+                    v.push(b.workspace_root().to_owned());
+                }
+                v
+            }
+        }
+    }
+
+    fn tenant(&self, fallback: &TenantId) -> String {
+        match self {
+            Target::Local(app) => app.tenant.as_str().to_owned(),
+            Target::Http { .. } => format!("{} (the API key's tenant)", fallback.as_str()),
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone, Serialize)]
@@ -100,27 +198,27 @@ impl Timings {
 }
 
 struct Run<'a> {
-    app: &'a App,
+    target: &'a Target<'a>,
     timings: Arc<Timings>,
     progress: indicatif::ProgressBar,
 }
 
 impl Run<'_> {
-    async fn open(&self, conv: &ConversationRef) -> anyhow::Result<Conversation> {
+    async fn open(&self, conv: &ConversationRef) -> anyhow::Result<Opened> {
         let t = Instant::now();
-        let c = self.app.manager.open(conv).await?;
+        let c = self.target.open(conv).await?;
         self.timings.add("open", t);
         Ok(c)
     }
 
-    async fn write(&self, s: &Conversation, path: &str, data: &str) -> anyhow::Result<()> {
+    async fn write(&self, s: &dyn Session, path: &str, data: &str) -> anyhow::Result<()> {
         let t = Instant::now();
         s.write(path, data.as_bytes()).await?;
         self.timings.add("write", t);
         Ok(())
     }
 
-    async fn read(&self, s: &Conversation, path: &str) -> anyhow::Result<String> {
+    async fn read(&self, s: &dyn Session, path: &str) -> anyhow::Result<String> {
         let t = Instant::now();
         let data = s.read(path).await?;
         self.timings.add("read", t);
@@ -129,7 +227,7 @@ impl Run<'_> {
 
     async fn exec(
         &self,
-        s: &Conversation,
+        s: &dyn Session,
         req: ExecRequest,
     ) -> anyhow::Result<sessionbox_core::ExecResult> {
         let t = Instant::now();
@@ -138,16 +236,20 @@ impl Run<'_> {
         Ok(r)
     }
 
-    async fn close(&self, s: Conversation) -> anyhow::Result<()> {
+    async fn close(&self, s: Box<dyn Session>) -> anyhow::Result<()> {
         let t = Instant::now();
-        Box::new(s).close().await?;
+        s.close().await?;
         self.timings.add("close", t);
         Ok(())
     }
 }
 
-/// Runs the experiment; exit 0 only when every check passes.
-pub async fn run(app: &App, args: VerifyArgs) -> anyhow::Result<ExitCode> {
+/// Runs the experiment on `target` for `tenant`; exit 0 only when every check passes.
+pub async fn run(
+    target: &Target<'_>,
+    tenant: &TenantId,
+    args: VerifyArgs,
+) -> anyhow::Result<ExitCode> {
     let n = args.conversations as usize;
     let m = args.rounds as usize;
     let started = chrono::Utc::now();
@@ -164,23 +266,24 @@ pub async fn run(app: &App, args: VerifyArgs) -> anyhow::Result<ExitCode> {
         indicatif::ProgressBar::hidden()
     };
     let run = Run {
-        app,
+        target,
         timings: Arc::new(Timings::default()),
         progress,
     };
 
-    let before = Inventory::take(&app.manager)
+    let before = target
+        .inventory()
         .await
         .context("cannot take the inventory before the run")?;
     let id = crate::experiment::run_id();
     let convs: Vec<ConversationRef> = (0..n)
         .map(|i| {
             let cid = ConversationId::new(format!("verify-{id}-{i:04}"))?;
-            Ok(ConversationRef::new(app.tenant.clone(), cid))
+            Ok(ConversationRef::new(tenant.clone(), cid))
         })
         .collect::<anyhow::Result<_>>()?;
     for c in &convs {
-        if before.holds(c.key.as_str()) {
+        if before.holds(target.name_of(c)) {
             bail!(
                 "conversation {} already exists; verify never reuses a conversation it did not create",
                 c.id
@@ -190,6 +293,14 @@ pub async fn run(app: &App, args: VerifyArgs) -> anyhow::Result<ExitCode> {
 
     let mut created: Vec<ConversationRef> = Vec::new();
     let body = experiment(&run, &convs, m, &mut created).await;
+    // Which runtime the server used, from its description of the first conversation.
+    let runtime_seen = match target {
+        Target::Http { client, .. } => match client.get(&convs[0].id).await {
+            Ok(Some(c)) => Some(c.runtime),
+            _ => None,
+        },
+        Target::Local(_) => None,
+    };
     let (mut resume, mut isolation, mut concurrency, rounds_verified) = match body {
         Ok(r) => r,
         Err(e) => {
@@ -207,13 +318,14 @@ pub async fn run(app: &App, args: VerifyArgs) -> anyhow::Result<ExitCode> {
     let mut cleanup = Check::default();
     for c in &created {
         let t = Instant::now();
-        match app.manager.destroy(c).await {
+        match target.destroy(c).await {
             Ok(_) => run.timings.add("destroy", t),
             Err(e) => cleanup.failures.push(format!("destroy {}: {e}", c.id)),
         }
         run.progress.inc(1);
     }
-    let after = Inventory::take(&app.manager)
+    let after = target
+        .inventory()
         .await
         .context("cannot take the inventory after the run")?;
     let leftover = after.added_since(&before);
@@ -230,10 +342,21 @@ pub async fn run(app: &App, args: VerifyArgs) -> anyhow::Result<ExitCode> {
     run.progress.finish_and_clear();
 
     let ok = resume.ok && isolation.ok && concurrency.ok && cleanup.ok;
-    let info = app.manager.runtime().info();
+    let (runtime, info, via) = match target {
+        Target::Local(app) => {
+            let info = app.manager.runtime().info();
+            (info.name.to_string(), json!(info), None)
+        }
+        Target::Http { base, .. } => (
+            runtime_seen.unwrap_or_else(|| "unknown".to_owned()),
+            json!({"boundary": "as the server's runtime enforces it; checked through its HTTP API"}),
+            Some(base.clone()),
+        ),
+    };
     let report = json!({
         "ok": ok,
-        "runtime": info.name,
+        "runtime": runtime,
+        "via": via,
         "conversations": n,
         "rounds": m,
         "checks": {
@@ -243,7 +366,7 @@ pub async fn run(app: &App, args: VerifyArgs) -> anyhow::Result<ExitCode> {
             "cleanup": {"ok": cleanup.ok, "leftovers": leftover.len(), "touched": touched.len(), "failures": cleanup.failures},
         },
         "runtime_info": info,
-        "tenant": app.tenant.as_str(),
+        "tenant": target.tenant(tenant),
         "run_id": id,
         "started": started.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         "duration_ms": t0.elapsed().as_millis() as u64,
@@ -287,30 +410,33 @@ async fn experiment(
         // against the inventory above, so this never destroys anybody else's conversation).
         created.push(c.clone());
         let s = run.open(c).await?;
-        if !s.created() {
+        if !s.created {
             bail!(
                 "conversation {} existed before this run; refusing to use it",
                 c.id
             );
         }
-        sessions.push(s);
+        sessions.push(s.session);
     }
 
     // 1. Resume.
     run.progress.set_message("resume");
     let a_ref = &convs[0];
     let a = sessions.remove(0);
-    run.write(&a, "marker.txt", "alpha").await?;
+    run.write(a.as_ref(), "marker.txt", "alpha").await?;
     run.close(a).await?;
     let a = run.open(a_ref).await?;
-    resume.expect(!a.created(), || {
+    resume.expect(!a.created, || {
         "reopening A created a new conversation".into()
     });
-    let got = run.read(&a, "marker.txt").await?;
+    let a = a.session;
+    let got = run.read(a.as_ref(), "marker.txt").await?;
     resume.expect(got == "alpha", || {
         format!("A read {got:?} after reopening, expected \"alpha\"")
     });
-    let r = run.exec(&a, ExecRequest::new("cat marker.txt")).await?;
+    let r = run
+        .exec(a.as_ref(), ExecRequest::new("cat marker.txt"))
+        .await?;
     resume.expect(r.stdout == b"alpha", || {
         format!(
             "`cat marker.txt` in A printed {:?}",
@@ -322,10 +448,11 @@ async fn experiment(
 
     // 2. Isolation.
     run.progress.set_message("isolation");
-    let b_key = &convs[1].key;
-    run.write(&sessions[1], "marker.txt", "beta").await?;
-    let a = &sessions[0];
-    let b = &sessions[1];
+    run.write(sessions[1].as_ref(), "marker.txt", "beta")
+        .await?;
+    let a = sessions[0].as_ref();
+    let b = sessions[1].as_ref();
+    let b_key = b.key().clone();
     let got_a = run.read(a, "marker.txt").await?;
     let got_b = run.read(b, "marker.txt").await?;
     isolation.expect(got_a == "alpha", || {
@@ -334,11 +461,9 @@ async fn experiment(
     isolation.expect(got_b == "beta", || {
         format!("B read {got_b:?}, expected \"beta\"")
     });
-    let b_location = run.app.manager.runtime().workspace_location(b_key);
-    let attacks = [
-        format!("../{b_key}/marker.txt"),
-        format!("{b_location}/marker.txt"),
-    ];
+    let b_locations = run.target.locations_of(a, b);
+    let mut attacks = vec![format!("../{b_key}/marker.txt")];
+    attacks.extend(b_locations.iter().map(|l| format!("{l}/marker.txt")));
     for path in &attacks {
         let r = a.read(path).await;
         isolation.expect(
@@ -351,7 +476,7 @@ async fn experiment(
             || format!("A writing {path:?} was not refused as outside the workspace: {w:?}"),
         );
     }
-    for cwd in [format!("../{b_key}"), b_location.clone()] {
+    for cwd in std::iter::once(format!("../{b_key}")).chain(b_locations.iter().cloned()) {
         let req = ExecRequest::new("echo ran > ran-by-a.txt").cwd(cwd.clone());
         let r = a.exec(req).await;
         isolation.expect(
@@ -360,6 +485,7 @@ async fn experiment(
         );
     }
     for (name, s) in [("A", a), ("B", b)] {
+        let s: &dyn Session = s;
         let st = s.stat("ran-by-a.txt").await;
         isolation.expect(matches!(&st, Err(e) if e.code() == "not_found"), || {
             format!("a refused command left ran-by-a.txt in {name}: {st:?}")
@@ -373,7 +499,7 @@ async fn experiment(
 
     // 3. Concurrency.
     run.progress.set_message("concurrency");
-    let sessions: Vec<Arc<Conversation>> = sessions.into_iter().map(Arc::new).collect();
+    let sessions: Vec<Arc<Box<dyn Session>>> = sessions.into_iter().map(Arc::new).collect();
     let verified = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let failures = Arc::new(Mutex::new(Vec::<String>::new()));
     for round in 0..m {
@@ -441,7 +567,7 @@ async fn experiment(
     });
     // Final read of every conversation.
     for (i, s) in sessions.iter().enumerate() {
-        let got = run.read(s, "marker.txt").await?;
+        let got = run.read(s.as_ref().as_ref(), "marker.txt").await?;
         let want = value_of(i, m - 1);
         concurrency.expect(got == want, || {
             format!("final read of conversation {i}: {got:?}, expected {want:?}")

@@ -280,3 +280,87 @@ async fn serve_runs_conversations_in_sandboxes_per_tenant_over_http() {
         text(&out.stdout)
     );
 }
+
+fn verify_via(base: &str, key: Option<&str>, report: &Path) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sessionbox"));
+    cmd.args([
+        "verify",
+        "--via",
+        base,
+        "--conversations",
+        "6",
+        "--rounds",
+        "3",
+    ])
+    .arg("--report-json")
+    .arg(report)
+    .env_remove("SESSIONBOX_API_KEY")
+    .env_remove("SESSIONBOX_TENANT")
+    .stdin(Stdio::null());
+    if let Some(k) = key {
+        cmd.env("SESSIONBOX_API_KEY", k);
+    }
+    cmd.output().expect("run sessionbox verify --via")
+}
+
+#[test]
+fn verify_via_http_passes_on_the_isolated_runtime_with_a_key_and_fails_without() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    let key = create_key(&data, "acme");
+    let served = Served::start(&data);
+
+    // The isolation experiment through the API: resume, isolation, 6 x 3 concurrency, cleanup.
+    let report = d.path().join("verify.json");
+    let out = verify_via(&served.base, Some(&key), &report);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(r["ok"], true, "{r:#}");
+    assert_eq!(r["runtime"], "isolated", "{r:#}");
+    assert_eq!(r["via"], served.base.as_str());
+    assert_eq!(r["checks"]["concurrency"]["rounds_verified"], 18);
+    assert_eq!(r["checks"]["cleanup"]["leftovers"], 0);
+    // The key never reaches the report or the output.
+    assert!(!std::fs::read_to_string(&report).unwrap().contains(&key));
+    assert!(!text(&out.stdout).contains(&key) && !text(&out.stderr).contains(&key));
+    // Nothing of the run is left on the server: no records of tenant acme.
+    let list = sessionbox(&data, &["conversations", "--all-tenants"]);
+    assert_eq!(
+        text(&list.stdout).lines().count(),
+        1,
+        "{}",
+        text(&list.stdout)
+    );
+
+    // Without the key the server refuses, and verify says so (exit 1, no panic).
+    let out = verify_via(&served.base, None, &d.path().join("nokey.json"));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("unauthorized"),
+        "{}",
+        text(&out.stderr)
+    );
+    served.stop();
+}
+
+#[test]
+fn verify_via_rejects_a_bad_url_before_any_request() {
+    for url in [
+        "ftp://127.0.0.1:1",
+        "http://user:pw@127.0.0.1:1",
+        "nonsense",
+    ] {
+        let out = verify_via(url, None, Path::new("/nonexistent/never-written.json"));
+        assert_eq!(out.status.code(), Some(2), "{url}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("must be http"),
+            "{url}: {}",
+            text(&out.stderr)
+        );
+    }
+}
