@@ -102,6 +102,44 @@ pub(crate) struct GrepMatchDoc {
     line: String,
 }
 
+/// The pattern of a conversation id (`ConversationId`'s rule, as a regular expression).
+pub(crate) const CONVERSATION_ID_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$";
+
+/// Gives every `{id}` path parameter the conversation id's rule as a schema (pattern and
+/// length), so that generated clients and fuzzers know it.
+struct IdRule;
+
+impl Modify for IdRule {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::path::ParameterIn;
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        for item in doc.paths.paths.values_mut() {
+            let ops = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+                &mut item.head,
+            ];
+            for op in ops.into_iter().flatten() {
+                for p in op.parameters.iter_mut().flatten() {
+                    if p.name == "id" && p.parameter_in == ParameterIn::Path {
+                        p.schema = Some(
+                            ObjectBuilder::new()
+                                .schema_type(Type::String)
+                                .min_length(Some(1))
+                                .max_length(Some(128))
+                                .pattern(Some(CONVERSATION_ID_PATTERN))
+                                .into(),
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 struct Security;
 
 impl Modify for Security {
@@ -143,7 +181,7 @@ impl Modify for Security {
         api::grep,
     ),
     components(schemas(ErrorBody, ExitStatusDoc, FileKindDoc)),
-    modifiers(&Security),
+    modifiers(&Security, &IdRule),
     security(("bearer" = []), ("api_key" = []))
 )]
 struct ApiDoc;
@@ -162,4 +200,63 @@ pub(crate) async fn document() -> Response {
             .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
     });
     ([(header::CONTENT_TYPE, "application/json")], body.clone()).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sessionbox_core::ConversationId;
+
+    /// The documented pattern accepts exactly the ids `ConversationId` accepts: every case of
+    /// the shared cases file, and every single byte, at both length bounds.
+    #[test]
+    fn the_documented_id_pattern_is_the_id_rule() {
+        let re = regex::Regex::new(CONVERSATION_ID_PATTERN).unwrap();
+        let cases: serde_json::Value = serde_json::from_str(include_str!(
+            "../../sessionbox-core/tests/cases/conversation-ids.json"
+        ))
+        .unwrap();
+        let mut inputs: Vec<String> = cases["valid"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect();
+        inputs.extend(
+            cases["invalid"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v["id"].as_str().unwrap().to_owned()),
+        );
+        for b in 0u8..=127 {
+            let c = char::from(b);
+            inputs.push(c.to_string());
+            inputs.push(format!("a{c}"));
+            inputs.push(format!("{}{c}", "a".repeat(127)));
+        }
+        inputs.push("a".repeat(129));
+        inputs.push("é".into());
+        for id in &inputs {
+            assert_eq!(
+                re.is_match(id),
+                ConversationId::new(id.as_str()).is_ok(),
+                "{id:?}"
+            );
+        }
+        // And the document carries it on every `{id}` parameter.
+        let doc = serde_json::to_value(openapi()).unwrap();
+        let mut seen = 0;
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for op in item.as_object().unwrap().values() {
+                for p in op["parameters"].as_array().into_iter().flatten() {
+                    if p["name"] == "id" {
+                        assert_eq!(p["schema"]["pattern"], CONVERSATION_ID_PATTERN, "{path}");
+                        seen += 1;
+                    }
+                }
+            }
+        }
+        assert!(seen >= 10, "{seen}");
+    }
 }
