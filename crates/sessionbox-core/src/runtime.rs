@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
-use crate::exec::{ExecRequest, ExecResult};
+use crate::exec::{ExecRequest, ExecResult, ExecSink, OutputStream};
 use crate::files::{DirEntry, EditRequest, EditResult, FileStat, GrepMatch, GrepRequest};
 use crate::ids::{ConversationKey, ConversationRef};
 
@@ -96,6 +96,33 @@ pub trait Session: Send + Sync {
     /// # Errors
     /// [`crate::Error::InvalidRequest`] or a path error before anything runs.
     async fn exec(&self, request: ExecRequest) -> Result<ExecResult>;
+
+    /// Runs a command like [`Session::exec`], handing its output to `sink` while it runs.
+    ///
+    /// Contract: `sink` is called from this future, never concurrently, with chunks of one
+    /// stream at a time, in the order the command wrote them; the chunks of a stream
+    /// concatenated are exactly that stream in the returned [`ExecResult`] (at most the
+    /// request's `output_limit` bytes: nothing past the limit is handed over). The result is
+    /// returned once the command has ended. Dropping the future kills the command's process
+    /// group, as for `exec`.
+    ///
+    /// The default implementation is **not streaming**: it runs [`Session::exec`] and hands
+    /// each stream over in one chunk at the end. It exists so that a runtime without a way to
+    /// stream still serves the API; every runtime that can stream overrides it (`host` and
+    /// `isolated` do).
+    ///
+    /// # Errors
+    /// As [`Session::exec`].
+    async fn exec_stream(&self, request: ExecRequest, sink: ExecSink<'_>) -> Result<ExecResult> {
+        let result = self.exec(request).await?;
+        if !result.stdout.is_empty() {
+            sink(OutputStream::Stdout, &result.stdout);
+        }
+        if !result.stderr.is_empty() {
+            sink(OutputStream::Stderr, &result.stderr);
+        }
+        Ok(result)
+    }
 
     /// Reads a whole regular file.
     async fn read(&self, path: &str) -> Result<Vec<u8>>;
