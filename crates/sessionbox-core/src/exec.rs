@@ -225,6 +225,74 @@ impl ExecResult {
     }
 }
 
+/// One of a command's two output streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputStream {
+    /// Standard output (fd 1).
+    Stdout,
+    /// Standard error (fd 2).
+    Stderr,
+}
+
+/// Where [`crate::Session::exec_stream`] hands output while a command runs: called with the
+/// stream and the next bytes of it (a chunk may end inside a UTF-8 sequence). It is called from
+/// the exec future, never concurrently, and should return quickly (queue the bytes, do not
+/// block).
+///
+/// ```
+/// use sessionbox_core::{ExecSink, OutputStream};
+/// let mut out = Vec::new();
+/// let mut collect = |s: OutputStream, b: &[u8]| if s == OutputStream::Stdout { out.extend_from_slice(b) };
+/// let sink: ExecSink<'_> = &mut collect;
+/// sink(OutputStream::Stdout, b"hi");
+/// assert_eq!(out, b"hi");
+/// ```
+pub type ExecSink<'a> = &'a mut (dyn FnMut(OutputStream, &[u8]) + Send);
+
+/// Hands output to an [`ExecSink`] up to a per-stream cap and no further: what runtimes use to
+/// keep [`crate::Session::exec_stream`]'s contract (the chunks of a stream are exactly the bytes
+/// kept in the result).
+///
+/// ```
+/// use sessionbox_core::{CappedSink, OutputStream};
+/// let mut seen = Vec::new();
+/// let mut f = |_: OutputStream, b: &[u8]| seen.extend_from_slice(b);
+/// let mut capped = CappedSink::new(&mut f, 4);
+/// capped.push(OutputStream::Stdout, b"abc");
+/// capped.push(OutputStream::Stdout, b"def");
+/// capped.push(OutputStream::Stderr, b"x");
+/// drop(capped);
+/// assert_eq!(seen, b"abcdx");
+/// ```
+pub struct CappedSink<'s, 'a> {
+    sink: &'s mut (dyn FnMut(OutputStream, &[u8]) + Send + 'a),
+    limit: usize,
+    sent: [usize; 2],
+}
+
+impl<'s, 'a> CappedSink<'s, 'a> {
+    /// Wraps `sink`, passing at most `limit` bytes of each stream.
+    pub fn new(sink: &'s mut (dyn FnMut(OutputStream, &[u8]) + Send + 'a), limit: usize) -> Self {
+        CappedSink {
+            sink,
+            limit,
+            sent: [0, 0],
+        }
+    }
+
+    /// Passes on as much of `chunk` as still fits under the cap of `stream`.
+    pub fn push(&mut self, stream: OutputStream, chunk: &[u8]) {
+        let i = stream as usize;
+        let room = self.limit.saturating_sub(self.sent[i]);
+        let n = chunk.len().min(room);
+        if n > 0 {
+            self.sent[i] += n;
+            (self.sink)(stream, &chunk[..n]);
+        }
+    }
+}
+
 /// Serialises a [`Duration`] as fractional seconds.
 mod duration_secs {
     use std::time::Duration;

@@ -19,8 +19,9 @@ mod runtime;
 
 pub use error::{Error, Result};
 pub use exec::{
-    BASE_PATH, DEFAULT_OUTPUT_LIMIT, DEFAULT_TIMEOUT, ExecRequest, ExecResult, ExitStatus,
-    MAX_OUTPUT_LIMIT, MAX_TIMEOUT, base_environment, validate_env_name,
+    BASE_PATH, CappedSink, DEFAULT_OUTPUT_LIMIT, DEFAULT_TIMEOUT, ExecRequest, ExecResult,
+    ExecSink, ExitStatus, MAX_OUTPUT_LIMIT, MAX_TIMEOUT, OutputStream, base_environment,
+    validate_env_name,
 };
 pub use files::{
     DirEntry, EditRequest, EditResult, FileKind, FileStat, GrepMatch, GrepRequest, Limits,

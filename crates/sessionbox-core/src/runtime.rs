@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
-use crate::exec::{ExecRequest, ExecResult};
+use crate::exec::{ExecRequest, ExecResult, ExecSink, OutputStream};
 use crate::files::{DirEntry, EditRequest, EditResult, FileStat, GrepMatch, GrepRequest};
 use crate::ids::{ConversationKey, ConversationRef};
 
@@ -97,6 +97,33 @@ pub trait Session: Send + Sync {
     /// [`crate::Error::InvalidRequest`] or a path error before anything runs.
     async fn exec(&self, request: ExecRequest) -> Result<ExecResult>;
 
+    /// Runs a command like [`Session::exec`], handing its output to `sink` while it runs.
+    ///
+    /// Contract: `sink` is called from this future, never concurrently, with chunks of one
+    /// stream at a time, in the order the command wrote them; the chunks of a stream
+    /// concatenated are exactly that stream in the returned [`ExecResult`] (at most the
+    /// request's `output_limit` bytes: nothing past the limit is handed over). The result is
+    /// returned once the command has ended. Dropping the future kills the command's process
+    /// group, as for `exec`.
+    ///
+    /// The default implementation is **not streaming**: it runs [`Session::exec`] and hands
+    /// each stream over in one chunk at the end. It exists so that a runtime without a way to
+    /// stream still serves the API; every runtime that can stream overrides it (`host` and
+    /// `isolated` do).
+    ///
+    /// # Errors
+    /// As [`Session::exec`].
+    async fn exec_stream(&self, request: ExecRequest, sink: ExecSink<'_>) -> Result<ExecResult> {
+        let result = self.exec(request).await?;
+        if !result.stdout.is_empty() {
+            sink(OutputStream::Stdout, &result.stdout);
+        }
+        if !result.stderr.is_empty() {
+            sink(OutputStream::Stderr, &result.stderr);
+        }
+        Ok(result)
+    }
+
     /// Reads a whole regular file.
     async fn read(&self, path: &str) -> Result<Vec<u8>>;
 
@@ -131,4 +158,79 @@ pub trait Session: Send + Sync {
 
     /// Releases this handle. All state (files, sandbox) is kept for the next `open`.
     async fn close(self: Box<Self>) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::exec::ExitStatus;
+
+    /// A session whose `exec` returns fixed output; everything else is unused.
+    struct Fixed(ConversationKey);
+
+    #[async_trait]
+    impl Session for Fixed {
+        fn key(&self) -> &ConversationKey {
+            &self.0
+        }
+        fn workspace_root(&self) -> &str {
+            "/w"
+        }
+        async fn exec(&self, _: ExecRequest) -> Result<ExecResult> {
+            Ok(ExecResult {
+                status: ExitStatus::Code(0),
+                stdout: b"out".to_vec(),
+                stderr: vec![],
+                stdout_truncated: false,
+                stderr_truncated: false,
+                timed_out: false,
+                duration: Duration::ZERO,
+            })
+        }
+        async fn read(&self, _: &str) -> Result<Vec<u8>> {
+            unimplemented!()
+        }
+        async fn write(&self, _: &str, _: &[u8]) -> Result<()> {
+            unimplemented!()
+        }
+        async fn edit(&self, _: &str, _: &EditRequest) -> Result<EditResult> {
+            unimplemented!()
+        }
+        async fn list(&self, _: &str) -> Result<Vec<DirEntry>> {
+            unimplemented!()
+        }
+        async fn glob(&self, _: &str) -> Result<Vec<String>> {
+            unimplemented!()
+        }
+        async fn grep(&self, _: &GrepRequest) -> Result<Vec<GrepMatch>> {
+            unimplemented!()
+        }
+        async fn stat(&self, _: &str) -> Result<FileStat> {
+            unimplemented!()
+        }
+        async fn remove(&self, _: &str, _: bool) -> Result<()> {
+            unimplemented!()
+        }
+        async fn mkdir(&self, _: &str) -> Result<()> {
+            unimplemented!()
+        }
+        async fn close(self: Box<Self>) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn the_default_exec_stream_hands_each_nonempty_stream_over_once_at_the_end() {
+        let key = ConversationKey::parse(&"a".repeat(64)).unwrap();
+        let mut seen = Vec::new();
+        let mut sink = |s: OutputStream, b: &[u8]| seen.push((s, b.to_vec()));
+        let r = Fixed(key)
+            .exec_stream(ExecRequest::new("x"), &mut sink)
+            .await
+            .unwrap();
+        assert_eq!(r.stdout, b"out");
+        assert_eq!(seen, [(OutputStream::Stdout, b"out".to_vec())]);
+    }
 }

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sessionbox_core::{
-    ConversationKey, ConversationRef, DestroyReport, DirEntry, EditRequest, EditResult, Error,
-    ExecRequest, ExecResult, FileStat, GrepMatch, GrepRequest, Limits, Result, Runtime,
-    RuntimeConversation, RuntimeInfo, Session,
+    CappedSink, ConversationKey, ConversationRef, DestroyReport, DirEntry, EditRequest, EditResult,
+    Error, ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch, GrepRequest, Limits,
+    OutputStream, Result, Runtime, RuntimeConversation, RuntimeInfo, Session,
 };
 use sessionbox_fs::Workspace;
 
@@ -205,6 +205,24 @@ struct HostSession {
 }
 
 impl HostSession {
+    /// Runs a command in the workspace, handing output to `on_output` as it is read.
+    async fn run(
+        &self,
+        request: ExecRequest,
+        on_output: Option<process::OnOutput<'_>>,
+    ) -> Result<ExecResult> {
+        request.validate()?;
+        let cwd = request.cwd.clone().unwrap_or_else(|| ".".to_owned());
+        let cwd_fd = self.fs(move |ws| ws.open_dir(&cwd)).await?;
+        let spawn = process::Spawn {
+            request: &request,
+            cwd: std::os::fd::AsFd::as_fd(&cwd_fd),
+            home: self.workspace.presented_root(),
+            kill_grace: self.kill_grace,
+        };
+        process::run(spawn, on_output).await
+    }
+
     async fn fs<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Workspace) -> Result<T> + Send + 'static,
@@ -227,16 +245,20 @@ impl Session for HostSession {
     }
 
     async fn exec(&self, request: ExecRequest) -> Result<ExecResult> {
-        request.validate()?;
-        let cwd = request.cwd.clone().unwrap_or_else(|| ".".to_owned());
-        let cwd_fd = self.fs(move |ws| ws.open_dir(&cwd)).await?;
-        let spawn = process::Spawn {
-            request: &request,
-            cwd: std::os::fd::AsFd::as_fd(&cwd_fd),
-            home: self.workspace.presented_root(),
-            kill_grace: self.kill_grace,
+        self.run(request, None).await
+    }
+
+    async fn exec_stream(&self, request: ExecRequest, sink: ExecSink<'_>) -> Result<ExecResult> {
+        let limit = request.output_limit;
+        let mut capped = CappedSink::new(sink, limit);
+        let mut forward = |stream: process::Stream, chunk: &[u8]| {
+            let stream = match stream {
+                process::Stream::Stdout => OutputStream::Stdout,
+                process::Stream::Stderr => OutputStream::Stderr,
+            };
+            capped.push(stream, chunk);
         };
-        process::run(spawn, None).await
+        self.run(request, Some(&mut forward)).await
     }
 
     async fn read(&self, path: &str) -> Result<Vec<u8>> {

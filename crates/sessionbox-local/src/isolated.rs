@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use sessionbox_core::{
-    ConversationKey, ConversationRef, DestroyReport, DirEntry, EditRequest, EditResult, Error,
-    ExecRequest, ExecResult, ExitStatus, FileStat, GrepMatch, GrepRequest, Limits, Result, Runtime,
-    RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
+    CappedSink, ConversationKey, ConversationRef, DestroyReport, DirEntry, EditRequest, EditResult,
+    Error, ExecRequest, ExecResult, ExecSink, ExitStatus, FileStat, GrepMatch, GrepRequest, Limits,
+    OutputStream, Result, Runtime, RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
 };
 use sessionbox_execd::fs_ext::{FsRequest, FsResponse};
 use sessionbox_execd::{ExecdClient, RunCommandRequest};
@@ -552,6 +552,88 @@ struct IsolatedSession {
 }
 
 impl IsolatedSession {
+    /// Runs a command through the agent's event stream, handing stdout and stderr events to
+    /// `sink` as they arrive (capped at the request's output limit).
+    async fn run(&self, request: ExecRequest, sink: Option<ExecSink<'_>>) -> Result<ExecResult> {
+        request.validate()?;
+        let cwd = checked(request.cwd.as_deref().unwrap_or("."))?;
+        let mut run = RunCommandRequest::shell(request.command.clone())
+            .cwd(cwd)
+            .timeout(request.timeout)
+            .max_output_bytes(request.output_limit as u64);
+        for (k, v) in &request.env {
+            run = run.env(k, v);
+        }
+        if let Some(stdin) = &request.stdin {
+            run = run.stdin(stdin.clone());
+        }
+        let taken = std::sync::atomic::AtomicBool::new(false);
+        // `relaunching` may build the call twice (the first never reached an agent, so nothing
+        // was handed over): the sink is shared through a lock, uncontended.
+        let sink = sink.map(|s| std::sync::Mutex::new(CappedSink::new(s, request.output_limit)));
+        // When this future is dropped mid-command (a caller that went away, a killed background
+        // command), the agent is told to kill the command: closing the connection alone is
+        // noticed only when the command next writes.
+        let mut interrupt = InterruptOnDrop {
+            client: self.client.clone(),
+            id: std::sync::Mutex::new(None),
+            armed: true,
+        };
+        let out = self
+            .relaunching(
+                || {
+                    self.client.run_command_with(&run, |event| {
+                        taken.store(true, std::sync::atomic::Ordering::SeqCst);
+                        if event.kind == sessionbox_execd::EventType::Init {
+                            *interrupt.id.lock().unwrap_or_else(|e| e.into_inner()) =
+                                event.text.clone();
+                        }
+                        let Some(sink) = &sink else { return };
+                        let stream = match event.kind {
+                            sessionbox_execd::EventType::Stdout => OutputStream::Stdout,
+                            sessionbox_execd::EventType::Stderr => OutputStream::Stderr,
+                            _ => return,
+                        };
+                        let text = event.text.as_deref().unwrap_or("");
+                        sink.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(stream, text.as_bytes());
+                    })
+                },
+                || taken.load(std::sync::atomic::Ordering::SeqCst),
+            )
+            .await;
+        interrupt.armed = false;
+        let out = out?;
+        if let (None, Some(e)) = (out.exit_code, &out.error) {
+            if out.signal.is_none() && !out.timed_out {
+                return Err(Error::Backend(format!(
+                    "the command did not start: {} {}",
+                    e.ename, e.evalue
+                )));
+            }
+        }
+        let status = match (out.signal, out.exit_code) {
+            (Some(s), _) => ExitStatus::Signal(s),
+            (None, Some(c)) if c >= 0 => ExitStatus::Code(c),
+            // Upstream reports a kill at the timeout as -1.
+            _ => ExitStatus::Signal(9),
+        };
+        let mut stdout = out.stdout.into_bytes();
+        let mut stderr = out.stderr.into_bytes();
+        stdout.truncate(request.output_limit);
+        stderr.truncate(request.output_limit);
+        Ok(ExecResult {
+            status,
+            stdout,
+            stderr,
+            stdout_truncated: out.stdout_truncated,
+            stderr_truncated: out.stderr_truncated,
+            timed_out: out.timed_out,
+            duration: out.execution_time.unwrap_or(out.elapsed),
+        })
+    }
+
     async fn fs(&self, request: FsRequest) -> Result<FsResponse> {
         self.relaunching(|| self.client.fs(&request), || false)
             .await
@@ -592,6 +674,32 @@ impl IsolatedSession {
     }
 }
 
+/// Asks the agent to kill a command when dropped while armed (see `IsolatedSession::run`).
+struct InterruptOnDrop {
+    client: ExecdClient,
+    /// The command's id, from its `init` event.
+    id: std::sync::Mutex<Option<String>>,
+    armed: bool,
+}
+
+impl Drop for InterruptOnDrop {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let id = self.id.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let (Some(id), Ok(rt)) = (id, tokio::runtime::Handle::try_current()) else {
+            return;
+        };
+        let client = self.client.clone();
+        rt.spawn(async move {
+            if let Err(e) = client.interrupt_command(&id).await {
+                tracing::debug!(error = %e, "could not interrupt an abandoned command");
+            }
+        });
+    }
+}
+
 /// Checks a path here, before anything is sent (the agent checks it again beneath its root).
 fn checked(path: &str) -> Result<String> {
     WorkspacePath::resolve(WORKSPACE, path).map(|p| p.presented(WORKSPACE))
@@ -612,56 +720,11 @@ impl Session for IsolatedSession {
     }
 
     async fn exec(&self, request: ExecRequest) -> Result<ExecResult> {
-        request.validate()?;
-        let cwd = checked(request.cwd.as_deref().unwrap_or("."))?;
-        let mut run = RunCommandRequest::shell(request.command.clone())
-            .cwd(cwd)
-            .timeout(request.timeout)
-            .max_output_bytes(request.output_limit as u64);
-        for (k, v) in &request.env {
-            run = run.env(k, v);
-        }
-        if let Some(stdin) = &request.stdin {
-            run = run.stdin(stdin.clone());
-        }
-        let taken = std::sync::atomic::AtomicBool::new(false);
-        let out = self
-            .relaunching(
-                || {
-                    self.client.run_command_with(&run, |_| {
-                        taken.store(true, std::sync::atomic::Ordering::SeqCst);
-                    })
-                },
-                || taken.load(std::sync::atomic::Ordering::SeqCst),
-            )
-            .await?;
-        if let (None, Some(e)) = (out.exit_code, &out.error) {
-            if out.signal.is_none() && !out.timed_out {
-                return Err(Error::Backend(format!(
-                    "the command did not start: {} {}",
-                    e.ename, e.evalue
-                )));
-            }
-        }
-        let status = match (out.signal, out.exit_code) {
-            (Some(s), _) => ExitStatus::Signal(s),
-            (None, Some(c)) if c >= 0 => ExitStatus::Code(c),
-            // Upstream reports a kill at the timeout as -1.
-            _ => ExitStatus::Signal(9),
-        };
-        let mut stdout = out.stdout.into_bytes();
-        let mut stderr = out.stderr.into_bytes();
-        stdout.truncate(request.output_limit);
-        stderr.truncate(request.output_limit);
-        Ok(ExecResult {
-            status,
-            stdout,
-            stderr,
-            stdout_truncated: out.stdout_truncated,
-            stderr_truncated: out.stderr_truncated,
-            timed_out: out.timed_out,
-            duration: out.execution_time.unwrap_or(out.elapsed),
-        })
+        self.run(request, None).await
+    }
+
+    async fn exec_stream(&self, request: ExecRequest, sink: ExecSink<'_>) -> Result<ExecResult> {
+        self.run(request, Some(sink)).await
     }
 
     async fn read(&self, path: &str) -> Result<Vec<u8>> {

@@ -15,8 +15,8 @@ use async_trait::async_trait;
 use chrono::Utc;
 use sessionbox_core::{
     ConversationKey, ConversationRef, DestroyReport, DirEntry, EditRequest, EditResult, Error,
-    ExecRequest, ExecResult, FileStat, GrepMatch, GrepRequest, Result, Runtime, Session, TenantId,
-    WorkspacePath,
+    ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch, GrepRequest, Result, Runtime, Session,
+    TenantId, WorkspacePath,
 };
 use sessionbox_store::{AuditEntry, ConversationRecord, Store};
 
@@ -241,16 +241,12 @@ impl Session for Conversation {
 
     async fn exec(&self, request: ExecRequest) -> Result<ExecResult> {
         let r = self.session.exec(request).await;
-        // The command line is not recorded: it may carry secrets.
-        let detail = r.as_ref().ok().map(|r| {
-            format!(
-                "exit={} timed_out={} duration_ms={}",
-                r.shell_exit_code(),
-                r.timed_out,
-                r.duration.as_millis()
-            )
-        });
-        self.audited("exec", detail, r).await
+        self.audited("exec", exec_detail(&r), r).await
+    }
+
+    async fn exec_stream(&self, request: ExecRequest, sink: ExecSink<'_>) -> Result<ExecResult> {
+        let r = self.session.exec_stream(request, sink).await;
+        self.audited("exec", exec_detail(&r), r).await
     }
 
     async fn read(&self, path: &str) -> Result<Vec<u8>> {
@@ -310,6 +306,19 @@ impl Session for Conversation {
         audit(&store, &conversation, "close", &r, None).await;
         r
     }
+}
+
+/// What the audit log keeps of a command: exit code, timeout, duration. The command line is
+/// not recorded: it may carry secrets.
+fn exec_detail(r: &Result<ExecResult>) -> Option<String> {
+    r.as_ref().ok().map(|r| {
+        format!(
+            "exit={} timed_out={} duration_ms={}",
+            r.shell_exit_code(),
+            r.timed_out,
+            r.duration.as_millis()
+        )
+    })
 }
 
 /// A path for the audit log: escaped, cut to 256 characters.

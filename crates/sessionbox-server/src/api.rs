@@ -24,7 +24,8 @@ use sessionbox_manager::Conversation;
 use sessionbox_store::{AuditEntry, ConversationRecord};
 
 use crate::auth::Principal;
-use crate::error::{ApiError, rejection};
+use crate::commands::{CommandLogsView, CommandView};
+use crate::error::{ApiError, ErrorCode, rejection};
 use crate::openapi::{
     BinaryDoc, DirEntryDoc, EditResultDoc, ErrorBody, ExitStatusDoc, FileStatDoc, GrepMatchDoc,
     GrepRequestDoc,
@@ -49,6 +50,18 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/conversations/{id}/exec", post(exec))
         .route(
+            "/v1/conversations/{id}/commands/{cmd}",
+            get(command_status).delete(kill_command),
+        )
+        .route(
+            "/v1/conversations/{id}/commands/{cmd}/logs",
+            get(command_logs),
+        )
+        .route(
+            "/v1/conversations/{id}/files",
+            post(upload_files).layer(DefaultBodyLimit::max(state.config.max_file_bytes)),
+        )
+        .route(
             "/v1/conversations/{id}/files/{*path}",
             get(read_file)
                 .put(write_file)
@@ -61,10 +74,15 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/conversations/{id}/stat", get(stat))
         .route("/v1/conversations/{id}/glob", get(glob))
         .route("/v1/conversations/{id}/grep", post(grep))
+        .route("/metrics", get(crate::metrics::metrics))
         .route("/mcp", crate::mcp::route(state.clone()))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(json_limit)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::metrics::track,
+        ))
         .with_state(state)
 }
 
@@ -234,10 +252,6 @@ impl AppState {
     }
 }
 
-/// The error code of a response, for the audit record.
-#[derive(Clone, Copy)]
-pub(crate) struct ErrorCode(&'static str);
-
 fn conversation_not_found(conv: &ConversationRef) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
@@ -262,12 +276,9 @@ macro_rules! audited {
 }
 
 impl ApiError {
-    /// The response, keeping the code for [`AppState::finish`]'s audit record.
+    /// The response (it keeps the code for [`AppState::finish`]'s audit record).
     fn response(self) -> Response {
-        let code = ErrorCode(self.code);
-        let mut r = self.into_response();
-        r.extensions_mut().insert(code);
-        r
+        self.into_response()
     }
 }
 
@@ -492,6 +503,7 @@ pub(crate) async fn destroy_conversation(
 ) -> Response {
     audited!(s, p, "destroy", id, |conv| {
         let _turn = s.turn(&conv.key).await?;
+        s.commands.end_conversation(&conv.key).await;
         s.manager.destroy(&conv).await?;
         Ok(StatusCode::NO_CONTENT.into_response())
     })
@@ -520,9 +532,13 @@ pub(crate) struct ExecBody {
     /// Bytes for stdin, base64 (standard alphabet, padded).
     #[serde(default)]
     stdin_base64: Option<String>,
-    /// Cap on each of stdout and stderr, in bytes.
+    /// Cap on each of stdout and stderr, in bytes (1-16777216; default 1048576).
     #[serde(default)]
     output_limit: Option<usize>,
+    /// Run in the background: answer 202 with a command id at once (see
+    /// `.../commands/{cmd}`). The command does not hold the conversation's turn.
+    #[serde(default)]
+    background: bool,
 }
 
 /// What a command did. `stdout`/`stderr` are text (invalid UTF-8 replaced by U+FFFD); when the
@@ -591,25 +607,63 @@ fn exec_request(s: &AppState, conv: &ConversationRef, b: ExecBody) -> Result<Exe
 }
 
 /// Runs a shell command in the conversation's workspace (creating the conversation).
-#[utoipa::path(post, path = "/v1/conversations/{id}/exec", tag = "exec", params(("id" = String, Path, description = "conversation id")),
+///
+/// Three ways to get its result:
+/// - JSON (default): `200` with the whole result once the command has ended.
+/// - `Accept: text/event-stream`: `200` with server-sent events as the command runs: `stdout`
+///   and `stderr` (data: `OutputText`, chunks in the order written, never split inside a
+///   character), then one `exit` (data: `ExecExit`), or one `error` (data: `Error`) when it
+///   could not run. Closing the stream kills the command.
+/// - `"background": true`: `202` with the command's status (`BackgroundCommand`) at once; poll
+///   `.../commands/{cmd}` and `.../commands/{cmd}/logs`, kill with `DELETE .../commands/{cmd}`.
+#[utoipa::path(post, path = "/v1/conversations/{id}/exec", tag = "exec", params(("id" = String, Path, description = "conversation id"),
+           ("Accept" = Option<String>, Header, description = "text/event-stream: stream the output as server-sent events")),
     request_body = ExecBody,
-    responses((status = 200, description = "the command ran (whatever its exit code)", body = ExecView), (status = 400, description = "invalid input", body = ErrorBody),
+    responses((status = 200, description = "the command ran (whatever its exit code); with Accept: text/event-stream, the events `stdout`/`stderr` (OutputText), `exit` (ExecExit) or `error` (Error)",
+               content((ExecView = "application/json"), (String = "text/event-stream"))),
+              (status = 202, description = "started in the background", body = CommandView),
+              (status = 400, description = "invalid input", body = ErrorBody),
               (status = 401, description = "no valid API key", body = ErrorBody),
               (status = 403, description = "path outside the workspace", body = ErrorBody),
               (status = 404, description = "no such conversation or file", body = ErrorBody),
               (status = 409, description = "conflict", body = ErrorBody),
               (status = 413, description = "body too large", body = ErrorBody),
               (status = 422, description = "JSON of the wrong shape", body = ErrorBody),
-              (status = 429, description = "the conversation's queue is full", body = ErrorBody)))]
+              (status = 429, description = "the conversation's queue is full, or too many background commands run in it", body = ErrorBody)))]
 pub(crate) async fn exec(
     State(s): State<AppState>,
     p: Principal,
     PathArgs(id): PathArgs<String>,
+    headers: HeaderMap,
     JsonBody(body): JsonBody<ExecBody>,
 ) -> Response {
+    let background = body.background;
+    let stream = !background && wants_event_stream(&headers);
     audited!(s, p, "exec", id, |conv| {
         let req = exec_request(&s, &conv, body)?;
         let o = s.open(&conv, true).await?;
+        if background {
+            s.metrics.execs.with_label_values(&["background"]).inc();
+            // The turn ends here: the command runs outside the conversation's queue.
+            let Opened { conv, _turn } = o;
+            drop(_turn);
+            let cmd = s.commands.start(conv, req).map_err(|max| {
+                ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "busy",
+                    format!(
+                        "{max} background commands already run in this conversation; wait for \
+                         one to end or kill one"
+                    ),
+                )
+            })?;
+            return Ok((StatusCode::ACCEPTED, Json(cmd.view())).into_response());
+        }
+        if stream {
+            s.metrics.execs.with_label_values(&["stream"]).inc();
+            return Ok(crate::api::event_stream(o, req));
+        }
+        s.metrics.execs.with_label_values(&["json"]).inc();
         let r = o.conv.exec(req).await;
         o.done().await;
         let r = r?;
@@ -628,6 +682,206 @@ pub(crate) async fn exec(
             duration_ms: u64::try_from(r.duration.as_millis()).unwrap_or(u64::MAX),
         })
         .into_response())
+    })
+}
+
+/// True when the client asked for server-sent events.
+fn wants_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|m| {
+            m.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
+        })
+}
+
+/// How a streamed command ended: the `exit` event's data.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct ExecExit {
+    /// As a shell reports it: the code, 128 + signal, 124 after a timeout.
+    exit_code: i32,
+    #[schema(value_type = ExitStatusDoc)]
+    status: ExitStatus,
+    /// True when stdout went past the output limit and the rest was discarded.
+    stdout_truncated: bool,
+    /// True when stderr went past the output limit and the rest was discarded.
+    stderr_truncated: bool,
+    /// True when the timeout ended it.
+    timed_out: bool,
+    /// Wall time from spawn to the end of its output, in milliseconds.
+    duration_ms: u64,
+}
+
+/// Runs the command of `opened` in a task that sends its output as server-sent events; the
+/// turn is held until the command ends. When the client goes away, the exec future is dropped,
+/// which kills the command's process group.
+fn event_stream(opened: Opened, request: ExecRequest) -> Response {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    use sessionbox_core::OutputStream;
+
+    use crate::output::Utf8Chunker;
+
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+    tokio::spawn(async move {
+        let mut chunkers = [Utf8Chunker::default(), Utf8Chunker::default()];
+        let names = ["stdout", "stderr"];
+        fn send(tx: &tokio::sync::mpsc::UnboundedSender<Event>, name: &str, data: impl Serialize) {
+            if let Ok(e) = Event::default().event(name).json_data(data) {
+                let _ = tx.send(e);
+            }
+        }
+        let outcome = {
+            let sink_tx = tx.clone();
+            let chunkers = &mut chunkers;
+            // Memory stays bounded: the runtime hands over at most `output_limit` bytes of
+            // each stream (16 MiB at most), whatever the client's pace.
+            let mut sink = move |stream: OutputStream, bytes: &[u8]| {
+                let i = stream as usize;
+                if let Some(text) = chunkers[i].push(bytes) {
+                    send(&sink_tx, names[i], text);
+                }
+            };
+            let run = opened.conv.exec_stream(request, &mut sink);
+            tokio::select! {
+                r = run => Some(r),
+                () = tx.closed() => None,
+            }
+        };
+        for (i, c) in chunkers.iter_mut().enumerate() {
+            if let Some(text) = c.finish() {
+                send(&tx, names[i], text);
+            }
+        }
+        match outcome {
+            Some(Ok(r)) => send(
+                &tx,
+                "exit",
+                ExecExit {
+                    exit_code: r.shell_exit_code(),
+                    status: r.status,
+                    stdout_truncated: r.stdout_truncated,
+                    stderr_truncated: r.stderr_truncated,
+                    timed_out: r.timed_out,
+                    duration_ms: u64::try_from(r.duration.as_millis()).unwrap_or(u64::MAX),
+                },
+            ),
+            Some(Err(e)) => {
+                let e = ApiError::from(e);
+                send(
+                    &tx,
+                    "error",
+                    serde_json::json!({"code": e.code, "message": e.message}),
+                );
+            }
+            None => tracing::debug!("the client closed the event stream; the command was killed"),
+        }
+        // The session is closed and the turn given back before the stream ends.
+        opened.done().await;
+        drop(tx);
+    });
+    let events = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|e| (Ok::<_, std::convert::Infallible>(e), rx))
+    });
+    let mut r = Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response();
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
+
+// ---- Background commands. ----
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LogsQuery {
+    #[serde(default)]
+    stdout_offset: Option<usize>,
+    #[serde(default)]
+    stderr_offset: Option<usize>,
+}
+
+impl AppState {
+    /// The background command `cmd` of `conv`: 404 when there is none (another conversation's
+    /// or tenant's commands are not found either).
+    fn command(
+        &self,
+        conv: &ConversationRef,
+        cmd: &str,
+    ) -> Result<std::sync::Arc<crate::commands::Command>, ApiError> {
+        self.commands.get(&conv.key, cmd).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!(
+                    "conversation {:?} has no background command {cmd:?}",
+                    conv.id.as_str()
+                ),
+            )
+        })
+    }
+}
+
+/// A background command's status: running, or how it ended.
+#[utoipa::path(get, path = "/v1/conversations/{id}/commands/{cmd}", tag = "exec",
+    params(("id" = String, Path, description = "conversation id"), ("cmd" = String, Path, description = "command id from the 202 of exec")),
+    responses((status = 200, body = CommandView), (status = 400, description = "invalid input", body = ErrorBody),
+              (status = 401, description = "no valid API key", body = ErrorBody),
+              (status = 404, description = "no such conversation or command", body = ErrorBody)))]
+pub(crate) async fn command_status(
+    State(s): State<AppState>,
+    p: Principal,
+    PathArgs((id, cmd)): PathArgs<(String, String)>,
+) -> Response {
+    audited!(s, p, "command_status", id, |conv| {
+        Ok(Json(s.command(&conv, &cmd)?.view()).into_response())
+    })
+}
+
+/// A background command's output from byte offsets on (poll with the `*_next_offset` of the
+/// previous answer). Kept: the first `output_limit` bytes of each stream.
+#[utoipa::path(get, path = "/v1/conversations/{id}/commands/{cmd}/logs", tag = "exec",
+    params(("id" = String, Path, description = "conversation id"), ("cmd" = String, Path, description = "command id"),
+           ("stdout_offset" = Option<usize>, Query, description = "bytes of stdout already read; default 0"),
+           ("stderr_offset" = Option<usize>, Query, description = "bytes of stderr already read; default 0")),
+    responses((status = 200, body = CommandLogsView), (status = 400, description = "invalid input (an offset past the output)", body = ErrorBody),
+              (status = 401, description = "no valid API key", body = ErrorBody),
+              (status = 404, description = "no such conversation or command", body = ErrorBody)))]
+pub(crate) async fn command_logs(
+    State(s): State<AppState>,
+    p: Principal,
+    PathArgs((id, cmd)): PathArgs<(String, String)>,
+    QueryArgs(q): QueryArgs<LogsQuery>,
+) -> Response {
+    audited!(s, p, "command_logs", id, |conv| {
+        let c = s.command(&conv, &cmd)?;
+        let logs = c.logs(q.stdout_offset.unwrap_or(0), q.stderr_offset.unwrap_or(0))?;
+        Ok(Json(logs).into_response())
+    })
+}
+
+/// Kills a background command's process group and waits for it to end; answers its final
+/// status. A command that already ended is left as it was.
+#[utoipa::path(delete, path = "/v1/conversations/{id}/commands/{cmd}", tag = "exec",
+    params(("id" = String, Path, description = "conversation id"), ("cmd" = String, Path, description = "command id")),
+    responses((status = 200, description = "killed, or had ended", body = CommandView), (status = 400, description = "invalid input", body = ErrorBody),
+              (status = 401, description = "no valid API key", body = ErrorBody),
+              (status = 404, description = "no such conversation or command", body = ErrorBody)))]
+pub(crate) async fn kill_command(
+    State(s): State<AppState>,
+    p: Principal,
+    PathArgs((id, cmd)): PathArgs<(String, String)>,
+) -> Response {
+    audited!(s, p, "command_kill", id, |conv| {
+        let c = s.command(&conv, &cmd)?;
+        c.kill().await;
+        Ok(Json(c.view()).into_response())
     })
 }
 
@@ -820,6 +1074,133 @@ pub(crate) async fn write_file(
         o.done().await;
         r?;
         Ok(StatusCode::NO_CONTENT.into_response())
+    })
+}
+
+/// Most files in one multipart upload.
+pub(crate) const MAX_UPLOAD_FILES: usize = 1000;
+
+/// One file an upload wrote.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct UploadedFile {
+    /// The workspace path, as given.
+    path: String,
+    /// Bytes written.
+    bytes: usize,
+}
+
+/// What an upload wrote, in the order of the parts.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct UploadView {
+    files: Vec<UploadedFile>,
+}
+
+/// The multipart body of an upload, for the schema.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // Only read by the schema generator.
+pub(crate) struct UploadForm {
+    /// Optional, repeatable: the workspace path of the next file part (default: that part's
+    /// filename).
+    path: Option<String>,
+    /// The files: parts with a filename.
+    #[schema(value_type = Vec<BinaryDoc>)]
+    file: Vec<Vec<u8>>,
+}
+
+/// Reads the multipart body: every file part with the workspace path it goes to.
+async fn upload_parts(req: Request, s: &AppState) -> Result<Vec<(String, Bytes)>, ApiError> {
+    use axum::extract::Multipart;
+    let mut form = Multipart::from_request(req, s)
+        .await
+        .map_err(|e| rejection(e.status(), e.body_text()))?;
+    let field_error =
+        |e: axum::extract::multipart::MultipartError| rejection(e.status(), e.body_text());
+    let mut files = Vec::new();
+    let mut next_path: Option<String> = None;
+    while let Some(field) = form.next_field().await.map_err(field_error)? {
+        let name = field.name().unwrap_or("").to_owned();
+        match field.file_name().map(str::to_owned) {
+            None if name == "path" => {
+                if next_path.is_some() {
+                    return Err(ApiError::bad_request(
+                        "two `path` fields in a row: each names the file part after it",
+                    ));
+                }
+                next_path = Some(field.text().await.map_err(field_error)?);
+            }
+            None => {
+                return Err(ApiError::bad_request(format!(
+                    "unexpected form field {name:?}: send files as parts with a filename, each \
+                     optionally after a `path` field"
+                )));
+            }
+            Some(file_name) => {
+                let path = next_path.take().unwrap_or(file_name);
+                let data = field.bytes().await.map_err(field_error)?;
+                if files.len() == MAX_UPLOAD_FILES {
+                    return Err(ApiError::new(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "too_large",
+                        format!("at most {MAX_UPLOAD_FILES} files per upload"),
+                    ));
+                }
+                files.push((path, data));
+            }
+        }
+    }
+    if next_path.is_some() {
+        return Err(ApiError::bad_request(
+            "the last `path` field has no file part after it",
+        ));
+    }
+    if files.is_empty() {
+        return Err(ApiError::bad_request(
+            "the upload has no file part (a part with a filename)",
+        ));
+    }
+    Ok(files)
+}
+
+/// Uploads several files at once (`multipart/form-data`), creating parents (and the
+/// conversation). Each file part goes to the path of the `path` field before it, or else to its
+/// filename. Every path is checked before anything is written; each file is written atomically.
+#[utoipa::path(post, path = "/v1/conversations/{id}/files", tag = "files", params(("id" = String, Path, description = "conversation id")),
+    request_body(content = UploadForm, content_type = "multipart/form-data"),
+    responses((status = 200, description = "every file written", body = UploadView), (status = 400, description = "invalid input (not multipart, no file, a bad path)", body = ErrorBody),
+              (status = 401, description = "no valid API key", body = ErrorBody),
+              (status = 403, description = "path outside the workspace", body = ErrorBody),
+              (status = 409, description = "conflict", body = ErrorBody),
+              (status = 413, description = "body too large, or too many files", body = ErrorBody),
+              (status = 429, description = "the conversation's queue is full", body = ErrorBody)))]
+pub(crate) async fn upload_files(
+    State(s): State<AppState>,
+    p: Principal,
+    PathArgs(id): PathArgs<String>,
+    req: Request,
+) -> Response {
+    audited!(s, p, "upload", id, |conv| {
+        let files = upload_parts(req, &s).await?;
+        for (path, _) in &files {
+            s.manager.check_path(&conv, path)?;
+        }
+        let o = s.open(&conv, true).await?;
+        let mut written = Vec::with_capacity(files.len());
+        let mut failed = None;
+        for (path, data) in files {
+            if let Err(e) = o.conv.write(&path, &data).await {
+                failed = Some(e);
+                break;
+            }
+            written.push(UploadedFile {
+                path,
+                bytes: data.len(),
+            });
+        }
+        o.done().await;
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
+        Ok(Json(UploadView { files: written }).into_response())
     })
 }
 

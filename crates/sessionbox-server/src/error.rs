@@ -53,10 +53,17 @@ impl From<Error> for ApiError {
     }
 }
 
+/// The error code of a response, kept as a response extension for the audit record and the
+/// metrics.
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorCode(pub &'static str);
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({ "code": self.code, "message": self.message });
-        (self.status, Json(body)).into_response()
+        let mut r = (self.status, Json(body)).into_response();
+        r.extensions_mut().insert(ErrorCode(self.code));
+        r
     }
 }
 

@@ -15,6 +15,12 @@
 //! - Errors are `{"code", "message"}` with the [`sessionbox_core::Error::code`] (plus
 //!   `unauthorized`, `busy`, `range_not_satisfiable`, `not_ready`): bad input is 400, 403, 404,
 //!   409, 413 or 422, never 5xx.
+//! - `POST .../exec` answers JSON, an event stream (`Accept: text/event-stream`: `stdout`,
+//!   `stderr` and `exit` events as the command runs), or, with `"background": true`, 202 and a
+//!   command id for `.../commands/{cmd}` (status, logs from an offset, kill). Background
+//!   commands do not hold the conversation's turn and end when it is destroyed.
+//! - `POST .../files` takes a multipart upload of several files; `GET /metrics` serves
+//!   Prometheus metrics (with a key, like every route but `/healthz` and `/readyz`).
 //! - Every call is audited twice: by the [`Manager`] per operation, and here as one `http.*`
 //!   record with the key id, the status and the duration (never bodies, commands or keys).
 //!
@@ -23,9 +29,12 @@
 
 mod api;
 mod auth;
+mod commands;
 mod error;
 mod mcp;
+mod metrics;
 mod openapi;
+mod output;
 mod queue;
 
 use std::future::Future;
@@ -47,7 +56,8 @@ pub use openapi::openapi;
 pub struct ServerConfig {
     /// Largest JSON request body, in bytes (default 8 MiB; exec stdin travels in it).
     pub max_json_bytes: usize,
-    /// Largest file body of `PUT .../files/{path}`, in bytes (default 64 MiB).
+    /// Largest file body of `PUT .../files/{path}`, and largest whole multipart body of
+    /// `POST .../files`, in bytes (default 64 MiB).
     pub max_file_bytes: usize,
     /// Most requests holding or waiting for one conversation before 429 (default 64).
     pub max_queue: usize,
@@ -75,6 +85,8 @@ pub struct Inner {
     pub manager: Manager,
     pub config: ServerConfig,
     queues: Arc<queue::Queues>,
+    commands: Arc<commands::Commands>,
+    metrics: metrics::Metrics,
 }
 
 impl Deref for AppState {
@@ -91,12 +103,19 @@ impl AppState {
             manager,
             config,
             queues: Arc::default(),
+            commands: Arc::default(),
+            metrics: metrics::Metrics::new(),
         }))
     }
 
     /// Conversations with requests in flight now.
     pub fn busy_conversations(&self) -> usize {
         self.queues.busy()
+    }
+
+    /// Background commands running now, in every conversation.
+    pub fn background_commands_running(&self) -> usize {
+        self.commands.running()
     }
 }
 

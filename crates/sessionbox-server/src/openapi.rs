@@ -16,7 +16,8 @@ use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::api;
 
-/// Every error: a stable code and a message for people.
+/// Every error: a stable code and a message for people (also the data of an `error` event on
+/// an exec event stream).
 #[derive(ToSchema)]
 #[schema(as = Error)]
 pub(crate) struct ErrorBody {
@@ -170,6 +171,10 @@ impl Modify for Security {
         api::open_conversation,
         api::destroy_conversation,
         api::exec,
+        api::command_status,
+        api::command_logs,
+        api::kill_command,
+        api::upload_files,
         api::read_file,
         api::write_file,
         api::remove_file,
@@ -179,8 +184,15 @@ impl Modify for Security {
         api::stat,
         api::glob,
         api::grep,
+        crate::metrics::metrics,
     ),
-    components(schemas(ErrorBody, ExitStatusDoc, FileKindDoc)),
+    components(schemas(
+        ErrorBody,
+        ExitStatusDoc,
+        FileKindDoc,
+        crate::output::OutputText,
+        api::ExecExit
+    )),
     modifiers(&Security, &IdRule),
     security(("bearer" = []), ("api_key" = []))
 )]

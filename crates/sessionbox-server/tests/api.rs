@@ -80,6 +80,15 @@ impl Server {
             .body(serde_json::to_vec(body).unwrap())
     }
 
+    /// The host directory of conversation `id` of tenant `acme`.
+    fn workspace(&self, id: &str) -> std::path::PathBuf {
+        let conv = sessionbox_core::ConversationRef::new(
+            TenantId::new("acme").unwrap(),
+            sessionbox_core::ConversationId::new(id).unwrap(),
+        );
+        self.dir.path().join("workspaces").join(conv.key.as_str())
+    }
+
     fn workspaces(&self) -> usize {
         std::fs::read_dir(self.dir.path().join("workspaces"))
             .map(|d| d.count())
@@ -1167,6 +1176,11 @@ async fn the_openapi_document_lists_every_route_and_matches_the_responses() {
             (format!("{c}/stat"), "get"),
             (format!("{c}/glob"), "get"),
             (format!("{c}/grep"), "post"),
+            (format!("{c}/commands/{{cmd}}"), "get"),
+            (format!("{c}/commands/{{cmd}}"), "delete"),
+            (format!("{c}/commands/{{cmd}}/logs"), "get"),
+            (format!("{c}/files"), "post"),
+            ("/metrics".into(), "get"),
         ];
         let mut count = 0;
         for (path, ops) in doc["paths"].as_object().unwrap() {
@@ -1260,6 +1274,71 @@ async fn the_openapi_document_lists_every_route_and_matches_the_responses() {
         )
         .await;
         assert_eq!(keys(&v), properties(&doc, "Error"));
+
+        // The new routes: event stream, background command, logs, upload.
+        let exec_doc = &doc["paths"][format!("{c}/exec")]["post"]["responses"];
+        assert!(
+            exec_doc["200"]["content"]["text/event-stream"].is_object(),
+            "{exec_doc}"
+        );
+        assert!(
+            exec_doc["202"]["content"]["application/json"].is_object(),
+            "{exec_doc}"
+        );
+        let mut ev = stream_exec(&s, "doc", &json!({"command": "echo x; echo y >&2"})).await;
+        let all = ev.rest().await;
+        for (name, data, _) in &all {
+            let mut props = match name.as_str() {
+                // `base64` appears only with bytes that are not UTF-8.
+                "stdout" | "stderr" => vec!["text".to_owned()],
+                "exit" => properties(&doc, "ExecExit"),
+                other => panic!("unexpected event {other}"),
+            };
+            props.sort();
+            assert_eq!(keys(data), props, "{name}");
+        }
+        assert_eq!(properties(&doc, "OutputText"), ["base64", "text"]);
+        assert_eq!(all.len(), 3);
+        let (st, v) = body(
+            s.json(
+                Method::POST,
+                &format!("{base}/exec"),
+                &json!({"command": "printf 'a\\377'", "background": true}),
+            )
+            .send()
+            .await
+            .unwrap(),
+        )
+        .await;
+        assert_eq!(st, StatusCode::ACCEPTED);
+        assert_eq!(keys(&v), properties(&doc, "CommandView"));
+        let id = v["id"].as_str().unwrap().to_owned();
+        let done = until(10, || {
+            let r = s.req(Method::GET, &format!("{base}/commands/{id}")).send();
+            async { body(r.await.unwrap()).await.1["running"] == false }
+        })
+        .await;
+        assert!(done);
+        let (_, v) = body(
+            s.req(Method::GET, &format!("{base}/commands/{id}/logs"))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(keys(&v), properties(&doc, "CommandLogsView"));
+        assert_eq!(keys(&v["stdout"]), properties(&doc, "OutputText"));
+        assert_eq!(v["stdout"]["text"], "a\u{fffd}");
+        assert_eq!(v["stdout"]["base64"], "Yf8=");
+        let (_, v) = body(
+            upload(&s, "doc", &[("file", Some("u.txt"), b"u")])
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(keys(&v), properties(&doc, "UploadView"));
+        assert_eq!(keys(&v["files"][0]), properties(&doc, "UploadedFile"));
         s.stop().await;
     })
     .await;
@@ -1328,6 +1407,27 @@ async fn odd_input_on_every_route_is_never_a_5xx() {
                 s.json(Method::POST, &format!("{c}/mkdir"), &json!({"path": o})),
                 s.req(Method::GET, &format!("{c}/files/a.txt"))
                     .header("range", format!("bytes={o}")),
+                s.req(Method::GET, &format!("{c}/commands/{o}")),
+                s.req(Method::DELETE, &format!("{c}/commands/{o}")),
+                s.req(
+                    Method::GET,
+                    &format!("{c}/commands/{o}/logs?stdout_offset={o}&stderr_offset={o}"),
+                ),
+                upload(
+                    &s,
+                    "w",
+                    &[("path", None, o.as_bytes()), ("file", Some(o), b"x")],
+                ),
+                upload(&s, "w", &[("file", Some(o), b"x")]),
+                s.json(
+                    Method::POST,
+                    &format!("{c}/exec"),
+                    &json!({"command": "true", "cwd": o, "background": true}),
+                )
+                .header("accept", "text/event-stream"),
+                s.req(Method::POST, &format!("{c}/files"))
+                    .header("content-type", format!("multipart/form-data; boundary={o}"))
+                    .body(o.to_owned()),
             ];
             for r in reqs {
                 let r = r.send().await.unwrap();
@@ -1355,6 +1455,699 @@ async fn odd_input_on_every_route_is_never_a_5xx() {
             "invalid_request",
         )
         .await;
+        s.stop().await;
+    })
+    .await;
+}
+
+// ---- Event-stream exec, background commands, uploads, metrics. ----
+
+/// Server-sent events read as they arrive.
+struct Events {
+    resp: Response,
+    buf: Vec<u8>,
+    started: Instant,
+}
+
+impl Events {
+    fn new(resp: Response) -> Events {
+        Events {
+            resp,
+            buf: Vec::new(),
+            started: Instant::now(),
+        }
+    }
+
+    /// The next event: its name, its data as JSON, and when it arrived (since `new`). `None`
+    /// at the end of the stream. Keep-alive comments are skipped.
+    async fn next(&mut self) -> Option<(String, Value, Duration)> {
+        loop {
+            if let Some(i) = self.buf.windows(2).position(|w| w == b"\n\n") {
+                let block = String::from_utf8(self.buf.drain(..i + 2).collect()).unwrap();
+                let mut name = "message".to_owned();
+                let mut data = String::new();
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("event:") {
+                        name = v.trim().to_owned();
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push_str(v.strip_prefix(' ').unwrap_or(v));
+                    }
+                }
+                if data.is_empty() {
+                    continue;
+                }
+                let v = serde_json::from_str(&data).unwrap_or_else(|e| panic!("{e}: {data}"));
+                return Some((name, v, self.started.elapsed()));
+            }
+            let chunk = self.resp.chunk().await.unwrap()?;
+            self.buf.extend_from_slice(&chunk);
+        }
+    }
+
+    /// Every remaining event.
+    async fn rest(&mut self) -> Vec<(String, Value, Duration)> {
+        let mut all = Vec::new();
+        while let Some(e) = self.next().await {
+            all.push(e);
+        }
+        all
+    }
+}
+
+async fn stream_exec(s: &Server, conv: &str, body: &Value) -> Events {
+    let r = s
+        .json(
+            Method::POST,
+            &format!("/v1/conversations/{conv}/exec"),
+            body,
+        )
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let ct = r.headers()["content-type"].to_str().unwrap().to_owned();
+    assert!(ct.starts_with("text/event-stream"), "{ct}");
+    Events::new(r)
+}
+
+/// The text of every `stdout` (or `stderr`) event, in order.
+fn stream_text(events: &[(String, Value, Duration)], name: &str) -> String {
+    events
+        .iter()
+        .filter(|e| e.0 == name)
+        .map(|e| e.1["text"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exec_as_an_event_stream_sends_output_while_the_command_runs() {
+    bounded(async {
+        let s = Server::start(ServerConfig::default(), true).await;
+        let mut ev = stream_exec(
+            &s,
+            "sse",
+            &json!({"command": "echo a; sleep 1; echo b >&2; printf '\\342\\202'; printf '\\254'; exit 3"}),
+        )
+        .await;
+        let first = ev.next().await.unwrap();
+        assert_eq!((first.0.as_str(), &first.1), ("stdout", &json!({"text": "a\n"})));
+        let rest = ev.rest().await;
+        let b = rest.iter().find(|e| e.0 == "stderr").expect("a stderr event");
+        assert_eq!(b.1["text"], "b\n");
+        // `a` came out a whole second before `b`: it was sent as it was written.
+        assert!(
+            b.2 >= first.2 + Duration::from_millis(700),
+            "a at {:?}, b at {:?}",
+            first.2,
+            b.2
+        );
+        // The euro sign written in two pieces arrives whole.
+        assert_eq!(stream_text(&rest, "stdout"), "€");
+        let exit = rest.last().unwrap();
+        assert_eq!(exit.0, "exit");
+        assert_eq!(exit.1["exit_code"], 3);
+        assert_eq!(exit.1["status"], json!({"code": 3}));
+        assert_eq!(exit.1["timed_out"], false);
+        assert!(exit.1["duration_ms"].as_u64().unwrap() >= 1000, "{}", exit.1);
+
+        // Output past the limit is cut and said to be; a timeout is reported.
+        let mut ev = stream_exec(
+            &s,
+            "sse",
+            &json!({"command": "head -c 5000 /dev/zero | tr '\\0' x; sleep 5", "output_limit": 100, "timeout_ms": 300}),
+        )
+        .await;
+        let all = ev.rest().await;
+        assert_eq!(stream_text(&all, "stdout"), "x".repeat(100));
+        let exit = &all.last().unwrap().1;
+        assert_eq!(
+            (exit["stdout_truncated"].clone(), exit["timed_out"].clone(), exit["exit_code"].clone()),
+            (json!(true), json!(true), json!(124)),
+            "{exit}"
+        );
+
+        // Bad input is a JSON error before any stream starts.
+        error(
+            s.json(Method::POST, "/v1/conversations/sse/exec", &json!({"command": ""}))
+                .header("accept", "text/event-stream")
+                .send()
+                .await
+                .unwrap(),
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        )
+        .await;
+        s.stop().await;
+    })
+    .await;
+}
+
+/// The size of a workspace file, through the API (0 when absent).
+async fn file_len(s: &Server, conv: &str, path: &str) -> usize {
+    let r = s
+        .req(
+            Method::GET,
+            &format!("/v1/conversations/{conv}/files/{path}"),
+        )
+        .send()
+        .await
+        .unwrap();
+    if r.status() == StatusCode::NOT_FOUND {
+        return 0;
+    }
+    r.bytes().await.unwrap().len()
+}
+
+/// Waits until `f` holds, up to `secs`.
+async fn until<F: Future<Output = bool>>(secs: u64, mut f: impl FnMut() -> F) -> bool {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < end {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// Polls a background command's status until it has ended; returns that status.
+async fn finished(s: &Server, path: &str) -> Value {
+    for _ in 0..200 {
+        let v = body(s.req(Method::GET, path).send().await.unwrap()).await.1;
+        if v["running"] == false {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{path} still runs");
+}
+
+/// True while host process `pid` exists and is not a zombie.
+fn host_pid_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !s.rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+    })
+}
+
+/// A command that writes its shell's pid, then grows `grow` every 50 ms until killed.
+const GROWER: &str = "echo $$ > pid; echo started; while :; do echo x >> grow; sleep 0.05; done";
+
+/// Checks that `grow` in `conv` stopped growing.
+async fn stopped_growing(s: &Server, conv: &str) {
+    let a = file_len(s, conv, "grow").await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let b = file_len(s, conv, "grow").await;
+    assert_eq!(a, b, "the killed command still writes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn background_commands_run_outside_the_queue_report_status_and_logs_and_are_killed() {
+    bounded(async {
+        let s = Server::start(ServerConfig::default(), true).await;
+        let c = "/v1/conversations/bg";
+        let (st, v) = body(
+            s.json(
+                Method::POST,
+                &format!("{c}/exec"),
+                &json!({"command": "for i in 1 2 3; do echo $i; sleep 0.3; done; echo done >&2; exit 4", "background": true}),
+            )
+            .send()
+            .await
+            .unwrap(),
+        )
+        .await;
+        assert_eq!(st, StatusCode::ACCEPTED, "{v}");
+        assert_eq!(v["running"], true);
+        let id = v["id"].as_str().unwrap().to_owned();
+
+        // The conversation's queue is free meanwhile.
+        let t = Instant::now();
+        let (st, v) = body(
+            s.json(Method::POST, &format!("{c}/exec"), &json!({"command": "echo quick"}))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!((st, v["stdout"].clone()), (StatusCode::OK, json!("quick\n")));
+        assert!(t.elapsed() < Duration::from_millis(800), "{:?}", t.elapsed());
+
+        // Poll the logs from the last offsets until it ends: each piece is new output.
+        let (mut out, mut err, mut off_o, mut off_e, mut polls_with_output) =
+            (String::new(), String::new(), 0, 0, 0);
+        loop {
+            let (st, l) = body(
+                s.req(
+                    Method::GET,
+                    &format!("{c}/commands/{id}/logs?stdout_offset={off_o}&stderr_offset={off_e}"),
+                )
+                .send()
+                .await
+                .unwrap(),
+            )
+            .await;
+            assert_eq!(st, StatusCode::OK, "{l}");
+            let piece = l["stdout"]["text"].as_str().unwrap();
+            if !piece.is_empty() {
+                polls_with_output += 1;
+            }
+            out.push_str(piece);
+            err.push_str(l["stderr"]["text"].as_str().unwrap());
+            off_o = l["stdout_next_offset"].as_u64().unwrap();
+            off_e = l["stderr_next_offset"].as_u64().unwrap();
+            if l["running"] == false {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!((out.as_str(), err.as_str()), ("1\n2\n3\n", "done\n"));
+        assert!(polls_with_output >= 2, "the output came in {polls_with_output} piece(s)");
+        let (_, v) = body(
+            s.req(Method::GET, &format!("{c}/commands/{id}"))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(
+            (v["running"].clone(), v["exit_code"].clone(), v["killed"].clone()),
+            (json!(false), json!(4), json!(false)),
+            "{v}"
+        );
+        assert_eq!(v["stdout_bytes"], 6);
+
+        // Kill: the process group is gone and the marker stops growing.
+        let (_, v) = body(
+            s.json(Method::POST, &format!("{c}/exec"), &json!({"command": GROWER, "background": true}))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        let id = v["id"].as_str().unwrap().to_owned();
+        assert!(until(10, || async { file_len(&s, "bg", "grow").await > 4 }).await);
+        let pid: u32 = {
+            let r = s.req(Method::GET, &format!("{c}/files/pid")).send().await.unwrap();
+            r.text().await.unwrap().trim().parse().unwrap()
+        };
+        assert!(host_pid_alive(pid));
+        let (st, v) = body(
+            s.req(Method::DELETE, &format!("{c}/commands/{id}"))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(st, StatusCode::OK, "{v}");
+        assert_eq!((v["running"].clone(), v["killed"].clone()), (json!(false), json!(true)));
+        assert!(until(5, || async { !host_pid_alive(pid) }).await, "pid {pid} lives");
+        stopped_growing(&s, "bg").await;
+
+        // Bad offsets, unknown commands, another tenant: typed errors.
+        error(
+            s.req(Method::GET, &format!("{c}/commands/{id}/logs?stdout_offset=999999"))
+                .send()
+                .await
+                .unwrap(),
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        )
+        .await;
+        error(
+            s.req(Method::GET, &format!("{c}/commands/{id}/logs?stdout_offset=-1"))
+                .send()
+                .await
+                .unwrap(),
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        )
+        .await;
+        for (m, path) in [
+            (Method::GET, format!("{c}/commands/nope")),
+            (Method::GET, format!("{c}/commands/nope/logs")),
+            (Method::DELETE, format!("{c}/commands/nope")),
+            (Method::GET, format!("/v1/conversations/other/commands/{id}")),
+        ] {
+            error(s.req(m, &path).send().await.unwrap(), StatusCode::NOT_FOUND, "not_found").await;
+        }
+        let other = s
+            .store
+            .create_api_key(&TenantId::new("other").unwrap(), None, Utc::now())
+            .unwrap()
+            .key;
+        error(
+            s.client
+                .get(format!("{}{c}/commands/{id}", s.base))
+                .bearer_auth(&other)
+                .send()
+                .await
+                .unwrap(),
+            StatusCode::NOT_FOUND,
+            "not_found",
+        )
+        .await;
+
+        // Output is bounded by the output limit, and said to be cut.
+        let (_, v) = body(
+            s.json(
+                Method::POST,
+                &format!("{c}/exec"),
+                &json!({"command": "head -c 100000 /dev/zero", "background": true, "output_limit": 10}),
+            )
+            .send()
+            .await
+            .unwrap(),
+        )
+        .await;
+        let id = v["id"].as_str().unwrap().to_owned();
+        let v = finished(&s, &format!("{c}/commands/{id}")).await;
+        assert_eq!((v["stdout_bytes"].clone(), v["stdout_truncated"].clone()), (json!(10), json!(true)), "{v}");
+
+        // Destroying the conversation ends its background commands.
+        s.json(Method::POST, &format!("{c}/exec"), &json!({"command": "rm -f grow pid"}))
+            .send()
+            .await
+            .unwrap();
+        let (_, v) = body(
+            s.json(Method::POST, &format!("{c}/exec"), &json!({"command": GROWER, "background": true}))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        let id = v["id"].as_str().unwrap().to_owned();
+        assert!(until(10, || async { file_len(&s, "bg", "grow").await > 4 }).await);
+        let r = s.req(Method::GET, &format!("{c}/files/pid")).send().await.unwrap();
+        let pid: u32 = r.text().await.unwrap().trim().parse().unwrap();
+        let r = s.req(Method::DELETE, c).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::NO_CONTENT);
+        assert!(until(5, || async { !host_pid_alive(pid) }).await, "pid {pid} lives");
+        error(
+            s.req(Method::GET, &format!("{c}/commands/{id}")).send().await.unwrap(),
+            StatusCode::NOT_FOUND,
+            "not_found",
+        )
+        .await;
+        assert_eq!(s.workspaces(), 0);
+        s.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn closing_an_event_stream_kills_its_command() {
+    bounded(async {
+        let s = Server::start(ServerConfig::default(), true).await;
+        let mut ev = stream_exec(&s, "gone", &json!({"command": GROWER})).await;
+        let (name, v, _) = ev.next().await.unwrap();
+        assert_eq!(
+            (name.as_str(), v["text"].as_str()),
+            ("stdout", Some("started\n"))
+        );
+        // The streaming command holds the conversation's turn: look at the files on the host.
+        let ws = s.workspace("gone");
+        let grow = || std::fs::metadata(ws.join("grow")).map_or(0, |m| m.len());
+        assert!(until(10, || async { grow() > 4 }).await);
+        let pid: u32 = std::fs::read_to_string(ws.join("pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(host_pid_alive(pid));
+        drop(ev);
+        assert!(
+            until(5, || async { !host_pid_alive(pid) }).await,
+            "pid {pid} lives"
+        );
+        stopped_growing(&s, "gone").await;
+        s.stop().await;
+    })
+    .await;
+}
+
+/// A multipart body: `(field name, filename, content)` per part.
+fn multipart(parts: &[(&str, Option<&str>, &[u8])]) -> (String, Vec<u8>) {
+    let boundary = "sbx-boundary-7f3a";
+    let mut b = Vec::new();
+    for (name, file, data) in parts {
+        b.extend_from_slice(format!("--{boundary}\r\n").as_bytes());
+        match file {
+            Some(f) => b.extend_from_slice(
+                format!(
+                    "Content-Disposition: form-data; name=\"{name}\"; filename=\"{f}\"\r\n\
+                     Content-Type: application/octet-stream\r\n\r\n"
+                )
+                .as_bytes(),
+            ),
+            None => b.extend_from_slice(
+                format!("Content-Disposition: form-data; name=\"{name}\"\r\n\r\n").as_bytes(),
+            ),
+        }
+        b.extend_from_slice(data);
+        b.extend_from_slice(b"\r\n");
+    }
+    b.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={boundary}"), b)
+}
+
+fn upload(s: &Server, conv: &str, parts: &[(&str, Option<&str>, &[u8])]) -> RequestBuilder {
+    let (ct, b) = multipart(parts);
+    s.req(Method::POST, &format!("/v1/conversations/{conv}/files"))
+        .header("content-type", ct)
+        .body(b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn multipart_upload_writes_several_files_each_through_the_path_policy() {
+    bounded(async {
+        let config = ServerConfig {
+            max_file_bytes: 64 * 1024,
+            ..ServerConfig::default()
+        };
+        let s = Server::start(config, true).await;
+        let binary: Vec<u8> = (0..=255u8).collect();
+        let r = upload(
+            &s,
+            "up",
+            &[
+                ("path", None, b"docs/a.txt"),
+                ("file", Some("ignored-name.txt"), b"alpha\n"),
+                ("file", Some("b.bin"), &binary),
+            ],
+        )
+        .send()
+        .await
+        .unwrap();
+        let (st, v) = body(r).await;
+        assert_eq!(st, StatusCode::OK, "{v}");
+        assert_eq!(
+            v,
+            json!({"files": [{"path": "docs/a.txt", "bytes": 6}, {"path": "b.bin", "bytes": 256}]})
+        );
+        let got = s
+            .req(Method::GET, "/v1/conversations/up/files/docs/a.txt")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(got.bytes().await.unwrap().as_ref(), b"alpha\n");
+        let got = s
+            .req(Method::GET, "/v1/conversations/up/files/b.bin")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(got.bytes().await.unwrap().as_ref(), &binary[..]);
+        assert_eq!(file_len(&s, "up", "ignored-name.txt").await, 0);
+
+        // One bad path refuses the whole upload before anything is written or created.
+        let before = s.workspaces();
+        for bad in ["../escape.txt", "/etc/passwd", "a/../../b", ""] {
+            let r = upload(
+                &s,
+                "fresh",
+                &[
+                    ("file", Some("ok.txt"), b"ok"),
+                    ("path", None, bad.as_bytes()),
+                    ("file", Some("x"), b"x"),
+                ],
+            )
+            .send()
+            .await
+            .unwrap();
+            let (st, v) = body(r).await;
+            assert!(
+                st == StatusCode::BAD_REQUEST || st == StatusCode::FORBIDDEN,
+                "{bad:?}: {st} {v}"
+            );
+            assert!(v["code"].is_string(), "{v}");
+        }
+        assert_eq!(
+            s.workspaces(),
+            before,
+            "a refused upload created a conversation"
+        );
+        assert_eq!(file_len(&s, "up", "ok.txt").await, 0);
+
+        // Not multipart, no file, a stray field, a dangling path: 400. Too big: 413.
+        error(
+            s.req(Method::POST, "/v1/conversations/up/files")
+                .header("content-type", "application/json")
+                .body("{}")
+                .send()
+                .await
+                .unwrap(),
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        )
+        .await;
+        for parts in [
+            vec![],
+            vec![("other", None, b"v".as_slice())],
+            vec![
+                ("file", Some("a"), b"a".as_slice()),
+                ("path", None, b"b".as_slice()),
+            ],
+        ] {
+            error(
+                upload(&s, "up", &parts).send().await.unwrap(),
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+            )
+            .await;
+        }
+        let big = vec![b'z'; 70 * 1024];
+        error(
+            upload(&s, "up", &[("file", Some("big"), &big)])
+                .send()
+                .await
+                .unwrap(),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+        )
+        .await;
+        assert_eq!(file_len(&s, "up", "big").await, 0);
+        s.stop().await;
+    })
+    .await;
+}
+
+/// The value of one series in a Prometheus text exposition (`None` when absent).
+fn series(text: &str, name_and_labels: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(name_and_labels) && l[name_and_labels.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metrics_count_requests_execs_and_errors_by_route_and_need_a_key() {
+    bounded(async {
+        let s = Server::start(ServerConfig::default(), true).await;
+        let r = s
+            .client
+            .get(format!("{}/metrics", s.base))
+            .send()
+            .await
+            .unwrap();
+        error(r, StatusCode::UNAUTHORIZED, "unauthorized").await;
+
+        for _ in 0..2 {
+            s.json(
+                Method::POST,
+                "/v1/conversations/secret-id-42/exec",
+                &json!({"command": "true"}),
+            )
+            .send()
+            .await
+            .unwrap();
+        }
+        let mut ev = stream_exec(&s, "secret-id-42", &json!({"command": "echo s"})).await;
+        ev.rest().await;
+        s.req(Method::GET, "/v1/conversations/nope-7")
+            .send()
+            .await
+            .unwrap();
+        s.req(Method::GET, "/no/such/route").send().await.unwrap();
+
+        let r = s.req(Method::GET, "/metrics").send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert!(
+            r.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/plain")
+        );
+        let text = r.text().await.unwrap();
+        let exec = r#"route="/v1/conversations/{id}/exec""#;
+        assert_eq!(
+            series(
+                &text,
+                &format!(r#"sessionbox_http_requests_total{{method="POST",{exec},status="200"}}"#)
+            ),
+            Some(3.0),
+            "{text}"
+        );
+        assert_eq!(
+            series(&text, r#"sessionbox_execs_total{mode="json"}"#),
+            Some(2.0),
+            "{text}"
+        );
+        assert_eq!(
+            series(&text, r#"sessionbox_execs_total{mode="stream"}"#),
+            Some(1.0),
+            "{text}"
+        );
+        assert_eq!(
+            series(&text, r#"sessionbox_http_errors_total{code="not_found"}"#),
+            Some(2.0),
+            "{text}"
+        );
+        assert_eq!(
+            series(
+                &text,
+                r#"sessionbox_http_errors_total{code="unauthorized"}"#
+            ),
+            Some(1.0),
+            "{text}"
+        );
+        assert!(
+            series(
+                &text,
+                r#"sessionbox_http_requests_total{method="GET",route="unmatched",status="404"}"#
+            )
+            .is_some(),
+            "{text}"
+        );
+        assert_eq!(
+            series(
+                &text,
+                &format!(
+                    r#"sessionbox_http_request_duration_seconds_count{{method="POST",{exec}}}"#
+                )
+            ),
+            Some(3.0),
+            "{text}"
+        );
+        assert_eq!(
+            series(&text, "sessionbox_busy_conversations"),
+            Some(0.0),
+            "{text}"
+        );
+        assert_eq!(
+            series(&text, "sessionbox_background_commands_running"),
+            Some(0.0),
+            "{text}"
+        );
+        assert!(
+            series(&text, "sessionbox_live_conversations").is_some(),
+            "{text}"
+        );
+        // No id or path becomes a label.
+        assert!(
+            !text.contains("secret-id-42") && !text.contains("nope-7"),
+            "{text}"
+        );
         s.stop().await;
     })
     .await;
