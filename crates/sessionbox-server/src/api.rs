@@ -1,6 +1,7 @@
 //! The routes and their JSON shapes.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::rejection::{BytesRejection, JsonRejection, PathRejection, QueryRejection};
@@ -157,16 +158,31 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for QueryArgs<T> {
 /// An open conversation and the turn that orders it.
 pub(crate) struct Opened {
     conv: Conversation,
+    /// True when this request created the conversation.
+    created: bool,
+    touched: Instant,
+    sessions: Arc<crate::sessions::Sessions>,
     _turn: Turn,
 }
 
 impl Opened {
-    /// Closes the session (keeping all state) and ends the turn.
+    /// Keeps the session for the conversation's next request (closing one that the cache lets
+    /// go), then ends the turn.
     async fn done(self) {
-        let Opened { conv, _turn } = self;
-        if let Err(e) = Box::new(conv).close().await {
-            tracing::warn!(error = %e, "closing a conversation session failed");
-        }
+        let Opened {
+            conv,
+            touched,
+            sessions,
+            _turn,
+            ..
+        } = self;
+        let key = conv.conversation().key.clone();
+        let cached = crate::sessions::Cached {
+            conv,
+            used: Instant::now(),
+            touched,
+        };
+        crate::sessions::close_all(sessions.put(key, cached)).await;
     }
 }
 
@@ -202,12 +218,32 @@ impl AppState {
     /// that does not exist is 404 and is not created.
     async fn open(&self, conv: &ConversationRef, create: bool) -> Result<Opened, ApiError> {
         let turn = self.turn(&conv.key).await?;
+        if let Some(c) = self.sessions.take(&conv.key) {
+            // Kept from an earlier request: the conversation exists and its session is open.
+            let mut touched = c.touched;
+            if touched.elapsed() >= crate::sessions::TOUCH_EVERY {
+                let store = self.manager.store().clone();
+                let key = conv.key.clone();
+                blocking(move || store.touch(&key, chrono::Utc::now())).await?;
+                touched = Instant::now();
+            }
+            return Ok(Opened {
+                conv: c.conv,
+                created: false,
+                touched,
+                sessions: self.sessions.clone(),
+                _turn: turn,
+            });
+        }
         if !create && self.record(&conv.key).await?.is_none() {
             return Err(conversation_not_found(conv));
         }
         let opened = self.manager.open(conv).await?;
         Ok(Opened {
+            created: opened.created(),
             conv: opened,
+            touched: Instant::now(),
+            sessions: self.sessions.clone(),
             _turn: turn,
         })
     }
@@ -464,7 +500,7 @@ pub(crate) async fn open_conversation(
 ) -> Response {
     audited!(s, p, "open", id, |conv| {
         let o = s.open(&conv, true).await?;
-        let created = o.conv.created();
+        let created = o.created;
         let workspace_root = o.conv.workspace_root().to_owned();
         o.done().await;
         let record = s
@@ -504,6 +540,9 @@ pub(crate) async fn destroy_conversation(
     audited!(s, p, "destroy", id, |conv| {
         let _turn = s.turn(&conv.key).await?;
         s.commands.end_conversation(&conv.key).await;
+        if let Some(c) = s.sessions.take(&conv.key) {
+            crate::sessions::close_all(vec![c.conv]).await;
+        }
         s.manager.destroy(&conv).await?;
         Ok(StatusCode::NO_CONTENT.into_response())
     })
@@ -645,7 +684,7 @@ pub(crate) async fn exec(
         if background {
             s.metrics.execs.with_label_values(&["background"]).inc();
             // The turn ends here: the command runs outside the conversation's queue.
-            let Opened { conv, _turn } = o;
+            let Opened { conv, _turn, .. } = o;
             drop(_turn);
             let cmd = s.commands.start(conv, req).map_err(|max| {
                 ApiError::new(

@@ -36,6 +36,7 @@ mod metrics;
 mod openapi;
 mod output;
 mod queue;
+mod sessions;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -61,6 +62,10 @@ pub struct ServerConfig {
     pub max_file_bytes: usize,
     /// Most requests holding or waiting for one conversation before 429 (default 64).
     pub max_queue: usize,
+    /// Most conversation sessions kept open between requests (default 1024; 0 opens and
+    /// closes one per request). A kept session spares a request the store's open transaction
+    /// and the runtime's open.
+    pub max_open_sessions: usize,
     /// The tenant of requests without a key while no valid key exists; `None` requires a key
     /// always. Only for loopback listeners (see [`check_listen`]).
     pub open_tenant: Option<TenantId>,
@@ -72,6 +77,7 @@ impl Default for ServerConfig {
             max_json_bytes: 8 * 1024 * 1024,
             max_file_bytes: 64 * 1024 * 1024,
             max_queue: 64,
+            max_open_sessions: 1024,
             open_tenant: None,
         }
     }
@@ -86,6 +92,7 @@ pub struct Inner {
     pub config: ServerConfig,
     queues: Arc<queue::Queues>,
     commands: Arc<commands::Commands>,
+    sessions: Arc<sessions::Sessions>,
     metrics: metrics::Metrics,
 }
 
@@ -100,12 +107,18 @@ impl AppState {
     /// State over `manager` with `config`.
     pub fn new(manager: Manager, config: ServerConfig) -> Self {
         AppState(Arc::new(Inner {
-            manager,
-            config,
             queues: Arc::default(),
             commands: Arc::default(),
+            sessions: Arc::new(sessions::Sessions::new(config.max_open_sessions)),
             metrics: metrics::Metrics::new(),
+            manager,
+            config,
         }))
+    }
+
+    /// Conversation sessions kept open between requests now.
+    pub fn open_sessions(&self) -> usize {
+        self.sessions.len()
     }
 
     /// Conversations with requests in flight now.

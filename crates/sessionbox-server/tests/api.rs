@@ -1078,6 +1078,77 @@ async fn a_loopback_server_without_keys_is_open_until_the_first_key() {
     .await;
 }
 
+/// Operations counted in the audit log for one conversation.
+fn audited_ops(store: &Store, op: &str) -> usize {
+    store
+        .audit_log(&AuditFilter::default())
+        .unwrap()
+        .iter()
+        .filter(|r| r.entry.operation == op)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_warm_conversation_keeps_its_session_and_destroy_ends_it() {
+    bounded(async {
+        let s = Server::start(ServerConfig::default(), true).await;
+        let exec = |cmd: &str| {
+            s.json(
+                Method::POST,
+                "/v1/conversations/warm/exec",
+                &json!({ "command": cmd }),
+            )
+        };
+        for i in 0..5 {
+            let (st, v) = body(exec(&format!("echo {i} >> log")).send().await.unwrap()).await;
+            assert_eq!(st, StatusCode::OK, "{v}");
+        }
+        // One open for five requests: the session was kept between them.
+        assert_eq!(audited_ops(&s.store, "open"), 1);
+        assert_eq!(audited_ops(&s.store, "exec"), 5);
+        let (_, v) = body(exec("cat log").send().await.unwrap()).await;
+        assert_eq!(v["stdout"], "0\n1\n2\n3\n4\n");
+
+        // Destroy takes the kept session out: the next request starts a new, empty conversation.
+        let r = s
+            .req(Method::DELETE, "/v1/conversations/warm")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::NO_CONTENT);
+        assert_eq!(s.workspaces(), 0);
+        let (_, v) = body(exec("ls").send().await.unwrap()).await;
+        assert_eq!(v["stdout"], "", "{v}");
+        assert_eq!(audited_ops(&s.store, "open"), 2);
+        s.stop().await;
+
+        // With no sessions kept, every request opens its conversation.
+        let s = Server::start(
+            ServerConfig {
+                max_open_sessions: 0,
+                ..ServerConfig::default()
+            },
+            true,
+        )
+        .await;
+        for _ in 0..3 {
+            let r = s
+                .json(
+                    Method::POST,
+                    "/v1/conversations/cold/exec",
+                    &json!({ "command": "true" }),
+                )
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::OK);
+        }
+        assert_eq!(audited_ops(&s.store, "open"), 3);
+        s.stop().await;
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_call_is_audited_with_its_key_id_and_never_its_secrets() {
     bounded(async {

@@ -100,6 +100,18 @@ pub struct BenchArgs {
     /// Exit 1 when a target is missed (by default the report exits 0 either way).
     #[arg(long)]
     check: bool,
+    /// Skip the HTTP measurements (round trip against the library, and the load test).
+    #[arg(long)]
+    no_http: bool,
+    /// HTTP load test: new conversations.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    http_conversations: u32,
+    /// HTTP load test: execs of `true` per conversation.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    http_execs: u32,
+    /// HTTP load test: concurrent clients.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    http_clients: u32,
 }
 
 /// Latency summary of one measurement, in milliseconds (rounded to the microsecond).
@@ -133,6 +145,11 @@ impl Stats {
             max_ms: round3(v[v.len() - 1]),
         }
     }
+}
+
+/// Milliseconds since `since` (for the other bench modules).
+pub(crate) fn ms_since(since: Instant) -> f64 {
+    ms(since)
 }
 
 fn ms(since: Instant) -> f64 {
@@ -311,7 +328,31 @@ pub async fn run(
             .await
             .context("cannot take the inventory before the run")?;
         let mut created = Vec::new();
-        let measured = measure(&mut bench, *kind, &manager, &mut base_samples, &mut created).await;
+        let mut measured =
+            measure(&mut bench, *kind, &manager, &mut base_samples, &mut created).await;
+        if let (Ok(r), false) = (&mut measured, args.no_http) {
+            bench
+                .progress
+                .set_message(format!("{} over HTTP", kind.name()));
+            let load = crate::bench_http::Load {
+                conversations: args.http_conversations as usize,
+                execs: args.http_execs as usize,
+                clients: args.http_clients as usize,
+            };
+            match crate::bench_http::measure(
+                &manager,
+                &bench.tenant,
+                &bench.id,
+                bench.warm,
+                load,
+                &mut created,
+            )
+            .await
+            {
+                Ok(h) => r["http"] = h,
+                Err(e) => measured = Err(e.context("over HTTP")),
+            }
+        }
         bench
             .progress
             .set_message(format!("{} cleanup", kind.name()));
@@ -815,6 +856,32 @@ fn judge(kind: RuntimeKind, r: &Value, baseline: &Stats) -> Vec<Value> {
             "x",
         ));
     }
+    if let Some(v) = r["http"]["round_trip"]["added_p50_ms"].as_f64() {
+        out.push(target(
+            "http_added_p50",
+            format!(
+                "HTTP adds <= {} ms to a warm exec's p50",
+                crate::bench_http::ADDED_P50_MS
+            ),
+            v,
+            crate::bench_http::ADDED_P50_MS,
+            "ms",
+        ));
+    }
+    if let Some(v) = r["http"]["load"]["errors"].as_f64() {
+        out.push(target(
+            "http_load_errors",
+            format!(
+                "zero errors in {} conversations x {} execs from {} clients over HTTP",
+                r["http"]["load"]["conversations"],
+                r["http"]["load"]["execs_per_conversation"],
+                r["http"]["load"]["clients"]
+            ),
+            v,
+            0.0,
+            "errors",
+        ));
+    }
     if let Some(v) = r["memory"]["agent_rss_mib"].as_f64() {
         out.push(target(
             "agent_rss",
@@ -968,6 +1035,55 @@ fn markdown(r: &Value) -> String {
         for (label, st) in rows {
             if st.is_object() {
                 row(&mut s, format!("{rt}: {label}"), st);
+            }
+        }
+    }
+    for rt in &runtimes {
+        let h = &r["results"][*rt]["http"];
+        if h.is_object() {
+            let rt_ = &h["round_trip"];
+            let l = &h["load"];
+            let _ = writeln!(s);
+            let _ = writeln!(
+                s,
+                "{rt} over HTTP: warm exec `true` p50 {} ms through the library, {} ms through HTTP: {} ms added (target <= {} ms)",
+                num(&rt_["library"]["p50_ms"]),
+                num(&rt_["http"]["p50_ms"]),
+                num(&rt_["added_p50_ms"]),
+                num(&rt_["target_added_p50_ms"]),
+            );
+            let _ = writeln!(s);
+            let _ = writeln!(
+                s,
+                "{rt} HTTP load: {} conversations x {} execs from {} clients: {} ok, {} errors, {} execs/s over {} s",
+                l["conversations"],
+                l["execs_per_conversation"],
+                l["clients"],
+                l["execs_ok"],
+                l["errors"],
+                num(&l["throughput_execs_per_s"]),
+                num(&l["wall_s"]),
+            );
+            let _ = writeln!(s);
+            let _ = writeln!(s, "| HTTP exec | count | p50 ms | p95 ms | p99 ms |");
+            let _ = writeln!(s, "|---|---|---|---|---|");
+            for (label, st) in [
+                ("round trip, library", &rt_["library"]),
+                ("round trip, HTTP", &rt_["http"]),
+                ("load: every exec", &l["all"]),
+                ("load: first exec (creates)", &l["first_exec_with_create"]),
+                ("load: later execs", &l["later_execs"]),
+            ] {
+                if st.is_object() {
+                    let _ = writeln!(
+                        s,
+                        "| {label} | {} | {} | {} | {} |",
+                        st["count"],
+                        num(&st["p50_ms"]),
+                        num(&st["p95_ms"]),
+                        num(&st["p99_ms"]),
+                    );
+                }
             }
         }
     }

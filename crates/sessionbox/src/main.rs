@@ -5,6 +5,7 @@
 
 mod audit;
 mod bench;
+mod bench_http;
 mod config;
 mod doctor;
 mod experiment;

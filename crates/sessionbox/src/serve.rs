@@ -22,6 +22,9 @@ pub struct ServeArgs {
     /// Most requests holding or waiting for one conversation before the server answers 429.
     #[arg(long, default_value_t = 64)]
     max_queue: usize,
+    /// Most conversation sessions kept open between requests (0: open one per request).
+    #[arg(long, default_value_t = 1024)]
+    max_open_sessions: usize,
     /// Largest JSON request body in bytes (exec stdin travels in it).
     #[arg(long, default_value_t = 8 * 1024 * 1024)]
     max_json_bytes: usize,
@@ -62,6 +65,7 @@ pub async fn run(ctx: &App, args: ServeArgs) -> anyhow::Result<ExitCode> {
         max_json_bytes: args.max_json_bytes,
         max_file_bytes: args.max_file_bytes,
         max_queue: args.max_queue.max(1),
+        max_open_sessions: args.max_open_sessions,
         open_tenant: loopback.then(|| ctx.tenant.clone()),
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
