@@ -203,15 +203,14 @@ impl From<AioError> for sessionbox_core::Error {
     fn from(e: AioError) -> Self {
         use sessionbox_core::Error;
         match &e {
-            AioError::Config(_) | AioError::Unreachable { .. } | AioError::Unauthorized { .. } => {
-                Error::RuntimeUnavailable {
-                    runtime: "aio".into(),
-                    reason: e.to_string(),
-                    hint: format!(
-                        "check {ENV_BASE_URL} (or --endpoint) and {ENV_TOKEN}, and that the AIO Sandbox server is running"
-                    ),
-                }
-            }
+            AioError::Unauthorized { .. } => Error::Unauthorized(e.to_string()),
+            AioError::Config(_) | AioError::Unreachable { .. } => Error::RuntimeUnavailable {
+                runtime: "aio".into(),
+                reason: e.to_string(),
+                hint: format!(
+                    "check {ENV_BASE_URL} (or --endpoint) and {ENV_TOKEN}, and that the AIO Sandbox server is running"
+                ),
+            },
             AioError::Failed {
                 error_type: Some(t),
                 message,

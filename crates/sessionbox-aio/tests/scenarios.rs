@@ -563,7 +563,7 @@ async fn unreachable_or_unauthorized_servers_are_typed_errors_without_the_token(
         Ok(_) => panic!("a wrong token was accepted"),
     };
     let text = format!("{e} {e:?}");
-    assert_eq!(e.code(), "runtime_unavailable", "{text}");
+    assert_eq!(e.code(), "unauthorized", "{text}");
     assert!(
         text.contains("AIO_SANDBOX_TOKEN") && text.contains("401"),
         "{text}"
