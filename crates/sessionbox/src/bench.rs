@@ -210,6 +210,9 @@ impl Bench {
                 })?)
             }
             RuntimeKind::Host => Arc::new(HostRuntime::new(HostConfig::new(&self.data_dir))?),
+            RuntimeKind::Aio => anyhow::bail!(
+                "bench measures the local runtimes (isolated, host); the aio runtime's speed is the remote server's"
+            ),
         })
     }
 
@@ -246,6 +249,9 @@ pub async fn run(
     let t0 = Instant::now();
     let env = environment(profile);
     let kinds: Vec<RuntimeKind> = match runtime {
+        Some(RuntimeKind::Aio) => anyhow::bail!(
+            "bench measures the local runtimes (isolated, host); use --runtime isolated or host"
+        ),
         Some(k) => vec![k],
         None => vec![RuntimeKind::Isolated, RuntimeKind::Host],
     };

@@ -16,6 +16,9 @@ pub enum RuntimeKind {
     Isolated,
     /// A plain directory per conversation; not a security boundary.
     Host,
+    /// A directory per conversation in one shared AIO Sandbox container (`--endpoint`);
+    /// trusted users only.
+    Aio,
 }
 
 impl RuntimeKind {
@@ -23,6 +26,7 @@ impl RuntimeKind {
         match self {
             RuntimeKind::Isolated => "isolated",
             RuntimeKind::Host => "host",
+            RuntimeKind::Aio => "aio",
         }
     }
 }
@@ -44,6 +48,23 @@ pub struct FileConfig {
     /// `isolated` runtime settings.
     #[serde(default)]
     pub isolated: IsolatedSection,
+    /// `aio` runtime settings.
+    #[serde(default)]
+    pub aio: AioSection,
+}
+
+/// `[aio]` settings. The token is never read from here: it comes from `AIO_SANDBOX_TOKEN`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AioSection {
+    /// Base URL of the AIO Sandbox server (`--endpoint` and `AIO_SANDBOX_BASE_URL` override it).
+    pub endpoint: Option<String>,
+    /// Directory inside the container holding the workspaces
+    /// (default `/home/gem/workspace/conversations`).
+    pub root: Option<String>,
+    /// How the token is sent: `bearer` (default) or `x-aio-api-key`
+    /// (`AIO_SANDBOX_AUTH_HEADER` overrides it).
+    pub auth_header: Option<String>,
 }
 
 /// `[isolated]` settings.

@@ -40,10 +40,13 @@ pub fn run(default: RuntimeKind) -> ExitCode {
         }
     );
     println!("host runtime: can run (not a security boundary: directory separation only)");
+    println!(
+        "aio runtime: needs a reachable AIO Sandbox server (--endpoint); one shared container, trusted users only"
+    );
     println!("default runtime: {}", default.name());
     let ok = match default {
         RuntimeKind::Isolated => isolated_ok,
-        RuntimeKind::Host => true,
+        RuntimeKind::Host | RuntimeKind::Aio => true,
     };
     if ok {
         ExitCode::SUCCESS

@@ -51,6 +51,10 @@ struct Cli {
     /// Isolation runtime [default: isolated].
     #[arg(long, global = true, env = "SESSIONBOX_RUNTIME", value_enum)]
     runtime: Option<RuntimeKind>,
+    /// Base URL of the AIO Sandbox server, for `--runtime aio`. The token comes only from
+    /// AIO_SANDBOX_TOKEN (never a flag).
+    #[arg(long, global = true, env = "AIO_SANDBOX_BASE_URL", value_name = "URL")]
+    endpoint: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -343,6 +347,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 RuntimeKind::Host => HostRuntime::workspace_path(&data_dir, &conv.key)
                     .to_string_lossy()
                     .into_owned(),
+                RuntimeKind::Aio => aio_runtime(&cli, &file)?.presented_root(&conv.key),
             };
             Some(prepare(&root, &cli.command)?)
         }
@@ -390,6 +395,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Arc::new(HostRuntime::new(host)?)
         }
+        RuntimeKind::Aio => Arc::new(aio_runtime(&cli, &file)?),
     };
     let ctx = App {
         manager: Manager::new(store, runtime),
@@ -461,6 +467,29 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             session_command(&ctx, &conv, command, prepared).await
         }
     }
+}
+
+/// The `aio` runtime from `--endpoint` (or `AIO_SANDBOX_BASE_URL`, or `[aio] endpoint`), the
+/// token from `AIO_SANDBOX_TOKEN`. Makes no request.
+fn aio_runtime(cli: &Cli, file: &FileConfig) -> anyhow::Result<sessionbox_aio::AioRuntime> {
+    let Some(url) = cli.endpoint.clone().or(file.aio.endpoint.clone()) else {
+        anyhow::bail!(
+            "--runtime aio needs the AIO Sandbox server: give --endpoint URL (or set AIO_SANDBOX_BASE_URL, or endpoint in [aio] of sessionbox.toml)"
+        );
+    };
+    let mut endpoint = sessionbox_aio::Endpoint::new(url);
+    if let Some(h) = &file.aio.auth_header {
+        endpoint.auth = sessionbox_aio::AuthHeader::parse(h)?;
+    }
+    let endpoint = endpoint.with_env_credentials()?;
+    let mut config = sessionbox_aio::AioConfig::new(endpoint);
+    if let Some(root) = &file.aio.root {
+        config.root = root.clone();
+    }
+    if let Some(l) = file.limits {
+        config.limits = l;
+    }
+    Ok(sessionbox_aio::AioRuntime::new(config)?)
 }
 
 fn command_conversation(c: &Command) -> Option<&str> {
