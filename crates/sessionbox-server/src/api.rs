@@ -280,10 +280,7 @@ impl AppState {
                 started.elapsed().as_millis()
             )),
         };
-        let store = self.manager.store().clone();
-        if let Err(e) = blocking(move || store.audit(&entry)).await {
-            tracing::warn!(error = %e, "audit record not written");
-        }
+        self.audit.record(entry);
         response
     }
 }

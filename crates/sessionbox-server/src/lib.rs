@@ -28,6 +28,7 @@
 //! public API; it reaches conversations only through the [`Manager`].
 
 mod api;
+mod audit;
 mod auth;
 mod commands;
 mod error;
@@ -93,6 +94,7 @@ pub struct Inner {
     queues: Arc<queue::Queues>,
     commands: Arc<commands::Commands>,
     sessions: Arc<sessions::Sessions>,
+    audit: audit::AuditWriter,
     metrics: metrics::Metrics,
 }
 
@@ -104,16 +106,24 @@ impl Deref for AppState {
 }
 
 impl AppState {
-    /// State over `manager` with `config`.
+    /// State over `manager` with `config`. Starts the audit writer of `http.*` records on the
+    /// current Tokio runtime, so it must be called within one.
     pub fn new(manager: Manager, config: ServerConfig) -> Self {
         AppState(Arc::new(Inner {
             queues: Arc::default(),
             commands: Arc::default(),
             sessions: Arc::new(sessions::Sessions::new(config.max_open_sessions)),
+            audit: audit::AuditWriter::start(manager.store().clone()),
             metrics: metrics::Metrics::new(),
             manager,
             config,
         }))
+    }
+
+    /// Waits until every `http.*` audit record of the requests answered so far is written.
+    /// [`serve`] does this when it stops.
+    pub async fn flush_audit(&self) {
+        self.audit.flush().await;
     }
 
     /// Conversation sessions kept open between requests now.
@@ -156,9 +166,11 @@ pub async fn serve(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
+    let result = axum::serve(listener, router(state.clone()))
         .with_graceful_shutdown(shutdown)
-        .await
+        .await;
+    state.flush_audit().await;
+    result
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {

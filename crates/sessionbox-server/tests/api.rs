@@ -23,6 +23,7 @@ struct Server {
     dir: tempfile::TempDir,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    state: AppState,
     /// Key of tenant `acme`.
     key: String,
 }
@@ -48,7 +49,8 @@ impl Server {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr: SocketAddr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(sessionbox_server::serve(listener, state, async {
+        let served = state.clone();
+        let task = tokio::spawn(sessionbox_server::serve(listener, served, async {
             let _ = rx.await;
         }));
         Server {
@@ -61,6 +63,7 @@ impl Server {
             dir,
             stop: Some(tx),
             task: Some(task),
+            state,
             key,
         }
     }
@@ -1166,6 +1169,8 @@ async fn every_call_is_audited_with_its_key_id_and_never_its_secrets() {
             .send()
             .await
             .unwrap();
+        // `http.*` records are written off the request path: wait for them.
+        s.state.flush_audit().await;
         let log = s.store.audit_log(&AuditFilter::default()).unwrap();
         let http: Vec<_> = log
             .iter()

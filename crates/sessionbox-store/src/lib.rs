@@ -305,6 +305,37 @@ impl Store {
         Ok(())
     }
 
+    /// Appends `entries` to the audit log in one transaction: all or none.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when SQLite fails.
+    pub fn audit_many(&self, entries: &[AuditEntry]) -> Result<()> {
+        let mut conn = self.conn();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql_error("start a transaction"))?;
+        {
+            let mut stmt = tx
+                .prepare_cached(
+                    "INSERT INTO audit (at, tenant, conversation_key, operation, outcome, detail)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )
+                .map_err(sql_error("append to the audit log"))?;
+            for entry in entries {
+                stmt.execute(params![
+                    entry.at.timestamp_millis(),
+                    entry.tenant.as_str(),
+                    entry.conversation_key.as_ref().map(ConversationKey::as_str),
+                    entry.operation,
+                    entry.outcome,
+                    entry.detail
+                ])
+                .map_err(sql_error("append to the audit log"))?;
+            }
+        }
+        tx.commit().map_err(sql_error("append to the audit log"))
+    }
+
     /// Audit entries matching `filter`, newest first (by time, then by append order).
     ///
     /// # Errors
