@@ -16,6 +16,14 @@ fn bench(args: &[&str]) -> Output {
         .arg("bench")
         .args(["--iterations", &WARM.to_string()])
         .args(["--cold-iterations", &COLD.to_string()])
+        .args([
+            "--http-conversations",
+            "3",
+            "--http-execs",
+            "2",
+            "--http-clients",
+            "2",
+        ])
         .args(args)
         .env_remove("SESSIONBOX_RUNTIME")
         .env_remove("SESSIONBOX_TENANT")
@@ -139,6 +147,29 @@ fn check_report(r: &Value, runtimes: &[&str], stdout: &str) {
             b,
             "fork+exec in workspace",
         );
+        // Over HTTP: as many library and HTTP execs as warm iterations, the added p50 computed
+        // from the two, and the load's every exec accounted for (3 conversations x 2 execs).
+        let h = &v["http"];
+        let rtt = &h["round_trip"];
+        assert_eq!(rtt["library"]["count"].as_u64(), Some(WARM), "{h}");
+        assert_eq!(rtt["http"]["count"].as_u64(), Some(WARM), "{h}");
+        let added = num(&rtt["added_p50_ms"], "added p50");
+        let want =
+            num(&rtt["http"]["p50_ms"], "http p50") - num(&rtt["library"]["p50_ms"], "lib p50");
+        assert!((added - want).abs() < 0.0015, "{h}");
+        let load = &h["load"];
+        assert_eq!(load["execs_ok"].as_u64(), Some(6), "{h}");
+        assert_eq!(load["errors"].as_u64(), Some(0), "{h}");
+        assert_eq!(
+            load["first_exec_with_create"]["count"].as_u64(),
+            Some(3),
+            "{h}"
+        );
+        assert_eq!(load["later_execs"]["count"].as_u64(), Some(3), "{h}");
+        assert!(
+            num(&load["throughput_execs_per_s"], "throughput") > 0.0,
+            "{h}"
+        );
         if *rt == "isolated" {
             check_stats(&bd["http_ping"]["stats"], WARM, b, "ping");
             check_stats(&bd["execd_client_build"]["stats"], COLD, b, "client build");
@@ -183,6 +214,8 @@ fn check_report(r: &Value, runtimes: &[&str], stdout: &str) {
             "warm_exec_p50" => &v["warm_exec"]["p50_ms"],
             "warm_exec_ratio" => &v["warm_exec"]["ratio_to_baseline_p50"],
             "agent_rss" => &v["memory"]["agent_rss_mib"],
+            "http_added_p50" => &v["http"]["round_trip"]["added_p50_ms"],
+            "http_load_errors" => &v["http"]["load"]["errors"],
             other => panic!("unknown target {other}"),
         };
         assert_eq!(value, num(measured, id), "{t}");
@@ -197,7 +230,14 @@ fn check_report(r: &Value, runtimes: &[&str], stdout: &str) {
     let mut want = Vec::new();
     for rt in runtimes {
         want.extend(
-            ["cold_start_p50", "warm_exec_p50", "warm_exec_ratio"].map(|i| format!("{rt}/{i}")),
+            [
+                "cold_start_p50",
+                "warm_exec_p50",
+                "warm_exec_ratio",
+                "http_added_p50",
+                "http_load_errors",
+            ]
+            .map(|i| format!("{rt}/{i}")),
         );
         if *rt == "isolated" {
             want.push(format!("{rt}/agent_rss"));
