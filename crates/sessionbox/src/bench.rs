@@ -100,6 +100,22 @@ pub struct BenchArgs {
     /// Exit 1 when a target is missed (by default the report exits 0 either way).
     #[arg(long)]
     check: bool,
+    /// A smoke run: few iterations of everything (20 warm, 3 cold, concurrency 1 and 8, a
+    /// small HTTP load). Proves the harness works; its numbers are rough.
+    #[arg(long)]
+    quick: bool,
+    /// Write report.json, report.md and the PNG plots into this directory (created).
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Concurrency levels of the throughput measurement, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64,256")]
+    levels: Vec<u32>,
+    /// Execs of `true` per conversation at each concurrency level.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    level_execs: u32,
+    /// Image for the `docker run --rm` baseline [default: a local sessionbox/sandbox image].
+    #[arg(long, value_name = "IMAGE")]
+    docker_image: Option<String>,
     /// Skip the HTTP measurements (round trip against the library, and the load test).
     #[arg(long)]
     no_http: bool,
@@ -293,8 +309,22 @@ pub async fn run(
     }
     let store = Store::open(&data_dir.join("sessionbox.db"))?;
 
-    let warm = args.iterations as usize;
-    let cold = args.cold_iterations as usize;
+    let (warm, cold) = if args.quick {
+        (20, 3)
+    } else {
+        (args.iterations as usize, args.cold_iterations as usize)
+    };
+    let levels: Vec<usize> = if args.quick {
+        vec![1, 8]
+    } else {
+        args.levels.iter().map(|&l| l.max(1) as usize).collect()
+    };
+    let level_execs = if args.quick {
+        5
+    } else {
+        args.level_execs as usize
+    };
+    let baseline_runs = if args.quick { 3 } else { 20 };
     let warmup = (warm / 10).clamp(1, 20);
     let progress = if std::io::stderr().is_terminal() {
         // Per runtime: cold starts, warm-up, then execs, files, reopens, execs without the
@@ -340,10 +370,22 @@ pub async fn run(
             bench
                 .progress
                 .set_message(format!("{} over HTTP", kind.name()));
-            let load = crate::bench_http::Load {
-                conversations: args.http_conversations as usize,
-                execs: args.http_execs as usize,
-                clients: args.http_clients as usize,
+            let load = if args.quick {
+                crate::bench_http::Load {
+                    levels: levels.clone(),
+                    level_execs,
+                    conversations: 10,
+                    execs: 3,
+                    clients: 4,
+                }
+            } else {
+                crate::bench_http::Load {
+                    levels: levels.clone(),
+                    level_execs,
+                    conversations: args.http_conversations as usize,
+                    execs: args.http_execs as usize,
+                    clients: args.http_clients as usize,
+                }
             };
             match crate::bench_http::measure(
                 &manager,
@@ -357,6 +399,23 @@ pub async fn run(
             {
                 Ok(h) => r["http"] = h,
                 Err(e) => measured = Err(e.context("over HTTP")),
+            }
+        }
+        if let Ok(r) = &mut measured {
+            bench
+                .progress
+                .set_message(format!("{} at scale", kind.name()));
+            match more_measurements(&bench, &manager, &levels, level_execs, &mut created).await {
+                Ok(m) => {
+                    r["throughput"] = m["throughput"].clone();
+                    r["file_1mib"] = m["file_1mib"].clone();
+                    if let Some(rss) = r["memory"]["sandbox_rss_mib"].as_f64()
+                        && rss > 0.0
+                    {
+                        r["memory"]["sandboxes_per_gib"] = json!((1024.0 / rss).floor());
+                    }
+                }
+                Err(e) => measured = Err(e.context("at scale")),
             }
         }
         bench
@@ -394,7 +453,21 @@ pub async fn run(
         return Err(e);
     }
 
+    bench.progress.set_message("baselines");
+    let alternatives = json!({
+        "bubblewrap": crate::bench_baselines::bubblewrap(baseline_runs),
+        "docker_run": crate::bench_baselines::docker_run(baseline_runs, args.docker_image.as_deref()),
+    });
+    let store_ops = crate::bench_scale::store_ops(
+        &bench.store,
+        &bench.tenant,
+        &bench.id,
+        if args.quick { 200 } else { 2000 },
+    )?;
+
     let baseline = Stats::of(&base_samples);
+    let mut alternatives = alternatives;
+    add_ratios(&mut alternatives, &baseline);
     let mut results = Value::Object(results);
     add_ratios(&mut results, &baseline);
     let targets: Vec<Value> = kinds
@@ -418,6 +491,8 @@ pub async fn run(
             "what": "std::process::Command `/bin/sh -c true`, spawn to wait, from the bench process, one before each warm exec",
             "stats": baseline,
         },
+        "alternatives": alternatives,
+        "store": store_ops,
         "results": results,
         "targets": targets,
         "cleanup": {"ok": cleanup_failures.is_empty(), "failures": cleanup_failures},
@@ -426,9 +501,17 @@ pub async fn run(
         std::fs::write(p, serde_json::to_vec_pretty(&report)?)
             .with_context(|| format!("cannot write {}", p.display()))?;
     }
-    let md = markdown(&report);
+    let mut md = markdown(&report);
     if let Some(p) = &args.report_md {
         std::fs::write(p, &md).with_context(|| format!("cannot write {}", p.display()))?;
+    }
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        md.push_str(&plots(&report, dir));
+        std::fs::write(dir.join("report.json"), serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("cannot write {}", dir.display()))?;
+        std::fs::write(dir.join("report.md"), &md)
+            .with_context(|| format!("cannot write {}", dir.display()))?;
     }
     print!("{md}");
     if let Some(t) = temp {
@@ -818,6 +901,183 @@ fn memory(run_dir: &Path) -> anyhow::Result<Value> {
 }
 
 /// The targets that apply to one runtime's results.
+/// The Markdown of the alternatives, throughput, file and store sections.
+fn markdown_more(r: &Value) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let num = |v: &Value| {
+        v.as_f64()
+            .map_or_else(|| "-".to_owned(), |f| format!("{f}"))
+    };
+    let _ = writeln!(s);
+    let _ = writeln!(s, "What users would pick instead, same run:");
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "| alternative | count | p50 ms | p95 ms | p99 ms | x baseline p50 |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|");
+    for (name, v) in r["alternatives"].as_object().into_iter().flatten() {
+        if v["available"] == true {
+            let st = &v["stats"];
+            let _ = writeln!(
+                s,
+                "| {name}: {} | {} | {} | {} | {} | {} |",
+                v["what"].as_str().unwrap_or(""),
+                st["count"],
+                num(&st["p50_ms"]),
+                num(&st["p95_ms"]),
+                num(&st["p99_ms"]),
+                num(&st["ratio_to_baseline_p50"]),
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "| {name}: not measured ({}) | | | | | |",
+                v["reason"].as_str().unwrap_or("")
+            );
+        }
+    }
+    for (rt, v) in r["results"].as_object().into_iter().flatten() {
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "{rt}: exec `true` throughput by concurrent conversations"
+        );
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "| path | conversations | execs | execs/s | p50 ms | p95 ms | p99 ms | x baseline p50 |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+        for (path, levels) in [
+            ("library", &v["throughput"]),
+            ("HTTP", &v["http"]["throughput"]),
+        ] {
+            for l in levels.as_array().into_iter().flatten() {
+                let st = &l["latency"];
+                let _ = writeln!(
+                    s,
+                    "| {path} | {} | {} | {} | {} | {} | {} | {} |",
+                    l["concurrency"],
+                    l["execs"],
+                    num(&l["throughput_execs_per_s"]),
+                    num(&st["p50_ms"]),
+                    num(&st["p95_ms"]),
+                    num(&st["p99_ms"]),
+                    num(&st["ratio_to_baseline_p50"]),
+                );
+            }
+        }
+        let f = &v["file_1mib"];
+        if f.is_object() {
+            let _ = writeln!(
+                s,
+                "\n{rt}: 1 MiB write p50 {} ms, read p50 {} ms, write + read p50 {} ms (p99 {} ms)",
+                num(&f["write"]["p50_ms"]),
+                num(&f["read"]["p50_ms"]),
+                num(&f["write_plus_read"]["p50_ms"]),
+                num(&f["write_plus_read"]["p99_ms"]),
+            );
+        }
+        if let Some(n) = v["memory"]["sandboxes_per_gib"].as_f64() {
+            let _ = writeln!(
+                s,
+                "\n{rt}: {n} live sandboxes per GiB (1024 MiB / the whole sandbox's RSS of {} MiB)",
+                num(&v["memory"]["sandbox_rss_mib"])
+            );
+        }
+    }
+    let st = &r["store"];
+    if st.is_object() {
+        let _ = writeln!(
+            s,
+            "\nStore ({}): {} creates/s, {} lookups/s, {} touches/s, {} audit appends/s ({} of each)",
+            st["backend"].as_str().unwrap_or(""),
+            num(&st["create_per_s"]),
+            num(&st["get_per_s"]),
+            num(&st["touch_per_s"]),
+            num(&st["audit_append_per_s"]),
+            st["operations_each"],
+        );
+    }
+    s
+}
+
+/// Throughput at each concurrency level and a 1 MiB write + read, on `manager`'s runtime.
+async fn more_measurements(
+    b: &Bench,
+    manager: &Manager,
+    levels: &[usize],
+    execs: usize,
+    created: &mut Vec<ConversationRef>,
+) -> anyhow::Result<Value> {
+    let throughput =
+        crate::bench_scale::throughput(manager, &b.tenant, &b.id, levels, execs, created).await?;
+    let conv = b.conversation("mib")?;
+    created.push(conv.clone());
+    let s = manager.open(&conv).await?;
+    let file = crate::bench_scale::file_mib(&s, b.warm.clamp(3, 50)).await?;
+    Box::new(s).close().await?;
+    Ok(json!({"throughput": throughput, "file_1mib": file}))
+}
+
+/// Draws the concurrency plots into `dir`; the Markdown lines that name them (or say why not).
+fn plots(r: &Value, dir: &Path) -> String {
+    use crate::bench_plot::{Series, plot};
+    let mut latency = Vec::new();
+    let mut throughput = Vec::new();
+    for (rt, v) in r["results"].as_object().into_iter().flatten() {
+        let mut add = |label: String, levels: &Value| {
+            let pts = |f: &dyn Fn(&Value) -> Option<f64>| -> Vec<(f64, f64)> {
+                levels
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|l| Some((l["concurrency"].as_f64()?, f(l)?)))
+                    .collect()
+            };
+            latency.push(Series {
+                label: format!("{label} p50"),
+                points: pts(&|l| l["latency"]["p50_ms"].as_f64()),
+            });
+            latency.push(Series {
+                label: format!("{label} p99"),
+                points: pts(&|l| l["latency"]["p99_ms"].as_f64()),
+            });
+            throughput.push(Series {
+                label,
+                points: pts(&|l| l["throughput_execs_per_s"].as_f64()),
+            });
+        };
+        add(format!("{rt} library"), &v["throughput"]);
+        if v["http"]["throughput"].is_array() {
+            add(format!("{rt} HTTP"), &v["http"]["throughput"]);
+        }
+    }
+    let mut md = String::from("\nPlots:\n");
+    for (file, title, y, series) in [
+        (
+            "latency_vs_concurrency.png",
+            "exec `true`: latency against concurrency",
+            "ms",
+            &latency,
+        ),
+        (
+            "throughput_vs_concurrency.png",
+            "exec `true`: throughput against concurrency",
+            "execs/s",
+            &throughput,
+        ),
+    ] {
+        match plot(&dir.join(file), title, y, series) {
+            Ok(()) => md.push_str(&format!("- {file}\n")),
+            Err(e) => md.push_str(&format!("- {file} not drawn: {e}\n")),
+        }
+    }
+    md
+}
+
 fn judge(kind: RuntimeKind, r: &Value, baseline: &Stats) -> Vec<Value> {
     let name = kind.name();
     let target = |id: &str, what: String, value: f64, limit: f64, unit: &str| {
@@ -1125,6 +1385,7 @@ fn markdown(r: &Value) -> String {
             }
         }
     }
+    s.push_str(&markdown_more(r));
     let _ = writeln!(s);
     let _ = writeln!(s, "Targets:");
     for t in r["targets"].as_array().into_iter().flatten() {

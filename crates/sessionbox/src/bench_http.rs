@@ -30,9 +30,13 @@ use sessionbox_server::{AppState, ServerConfig};
 /// Target: HTTP adds at most this much to the p50 of a warm exec, ms.
 pub(crate) const ADDED_P50_MS: f64 = 1.0;
 
-/// Shape of the load test.
-#[derive(Debug, Clone, Copy)]
+/// Shape of the load test, and of the throughput levels measured through HTTP.
+#[derive(Debug, Clone)]
 pub(crate) struct Load {
+    /// Concurrency levels (conversations at once) of the throughput measurement.
+    pub levels: Vec<usize>,
+    /// Execs per conversation at each level.
+    pub level_execs: usize,
     /// New conversations.
     pub conversations: usize,
     /// Execs per conversation.
@@ -215,7 +219,50 @@ async fn serve_and_measure(
         let done = first.len() + rest.len();
         let all: Vec<f64> = first.iter().chain(rest.iter()).copied().collect();
         errors.truncate(20);
+
+        // 3. Throughput at each level, as the library's is measured (bench_scale).
+        let mut levels = Vec::new();
+        for &c in &load.levels {
+            let mut convs = Vec::with_capacity(c);
+            for i in 0..c {
+                let conv = ConversationRef::new(
+                    tenant.clone(),
+                    ConversationId::new(format!("bench-{run_id}-hc{c}-{i:04}"))?,
+                );
+                created.push(conv.clone());
+                let r = client.open(&conv.id).await?;
+                check(&r.exec(ExecRequest::new("true")).await?)?;
+                convs.push(r);
+            }
+            let t0 = Instant::now();
+            let mut tasks = Vec::with_capacity(c);
+            for r in convs {
+                let n = load.level_execs;
+                tasks.push(tokio::spawn(async move {
+                    let mut lat = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        let t = Instant::now();
+                        check(&r.exec(ExecRequest::new("true")).await?)?;
+                        lat.push(crate::bench::ms_since(t));
+                    }
+                    Ok::<_, anyhow::Error>(lat)
+                }));
+            }
+            let mut lat = Vec::new();
+            for t in tasks {
+                lat.extend(t.await??);
+            }
+            let wall = t0.elapsed().as_secs_f64();
+            levels.push(json!({
+                "concurrency": c,
+                "execs": lat.len(),
+                "wall_s": (wall * 1000.0).round() / 1000.0,
+                "throughput_execs_per_s": ((lat.len() as f64 / wall) * 10.0).round() / 10.0,
+                "latency": summary(lat),
+            }));
+        }
         Ok::<Value, anyhow::Error>(json!({
+            "throughput": levels,
             "round_trip": {
                 "what": "`true` on one warm conversation: library (manager session) then HTTP (sessionbox-client, keep-alive), back to back",
                 "library": summary(via_lib),

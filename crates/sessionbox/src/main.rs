@@ -5,7 +5,10 @@
 
 mod audit;
 mod bench;
+mod bench_baselines;
 mod bench_http;
+mod bench_plot;
+mod bench_scale;
 mod config;
 mod doctor;
 mod experiment;

@@ -24,6 +24,7 @@ fn bench(args: &[&str]) -> Output {
             "--http-clients",
             "2",
         ])
+        .args(["--levels", "1,3", "--level-execs", "2"])
         .args(args)
         .env_remove("SESSIONBOX_RUNTIME")
         .env_remove("SESSIONBOX_TENANT")
@@ -170,7 +171,36 @@ fn check_report(r: &Value, runtimes: &[&str], stdout: &str) {
             num(&load["throughput_execs_per_s"], "throughput") > 0.0,
             "{h}"
         );
+        // Throughput at levels 1 and 3 (2 execs each), through the library and HTTP.
+        for levels in [&v["throughput"], &h["throughput"]] {
+            let levels = levels.as_array().expect("throughput levels");
+            let got: Vec<(u64, u64)> = levels
+                .iter()
+                .map(|l| {
+                    (
+                        l["concurrency"].as_u64().unwrap(),
+                        l["execs"].as_u64().unwrap(),
+                    )
+                })
+                .collect();
+            assert_eq!(got, [(1, 2), (3, 6)], "{levels:?}");
+            for l in levels {
+                assert_eq!(l["latency"]["count"], l["execs"], "{l}");
+                let wall = num(&l["wall_s"], "wall");
+                let want = num(&l["execs"], "execs") / wall;
+                let tp = num(&l["throughput_execs_per_s"], "throughput");
+                // Both are rounded: wall to the ms (so up to 0.5 ms off), throughput to 0.1.
+                assert!((tp - want).abs() <= 0.05 + want * (0.0006 / wall), "{l}");
+            }
+        }
+        let f = &v["file_1mib"];
+        for part in ["write", "read", "write_plus_read"] {
+            assert_eq!(f[part]["count"].as_u64(), Some(WARM.max(3)), "{f}");
+        }
         if *rt == "isolated" {
+            let per_gib = num(&v["memory"]["sandboxes_per_gib"], "per GiB");
+            let rss = num(&v["memory"]["sandbox_rss_mib"], "rss");
+            assert_eq!(per_gib, (1024.0 / rss).floor(), "{}", v["memory"]);
             check_stats(&bd["http_ping"]["stats"], WARM, b, "ping");
             check_stats(&bd["execd_client_build"]["stats"], COLD, b, "client build");
             let m = &v["memory"];
@@ -248,6 +278,22 @@ fn check_report(r: &Value, runtimes: &[&str], stdout: &str) {
     assert_eq!(seen, want);
     let all = targets.iter().all(|t| t["pass"] == true);
     assert_eq!(r["targets_met"].as_bool(), Some(all));
+    // Alternatives: each measured or said why not; store operations counted.
+    for (name, a) in r["alternatives"].as_object().expect("alternatives") {
+        match a["available"].as_bool() {
+            Some(true) => assert!(num(&a["stats"]["p50_ms"], name) > 0.0, "{a}"),
+            Some(false) => assert!(a["reason"].as_str().is_some_and(|r| !r.is_empty()), "{a}"),
+            None => panic!("{name}: {a}"),
+        }
+    }
+    for k in [
+        "create_per_s",
+        "get_per_s",
+        "touch_per_s",
+        "audit_append_per_s",
+    ] {
+        assert!(num(&r["store"][k], k) > 0.0, "{}", r["store"]);
+    }
     assert_eq!(r["cleanup"]["ok"], true, "{}", r["cleanup"]);
 }
 
@@ -256,11 +302,14 @@ fn bench_reports_every_runtime_and_cleans_up_its_temporary_data_dir() {
     let out_dir = tempfile::tempdir().unwrap();
     let json = out_dir.path().join("bench.json");
     let md = out_dir.path().join("bench.md");
+    let dir = out_dir.path().join("out");
     let out = bench(&[
         "--report-json",
         json.to_str().unwrap(),
         "--report-md",
         md.to_str().unwrap(),
+        "--out",
+        dir.to_str().unwrap(),
     ]);
     let stdout = text(&out.stdout);
     let stderr = text(&out.stderr);
@@ -270,7 +319,24 @@ fn bench_reports_every_runtime_and_cleans_up_its_temporary_data_dir() {
     check_report(&r, &["isolated", "host"], &stdout);
     // The temporary data directory is not named (it is gone).
     assert!(r["data_dir"].is_null(), "{}", r["data_dir"]);
-    assert_eq!(std::fs::read_to_string(&md).unwrap(), stdout);
+    // --out: the same report, plus the plots (PNG) named at the end of the Markdown.
+    let md_out = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert_eq!(md_out, stdout);
+    assert!(md_out.starts_with(&std::fs::read_to_string(&md).unwrap()));
+    let r_out: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("report.json")).unwrap()).unwrap();
+    assert_eq!(r_out["run_id"], r["run_id"]);
+    for png in [
+        "latency_vs_concurrency.png",
+        "throughput_vs_concurrency.png",
+    ] {
+        if stdout.contains(&format!("- {png}\n")) {
+            let bytes = std::fs::read(dir.join(png)).unwrap();
+            assert_eq!(&bytes[..4], b"\x89PNG", "{png}");
+        } else {
+            assert!(stdout.contains(&format!("- {png} not drawn: ")), "{stdout}");
+        }
+    }
     assert!(
         stdout.contains("baseline: spawn `/bin/sh -c true`"),
         "{stdout}"
