@@ -239,6 +239,10 @@ impl Session for Conversation {
         self.session.workspace_root()
     }
 
+    fn state_lost(&self) -> bool {
+        self.session.state_lost()
+    }
+
     async fn exec(&self, request: ExecRequest) -> Result<ExecResult> {
         let r = self.session.exec(request).await;
         // The command line is not recorded: it may carry secrets.
