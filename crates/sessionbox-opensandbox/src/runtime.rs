@@ -115,11 +115,7 @@ pub fn to_core_error(e: OpenSandboxError) -> Error {
                     .into(),
             }
         }
-        e @ OpenSandboxError::Unauthorized { .. } => Error::RuntimeUnavailable {
-            runtime: RUNTIME_NAME.into(),
-            reason: e.to_string(),
-            hint: "the key comes from OPEN_SANDBOX_API_KEY".into(),
-        },
+        e @ OpenSandboxError::Unauthorized { .. } => Error::Unauthorized(e.to_string()),
         e @ OpenSandboxError::NotFound { .. } => Error::NotFound(e.to_string()),
         e => Error::Backend(e.to_string()),
     }

@@ -193,6 +193,13 @@ impl Bench {
                 })?)
             }
             RuntimeKind::Host => Arc::new(HostRuntime::new(HostConfig::new(&self.data_dir))?),
+            // The server comes from OPEN_SANDBOX_DOMAIN, the key from OPEN_SANDBOX_API_KEY.
+            RuntimeKind::Opensandbox => Arc::new(crate::opensandbox::runtime(
+                None,
+                &Default::default(),
+                &self.data_dir,
+                self.store.clone(),
+            )?),
         })
     }
 

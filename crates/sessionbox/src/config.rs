@@ -16,6 +16,8 @@ pub enum RuntimeKind {
     Isolated,
     /// A plain directory per conversation; not a security boundary.
     Host,
+    /// An OpenSandbox sandbox (container) per conversation, on a remote OpenSandbox server.
+    Opensandbox,
 }
 
 impl RuntimeKind {
@@ -23,6 +25,7 @@ impl RuntimeKind {
         match self {
             RuntimeKind::Isolated => "isolated",
             RuntimeKind::Host => "host",
+            RuntimeKind::Opensandbox => "opensandbox",
         }
     }
 }
@@ -44,6 +47,36 @@ pub struct FileConfig {
     /// `isolated` runtime settings.
     #[serde(default)]
     pub isolated: IsolatedSection,
+    /// `opensandbox` runtime settings.
+    #[serde(default)]
+    pub opensandbox: OpenSandboxSection,
+}
+
+/// `[opensandbox]` settings. The API key is never read from here: it comes from the
+/// `OPEN_SANDBOX_API_KEY` environment variable.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenSandboxSection {
+    /// The lifecycle server, `http://HOST:PORT` (`--endpoint` and `OPEN_SANDBOX_DOMAIN`
+    /// override it).
+    pub endpoint: Option<String>,
+    /// The image sandboxes run (default `sessionbox/sandbox:local`).
+    pub image: Option<String>,
+    /// Seconds an unused sandbox lives; renewed on use (default 1800, at least 60).
+    pub timeout_secs: Option<u64>,
+    /// Seconds a new sandbox's execd has to answer (default 60).
+    pub ready_timeout_secs: Option<u64>,
+    /// CPU limit of each sandbox, as the server reads it (default "1").
+    pub cpu: Option<String>,
+    /// Memory limit of each sandbox, as the server reads it (default "2Gi").
+    pub memory: Option<String>,
+    /// Ask for server-proxied execd endpoints (default true).
+    pub use_server_proxy: Option<bool>,
+    /// Hosts a direct endpoint may name (with `use_server_proxy = false`).
+    #[serde(default)]
+    pub direct_hosts: Vec<String>,
+    /// Names this installation in sandbox metadata (default: derived from the data directory).
+    pub instance: Option<String>,
 }
 
 /// `[isolated]` settings.

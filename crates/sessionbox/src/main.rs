@@ -8,6 +8,7 @@ mod bench;
 mod config;
 mod doctor;
 mod experiment;
+mod opensandbox;
 mod serve;
 mod verify;
 
@@ -50,6 +51,11 @@ struct Cli {
     /// Isolation runtime [default: isolated].
     #[arg(long, global = true, env = "SESSIONBOX_RUNTIME", value_enum)]
     runtime: Option<RuntimeKind>,
+    /// OpenSandbox server of the opensandbox runtime, http://HOST:PORT [default:
+    /// $OPEN_SANDBOX_DOMAIN, else [opensandbox] endpoint]. The API key comes only from
+    /// $OPEN_SANDBOX_API_KEY.
+    #[arg(long, global = true, value_name = "URL")]
+    endpoint: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -320,7 +326,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         .or(file.runtime)
         .unwrap_or(RuntimeKind::Isolated);
     if let Command::Doctor = cli.command {
-        return Ok(doctor::run(kind));
+        let wants_osb = kind == RuntimeKind::Opensandbox
+            || cli.endpoint.is_some()
+            || std::env::var_os(opensandbox::DOMAIN_ENV).is_some()
+            || file.opensandbox.endpoint.is_some();
+        let osb = wants_osb
+            .then(|| opensandbox::client_config(cli.endpoint.as_deref(), &file.opensandbox));
+        return Ok(doctor::run(kind, osb).await);
     }
     if let Command::Audit(args) = &cli.command {
         return audit::run(args, &data_dir, &tenant);
@@ -339,6 +351,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Some(conv) if !matches!(cli.command, Command::Destroy { .. } | Command::Mcp { .. }) => {
             let root = match kind {
                 RuntimeKind::Isolated => sessionbox_local::isolated::WORKSPACE.to_owned(),
+                RuntimeKind::Opensandbox => sessionbox_opensandbox::runtime::WORKSPACE.to_owned(),
                 RuntimeKind::Host => HostRuntime::workspace_path(&data_dir, &conv.key)
                     .to_string_lossy()
                     .into_owned(),
@@ -389,6 +402,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Arc::new(HostRuntime::new(host)?)
         }
+        RuntimeKind::Opensandbox => Arc::new(opensandbox::runtime(
+            cli.endpoint.as_deref(),
+            &file.opensandbox,
+            &data_dir,
+            store.clone(),
+        )?),
     };
     let ctx = App {
         manager: Manager::new(store, runtime),
