@@ -237,6 +237,14 @@ pub async fn run(
     let env = environment(profile);
     let kinds: Vec<RuntimeKind> = match runtime {
         Some(k) => vec![k],
+        // With an OpenSandbox server configured, it is measured in the same run.
+        None if std::env::var_os(crate::opensandbox::DOMAIN_ENV).is_some_and(|v| !v.is_empty()) => {
+            vec![
+                RuntimeKind::Isolated,
+                RuntimeKind::Host,
+                RuntimeKind::Opensandbox,
+            ]
+        }
         None => vec![RuntimeKind::Isolated, RuntimeKind::Host],
     };
     let tenant = TenantId::new(tenant.unwrap_or_else(|| TenantId::DEFAULT.to_owned()))?;
@@ -779,6 +787,10 @@ fn memory(run_dir: &Path) -> anyhow::Result<Value> {
 
 /// The targets that apply to one runtime's results.
 fn judge(kind: RuntimeKind, r: &Value, baseline: &Stats) -> Vec<Value> {
+    if kind == RuntimeKind::Opensandbox {
+        // The targets are for local runtimes; a remote server's numbers are reported only.
+        return Vec::new();
+    }
     let name = kind.name();
     let target = |id: &str, what: String, value: f64, limit: f64, unit: &str| {
         json!({
