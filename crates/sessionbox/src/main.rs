@@ -634,6 +634,13 @@ async fn session_command(
         .into());
     }
     let session = ctx.manager.open(conv).await?;
+    if session.state_lost() {
+        eprintln!(
+            "warning: the sandbox of conversation {} had vanished (expired or deleted \
+             elsewhere); a fresh one replaced it and the files from before are lost",
+            conv.id
+        );
+    }
     let result = run_on_session(&session, command, prepared.exec, prepared.write_data).await;
     let closed = Box::new(session).close().await;
     let code = result?;
