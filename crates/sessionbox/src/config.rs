@@ -109,8 +109,19 @@ impl FileConfig {
     /// Reads `path`. A missing file is an empty configuration unless `required`.
     pub fn load(path: &Path, required: bool) -> anyhow::Result<Self> {
         match std::fs::read_to_string(path) {
-            Ok(text) => toml::from_str(&text)
-                .with_context(|| format!("invalid configuration file {}", path.display())),
+            // The message and line only: the parser's own display quotes the offending line,
+            // which could be a secret put where it does not belong.
+            Ok(text) => toml::from_str(&text).map_err(|e| {
+                let line = e
+                    .span()
+                    .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+                anyhow::anyhow!(
+                    "invalid configuration file {}{}: {}",
+                    path.display(),
+                    line.map(|l| format!(" (line {l})")).unwrap_or_default(),
+                    e.message().trim()
+                )
+            }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => Ok(Self::default()),
             Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
         }
@@ -160,6 +171,32 @@ mod tests {
         assert_eq!(c.limits.unwrap().max_file_bytes, 10);
         assert_eq!(c.limits.unwrap().max_entries, Limits::default().max_entries);
         assert_eq!(c.host.kill_grace_ms, Some(5));
+    }
+
+    #[test]
+    fn opensandbox_settings_are_read_and_a_key_there_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sessionbox.toml");
+        std::fs::write(
+            &p,
+            "runtime = \"opensandbox\"\n[opensandbox]\nendpoint = \"http://127.0.0.1:8080\"\n\
+             timeout_secs = 600\nmemory = \"512Mi\"\n",
+        )
+        .unwrap();
+        let c = FileConfig::load(&p, true).unwrap();
+        assert_eq!(c.runtime, Some(RuntimeKind::Opensandbox));
+        assert_eq!(
+            c.opensandbox.endpoint.as_deref(),
+            Some("http://127.0.0.1:8080")
+        );
+        assert_eq!(c.opensandbox.timeout_secs, Some(600));
+        std::fs::write(&p, "[opensandbox]\napi_key = \"s3cret\"\n").unwrap();
+        let err = format!("{:#}", FileConfig::load(&p, true).unwrap_err());
+        assert!(err.contains("api_key") && err.contains("line 2"), "{err}");
+        assert!(
+            !err.contains("s3cret"),
+            "the error quotes the secret: {err}"
+        );
     }
 
     #[test]
