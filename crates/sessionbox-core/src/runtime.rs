@@ -156,6 +156,13 @@ pub trait Session: Send + Sync {
     /// Creates a directory and its parents; succeeds when it exists.
     async fn mkdir(&self, path: &str) -> Result<()>;
 
+    /// True when opening found the conversation's sandbox gone (expired, or deleted by
+    /// someone else) and started a fresh, empty one in its place: the files from before are
+    /// lost. Runtimes whose state cannot vanish always say false.
+    fn state_lost(&self) -> bool {
+        false
+    }
+
     /// Releases this handle. All state (files, sandbox) is kept for the next `open`.
     async fn close(self: Box<Self>) -> Result<()>;
 }

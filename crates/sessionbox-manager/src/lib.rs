@@ -92,7 +92,13 @@ impl Manager {
             }
         };
         let session = self.runtime.open(conversation).await;
-        let detail = created.then(|| "created".to_owned());
+        let lost = session.as_ref().is_ok_and(|s| s.state_lost());
+        let detail = match (created, lost) {
+            (true, _) => Some("created".to_owned()),
+            // The sandbox had vanished and was replaced: its files are gone.
+            (false, true) => Some("state_lost".to_owned()),
+            (false, false) => None,
+        };
         self.audit(conversation, "open", &session, detail).await;
         if !created {
             let store = self.store.clone();
@@ -237,6 +243,10 @@ impl Session for Conversation {
 
     fn workspace_root(&self) -> &str {
         self.session.workspace_root()
+    }
+
+    fn state_lost(&self) -> bool {
+        self.session.state_lost()
     }
 
     async fn exec(&self, request: ExecRequest) -> Result<ExecResult> {

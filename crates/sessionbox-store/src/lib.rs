@@ -27,6 +27,7 @@
 //! ```
 
 mod keys;
+mod remote;
 mod schema;
 mod types;
 
@@ -42,6 +43,7 @@ use rusqlite::{Connection, ErrorCode, OptionalExtension, Row, TransactionBehavio
 use sessionbox_core::{ConversationKey, ConversationRef, Error, Result, TenantId};
 
 pub use keys::{API_KEY_PREFIX, ApiKeyRecord, NewApiKey};
+pub use remote::RemoteSandbox;
 pub use schema::SCHEMA_VERSION;
 pub use types::{AuditEntry, AuditFilter, AuditRecord, ConversationRecord, ConversationState};
 

@@ -52,6 +52,17 @@ const MIGRATIONS: &[&str] = &[
         revoked_at INTEGER
     );
     CREATE INDEX api_keys_by_tenant ON api_keys (tenant);",
+    // 4: the remote sandbox of each conversation of a remote runtime (opensandbox): its id and
+    // the expiry we set on it, which is the source of truth (the server's may lag or be lost).
+    // No foreign key: the runtime keeps it on its own, beside the conversation record.
+    "CREATE TABLE remote_sandboxes (
+        conversation_key TEXT PRIMARY KEY NOT NULL CHECK (length(conversation_key) = 64),
+        runtime          TEXT NOT NULL,
+        sandbox_id       TEXT NOT NULL,
+        created_at       INTEGER NOT NULL,
+        expires_at       INTEGER
+    );
+    CREATE INDEX remote_sandboxes_by_runtime ON remote_sandboxes (runtime);",
 ];
 
 /// The schema version this build writes: the number of migrations.

@@ -229,6 +229,13 @@ impl Bench {
             RuntimeKind::Aio => anyhow::bail!(
                 "bench measures the local runtimes (isolated, host); the aio runtime's speed is the remote server's"
             ),
+            // The server comes from OPEN_SANDBOX_DOMAIN, the key from OPEN_SANDBOX_API_KEY.
+            RuntimeKind::Opensandbox => Arc::new(crate::opensandbox::runtime(
+                None,
+                &Default::default(),
+                &self.data_dir,
+                self.store.clone(),
+            )?),
         })
     }
 
@@ -269,6 +276,14 @@ pub async fn run(
             "bench measures the local runtimes (isolated, host); use --runtime isolated or host"
         ),
         Some(k) => vec![k],
+        // With an OpenSandbox server configured, it is measured in the same run.
+        None if std::env::var_os(crate::opensandbox::DOMAIN_ENV).is_some_and(|v| !v.is_empty()) => {
+            vec![
+                RuntimeKind::Isolated,
+                RuntimeKind::Host,
+                RuntimeKind::Opensandbox,
+            ]
+        }
         None => vec![RuntimeKind::Isolated, RuntimeKind::Host],
     };
     let tenant = TenantId::new(tenant.unwrap_or_else(|| TenantId::DEFAULT.to_owned()))?;
@@ -1079,6 +1094,10 @@ fn plots(r: &Value, dir: &Path) -> String {
 }
 
 fn judge(kind: RuntimeKind, r: &Value, baseline: &Stats) -> Vec<Value> {
+    if kind == RuntimeKind::Opensandbox {
+        // The targets are for local runtimes; a remote server's numbers are reported only.
+        return Vec::new();
+    }
     let name = kind.name();
     let target = |id: &str, what: String, value: f64, limit: f64, unit: &str| {
         json!({

@@ -19,6 +19,8 @@ pub enum RuntimeKind {
     /// A directory per conversation in one shared AIO Sandbox container (`--endpoint`);
     /// trusted users only.
     Aio,
+    /// An OpenSandbox sandbox (container) per conversation, on a remote OpenSandbox server.
+    Opensandbox,
 }
 
 impl RuntimeKind {
@@ -27,6 +29,7 @@ impl RuntimeKind {
             RuntimeKind::Isolated => "isolated",
             RuntimeKind::Host => "host",
             RuntimeKind::Aio => "aio",
+            RuntimeKind::Opensandbox => "opensandbox",
         }
     }
 }
@@ -51,6 +54,9 @@ pub struct FileConfig {
     /// `aio` runtime settings.
     #[serde(default)]
     pub aio: AioSection,
+    /// `opensandbox` runtime settings.
+    #[serde(default)]
+    pub opensandbox: OpenSandboxSection,
 }
 
 /// `[aio]` settings. The token is never read from here: it comes from `AIO_SANDBOX_TOKEN`.
@@ -65,6 +71,33 @@ pub struct AioSection {
     /// How the token is sent: `bearer` (default) or `x-aio-api-key`
     /// (`AIO_SANDBOX_AUTH_HEADER` overrides it).
     pub auth_header: Option<String>,
+}
+
+/// `[opensandbox]` settings. The API key is never read from here: it comes from the
+/// `OPEN_SANDBOX_API_KEY` environment variable.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenSandboxSection {
+    /// The lifecycle server, `http://HOST:PORT` (`--endpoint` and `OPEN_SANDBOX_DOMAIN`
+    /// override it).
+    pub endpoint: Option<String>,
+    /// The image sandboxes run (default `sessionbox/sandbox:local`).
+    pub image: Option<String>,
+    /// Seconds an unused sandbox lives; renewed on use (default 1800, at least 60).
+    pub timeout_secs: Option<u64>,
+    /// Seconds a new sandbox's execd has to answer (default 60).
+    pub ready_timeout_secs: Option<u64>,
+    /// CPU limit of each sandbox, as the server reads it (default "1").
+    pub cpu: Option<String>,
+    /// Memory limit of each sandbox, as the server reads it (default "2Gi").
+    pub memory: Option<String>,
+    /// Ask for server-proxied execd endpoints (default true).
+    pub use_server_proxy: Option<bool>,
+    /// Hosts a direct endpoint may name (with `use_server_proxy = false`).
+    #[serde(default)]
+    pub direct_hosts: Vec<String>,
+    /// Names this installation in sandbox metadata (default: derived from the data directory).
+    pub instance: Option<String>,
 }
 
 /// `[isolated]` settings.
@@ -97,8 +130,19 @@ impl FileConfig {
     /// Reads `path`. A missing file is an empty configuration unless `required`.
     pub fn load(path: &Path, required: bool) -> anyhow::Result<Self> {
         match std::fs::read_to_string(path) {
-            Ok(text) => toml::from_str(&text)
-                .with_context(|| format!("invalid configuration file {}", path.display())),
+            // The message and line only: the parser's own display quotes the offending line,
+            // which could be a secret put where it does not belong.
+            Ok(text) => toml::from_str(&text).map_err(|e| {
+                let line = e
+                    .span()
+                    .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+                anyhow::anyhow!(
+                    "invalid configuration file {}{}: {}",
+                    path.display(),
+                    line.map(|l| format!(" (line {l})")).unwrap_or_default(),
+                    e.message().trim()
+                )
+            }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => Ok(Self::default()),
             Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
         }
@@ -148,6 +192,32 @@ mod tests {
         assert_eq!(c.limits.unwrap().max_file_bytes, 10);
         assert_eq!(c.limits.unwrap().max_entries, Limits::default().max_entries);
         assert_eq!(c.host.kill_grace_ms, Some(5));
+    }
+
+    #[test]
+    fn opensandbox_settings_are_read_and_a_key_there_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sessionbox.toml");
+        std::fs::write(
+            &p,
+            "runtime = \"opensandbox\"\n[opensandbox]\nendpoint = \"http://127.0.0.1:8080\"\n\
+             timeout_secs = 600\nmemory = \"512Mi\"\n",
+        )
+        .unwrap();
+        let c = FileConfig::load(&p, true).unwrap();
+        assert_eq!(c.runtime, Some(RuntimeKind::Opensandbox));
+        assert_eq!(
+            c.opensandbox.endpoint.as_deref(),
+            Some("http://127.0.0.1:8080")
+        );
+        assert_eq!(c.opensandbox.timeout_secs, Some(600));
+        std::fs::write(&p, "[opensandbox]\napi_key = \"s3cret\"\n").unwrap();
+        let err = format!("{:#}", FileConfig::load(&p, true).unwrap_err());
+        assert!(err.contains("api_key") && err.contains("line 2"), "{err}");
+        assert!(
+            !err.contains("s3cret"),
+            "the error quotes the secret: {err}"
+        );
     }
 
     #[test]

@@ -8,8 +8,12 @@ use sessionbox_local::sandbox::{self, LayerState};
 
 use crate::config::RuntimeKind;
 
-/// Prints the report; exit 0 only when `default` can run here.
-pub fn run(default: RuntimeKind) -> ExitCode {
+/// Prints the report; exit 0 only when `default` can run here. `opensandbox` is the
+/// OpenSandbox server to probe, when one is configured (or the default runtime needs one).
+pub async fn run(
+    default: RuntimeKind,
+    opensandbox: Option<anyhow::Result<sessionbox_opensandbox::ClientConfig>>,
+) -> ExitCode {
     let layers = sandbox::probe();
     let width = layers.iter().map(|l| l.layer.len()).max().unwrap_or(10);
     println!("sandbox layers (needed by the isolated runtime):");
@@ -43,14 +47,60 @@ pub fn run(default: RuntimeKind) -> ExitCode {
     println!(
         "aio runtime: needs a reachable AIO Sandbox server (--endpoint); one shared container, trusted users only"
     );
+    let opensandbox_ok = match opensandbox {
+        None => {
+            println!(
+                "opensandbox runtime: not configured (--endpoint, OPEN_SANDBOX_DOMAIN or \
+                 [opensandbox] endpoint; scripts/opensandbox-up starts a local server)"
+            );
+            false
+        }
+        Some(Err(e)) => {
+            println!("opensandbox runtime: cannot run: {e:#}");
+            false
+        }
+        Some(Ok(config)) => probe_opensandbox(config).await,
+    };
     println!("default runtime: {}", default.name());
     let ok = match default {
         RuntimeKind::Isolated => isolated_ok,
         RuntimeKind::Host | RuntimeKind::Aio => true,
+        RuntimeKind::Opensandbox => opensandbox_ok,
     };
     if ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// `/health` must say exactly `{"status":"healthy"}` and an authenticated list must succeed.
+async fn probe_opensandbox(config: sessionbox_opensandbox::ClientConfig) -> bool {
+    let client = match sessionbox_opensandbox::OpenSandboxClient::new(config) {
+        Ok(c) => c,
+        Err(e) => {
+            println!("opensandbox runtime: cannot run: {e}");
+            return false;
+        }
+    };
+    let server = client.origin().as_str().trim_end_matches('/').to_owned();
+    match client.probe().await {
+        Ok(h) => {
+            println!(
+                "opensandbox runtime: can run: {server} is a healthy OpenSandbox server \
+                 (version {}), the API key is accepted ({} sandbox(es) visible)",
+                h.version.as_deref().unwrap_or("unknown"),
+                h.sandboxes
+            );
+            true
+        }
+        Err(e @ sessionbox_opensandbox::OpenSandboxError::Unauthorized { .. }) => {
+            println!("opensandbox runtime: cannot run: wrong or missing API key: {e}");
+            false
+        }
+        Err(e) => {
+            println!("opensandbox runtime: cannot run: {e}");
+            false
+        }
     }
 }

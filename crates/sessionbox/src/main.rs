@@ -12,6 +12,7 @@ mod bench_scale;
 mod config;
 mod doctor;
 mod experiment;
+mod opensandbox;
 mod serve;
 mod verify;
 
@@ -54,9 +55,11 @@ struct Cli {
     /// Isolation runtime [default: isolated].
     #[arg(long, global = true, env = "SESSIONBOX_RUNTIME", value_enum)]
     runtime: Option<RuntimeKind>,
-    /// Base URL of the AIO Sandbox server, for `--runtime aio`. The token comes only from
-    /// AIO_SANDBOX_TOKEN (never a flag).
-    #[arg(long, global = true, env = "AIO_SANDBOX_BASE_URL", value_name = "URL")]
+    /// Server of a remote runtime: the OpenSandbox server (opensandbox; default
+    /// $OPEN_SANDBOX_DOMAIN, else [opensandbox] endpoint) or the AIO Sandbox server (aio;
+    /// default $AIO_SANDBOX_BASE_URL, else [aio] endpoint). Keys and tokens come only from the
+    /// environment ($OPEN_SANDBOX_API_KEY, $AIO_SANDBOX_TOKEN), never a flag.
+    #[arg(long, global = true, value_name = "URL")]
     endpoint: Option<String>,
     #[command(subcommand)]
     command: Command,
@@ -328,7 +331,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         .or(file.runtime)
         .unwrap_or(RuntimeKind::Isolated);
     if let Command::Doctor = cli.command {
-        return Ok(doctor::run(kind));
+        let wants_osb = kind == RuntimeKind::Opensandbox
+            || cli.endpoint.is_some()
+            || std::env::var_os(opensandbox::DOMAIN_ENV).is_some()
+            || file.opensandbox.endpoint.is_some();
+        let osb = wants_osb
+            .then(|| opensandbox::client_config(cli.endpoint.as_deref(), &file.opensandbox));
+        return Ok(doctor::run(kind, osb).await);
     }
     if let Command::Audit(args) = &cli.command {
         return audit::run(args, &data_dir, &tenant);
@@ -347,6 +356,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Some(conv) if !matches!(cli.command, Command::Destroy { .. } | Command::Mcp { .. }) => {
             let root = match kind {
                 RuntimeKind::Isolated => sessionbox_local::isolated::WORKSPACE.to_owned(),
+                RuntimeKind::Opensandbox => sessionbox_opensandbox::runtime::WORKSPACE.to_owned(),
                 RuntimeKind::Host => HostRuntime::workspace_path(&data_dir, &conv.key)
                     .to_string_lossy()
                     .into_owned(),
@@ -399,6 +409,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Arc::new(HostRuntime::new(host)?)
         }
         RuntimeKind::Aio => Arc::new(aio_runtime(&cli, &file)?),
+        RuntimeKind::Opensandbox => Arc::new(opensandbox::runtime(
+            cli.endpoint.as_deref(),
+            &file.opensandbox,
+            &data_dir,
+            store.clone(),
+        )?),
     };
     let ctx = App {
         manager: Manager::new(store, runtime),
@@ -475,7 +491,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// The `aio` runtime from `--endpoint` (or `AIO_SANDBOX_BASE_URL`, or `[aio] endpoint`), the
 /// token from `AIO_SANDBOX_TOKEN`. Makes no request.
 fn aio_runtime(cli: &Cli, file: &FileConfig) -> anyhow::Result<sessionbox_aio::AioRuntime> {
-    let Some(url) = cli.endpoint.clone().or(file.aio.endpoint.clone()) else {
+    let from_env = std::env::var("AIO_SANDBOX_BASE_URL")
+        .ok()
+        .filter(|v| !v.is_empty());
+    let Some(url) = cli
+        .endpoint
+        .clone()
+        .or(from_env)
+        .or(file.aio.endpoint.clone())
+    else {
         anyhow::bail!(
             "--runtime aio needs the AIO Sandbox server: give --endpoint URL (or set AIO_SANDBOX_BASE_URL, or endpoint in [aio] of sessionbox.toml)"
         );
@@ -648,6 +672,13 @@ async fn session_command(
         .into());
     }
     let session = ctx.manager.open(conv).await?;
+    if session.state_lost() {
+        eprintln!(
+            "warning: the sandbox of conversation {} had vanished (expired or deleted \
+             elsewhere); a fresh one replaced it and the files from before are lost",
+            conv.id
+        );
+    }
     let result = run_on_session(&session, command, prepared.exec, prepared.write_data).await;
     let closed = Box::new(session).close().await;
     let code = result?;

@@ -1,0 +1,118 @@
+//! What can fail when talking to an OpenSandbox server.
+
+use std::time::Duration;
+
+/// An OpenSandbox lifecycle failure. Messages never carry the API key.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenSandboxError {
+    /// The input was refused before anything was sent.
+    #[error("{0}")]
+    InvalidInput(String),
+    /// The server could not be reached.
+    #[error(
+        "cannot reach the OpenSandbox server at {server}: {reason}; is it running? \
+         (scripts/opensandbox-up starts a local one)"
+    )]
+    Connect {
+        /// The server's origin.
+        server: String,
+        /// Why.
+        reason: String,
+    },
+    /// The server did not answer in time.
+    #[error("the OpenSandbox server did not answer {operation} within {after:?}")]
+    Timeout {
+        /// What was asked.
+        operation: &'static str,
+        /// The deadline.
+        after: Duration,
+    },
+    /// 401: the API key is missing or wrong.
+    #[error(
+        "the OpenSandbox server refused the API key ({code}: {message}); set \
+         OPEN_SANDBOX_API_KEY to the server's key"
+    )]
+    Unauthorized {
+        /// The server's error code.
+        code: String,
+        /// The server's message.
+        message: String,
+    },
+    /// 404.
+    #[error("{operation}: not found ({code}: {message})")]
+    NotFound {
+        /// What was asked.
+        operation: &'static str,
+        /// The server's error code.
+        code: String,
+        /// The server's message.
+        message: String,
+    },
+    /// 422: the server's request validation (FastAPI `detail`).
+    #[error("{operation}: the OpenSandbox server rejected the request: {message}")]
+    Validation {
+        /// What was asked.
+        operation: &'static str,
+        /// The validation messages, joined.
+        message: String,
+    },
+    /// Any other error status, with the `{code, message}` body.
+    #[error("{operation}: the OpenSandbox server answered {status} ({code}: {message})")]
+    Api {
+        /// What was asked.
+        operation: &'static str,
+        /// The HTTP status.
+        status: u16,
+        /// The server's error code (empty when the body had none).
+        code: String,
+        /// The server's message.
+        message: String,
+    },
+    /// A 3xx: redirects are never followed.
+    #[error(
+        "{operation}: the OpenSandbox server answered {status} redirecting to {location:?}; \
+         redirects are not followed: point the client at the server itself"
+    )]
+    Redirect {
+        /// What was asked.
+        operation: &'static str,
+        /// The HTTP status.
+        status: u16,
+        /// The `Location` header, escaped.
+        location: String,
+    },
+    /// A 2xx whose body is not what the API says.
+    #[error("{operation}: the OpenSandbox server's answer is not understood: {reason}")]
+    InvalidResponse {
+        /// What was asked.
+        operation: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// An endpoint the server returned failed validation; it is not used.
+    #[error(
+        "the execd endpoint {endpoint:?} returned by the OpenSandbox server is not trusted: {reason}"
+    )]
+    UntrustedEndpoint {
+        /// The endpoint, escaped and cut.
+        endpoint: String,
+        /// The rule it broke.
+        reason: String,
+    },
+    /// `/health` did not say `{"status":"healthy"}`.
+    #[error("{server} is not a healthy OpenSandbox server: {reason}")]
+    Unhealthy {
+        /// The server's origin.
+        server: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl OpenSandboxError {
+    /// True when the server said the sandbox does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, OpenSandboxError::NotFound { .. })
+    }
+}

@@ -1,0 +1,686 @@
+//! The `opensandbox` runtime: one OpenSandbox sandbox (a container) per conversation.
+//!
+//! Each sandbox runs sessionbox's agent as its execd (the server's `runtime.execd_image` is
+//! `sessionbox/execd:local`, see `scripts/opensandbox-up`), and every operation is an execd
+//! request through the server's proxy (`/v1/sandboxes/{id}/proxy/44772`), made by
+//! `sessionbox-execd`'s client: the same protocol, and the same agent, as the `isolated` runtime.
+//!
+//! State:
+//! - the store maps the conversation key to its sandbox id, recorded insert-if-absent: of
+//!   concurrent first opens, one sandbox wins and each loser deletes its own sandbox, by id;
+//! - the store holds the expiry sessionbox set (the source of truth: OpenSandbox #1200); every
+//!   open renews the sandbox to `now + timeout` once half of the timeout has passed;
+//! - sandbox metadata carries `sessionbox.managed=true`, `sessionbox.instance=<instance>` and
+//!   `sessionbox.conversation=<first 62 hex digits of the key>`: at most 63 characters, as the
+//!   real server requires; the full key stays in the store.
+//!
+//! A sandbox that vanished (expired, deleted elsewhere, failed) is found on the next open and
+//! replaced by a fresh one; [`Session::state_lost`] tells the caller that the files are gone.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sessionbox_core::{
+    ConversationKey, ConversationRef, DestroyReport, DirEntry, EditRequest, EditResult, Error,
+    ExecRequest, ExecResult, ExitStatus, FileStat, GrepMatch, GrepRequest, Result, Runtime,
+    RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
+};
+use sessionbox_execd::fs_ext::{FsRequest, FsResponse};
+use sessionbox_execd::{Endpoint, ExecdClient, RunCommandRequest};
+use sessionbox_store::Store;
+
+use crate::error::OpenSandboxError;
+use crate::lifecycle::{ClientConfig, CreateSandbox, EXECD_PORT, ListFilter, OpenSandboxClient};
+use crate::metadata::Metadata;
+
+/// The runtime's name, in the store and in reports.
+pub const RUNTIME_NAME: &str = "opensandbox";
+/// The workspace as commands in the sandbox see it.
+pub const WORKSPACE: &str = "/workspace";
+/// Metadata key marking a sandbox as sessionbox's.
+pub const LABEL_MANAGED: &str = "sessionbox.managed";
+/// Metadata key naming the sessionbox installation (store) that made a sandbox.
+pub const LABEL_INSTANCE: &str = "sessionbox.instance";
+/// Metadata key carrying the first 62 hex digits of the conversation key.
+pub const LABEL_CONVERSATION: &str = "sessionbox.conversation";
+/// The image sandboxes run by default (built by `scripts/opensandbox-up`).
+pub const DEFAULT_IMAGE: &str = "sessionbox/sandbox:local";
+/// How long an unused sandbox lives by default.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// How long a new sandbox's execd has to answer `/ping` by default.
+pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Settings of the `opensandbox` runtime.
+#[derive(Debug, Clone)]
+pub struct OpenSandboxConfig {
+    /// The lifecycle client's settings (server, API key, deadlines, proxy, allowlist).
+    pub client: ClientConfig,
+    /// The image sandboxes run.
+    pub image: String,
+    /// The sandbox's entry process.
+    pub entrypoint: Vec<String>,
+    /// How long a sandbox lives after its last use (renewed on use; at least 60 s).
+    pub timeout: Duration,
+    /// How long a new sandbox's execd has to answer.
+    pub ready_timeout: Duration,
+    /// Resource limits of each sandbox (`cpu`, `memory`), as the server reads them.
+    pub resource_limits: BTreeMap<String, String>,
+    /// Names this sessionbox installation in sandbox metadata (`[A-Za-z0-9._-]`, 1-63), so
+    /// that two installations sharing a server never touch each other's sandboxes.
+    pub instance: String,
+}
+
+impl OpenSandboxConfig {
+    /// Defaults: [`DEFAULT_IMAGE`] running `tail -f /dev/null`, [`DEFAULT_TIMEOUT`],
+    /// [`DEFAULT_READY_TIMEOUT`], 1 CPU and 2 GiB (the 1.1.1 server requires
+    /// `resourceLimits`: without them create is a 422).
+    pub fn new(client: ClientConfig, instance: impl Into<String>) -> Self {
+        OpenSandboxConfig {
+            client,
+            image: DEFAULT_IMAGE.into(),
+            entrypoint: vec!["tail".into(), "-f".into(), "/dev/null".into()],
+            timeout: DEFAULT_TIMEOUT,
+            ready_timeout: DEFAULT_READY_TIMEOUT,
+            resource_limits: BTreeMap::from([
+                ("cpu".to_owned(), "1".to_owned()),
+                ("memory".to_owned(), "2Gi".to_owned()),
+            ]),
+            instance: instance.into(),
+        }
+    }
+}
+
+/// The `opensandbox` runtime. See the module documentation.
+#[derive(Debug, Clone)]
+pub struct OpenSandboxRuntime {
+    client: OpenSandboxClient,
+    store: Store,
+    config: Arc<OpenSandboxConfig>,
+}
+
+/// Converts a lifecycle failure into the one error type, keeping the server's words.
+pub fn to_core_error(e: OpenSandboxError) -> Error {
+    match e {
+        OpenSandboxError::InvalidInput(m) => Error::InvalidRequest(m),
+        OpenSandboxError::Timeout { after, .. } => Error::TimedOut(after),
+        e @ (OpenSandboxError::Connect { .. } | OpenSandboxError::Unhealthy { .. }) => {
+            Error::RuntimeUnavailable {
+                runtime: RUNTIME_NAME.into(),
+                reason: e.to_string(),
+                hint: "start a server with scripts/opensandbox-up, or point --endpoint / \
+                       OPEN_SANDBOX_DOMAIN at one"
+                    .into(),
+            }
+        }
+        e @ OpenSandboxError::Unauthorized { .. } => Error::Unauthorized(e.to_string()),
+        e @ OpenSandboxError::NotFound { .. } => Error::NotFound(e.to_string()),
+        e => Error::Backend(e.to_string()),
+    }
+}
+
+async fn blocking_store<T, F>(store: &Store, f: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce(&Store) -> Result<T> + Send + 'static,
+{
+    let store = store.clone();
+    tokio::task::spawn_blocking(move || f(&store))
+        .await
+        .map_err(|e| Error::Backend(format!("a store task failed: {e}")))?
+}
+
+fn conversation_label(key: &ConversationKey) -> String {
+    key.as_str()[..62].to_owned()
+}
+
+impl OpenSandboxRuntime {
+    /// The boundary this runtime gives, in one sentence.
+    pub const BOUNDARY: &'static str = "an OpenSandbox sandbox (a container on the server's Docker or Kubernetes) per conversation, running sessionbox's agent as execd; the boundary is the server's container runtime and its settings";
+
+    /// A runtime using `store` for the conversation-to-sandbox map.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] for a malformed server address, instance name, or a timeout
+    /// under 60 s.
+    pub fn new(config: OpenSandboxConfig, store: Store) -> Result<Self> {
+        let client = OpenSandboxClient::new(config.client.clone()).map_err(to_core_error)?;
+        if !crate::metadata::is_valid_value(&config.instance) || config.instance.is_empty() {
+            return Err(Error::InvalidRequest(format!(
+                "the OpenSandbox instance name {:?} must be 1-63 of A-Z a-z 0-9 . _ - starting \
+                 and ending with a letter or digit",
+                config.instance
+            )));
+        }
+        if config.timeout.as_secs() < crate::lifecycle::MIN_TIMEOUT_SECS {
+            return Err(Error::InvalidRequest(format!(
+                "the OpenSandbox sandbox timeout must be at least {} s",
+                crate::lifecycle::MIN_TIMEOUT_SECS
+            )));
+        }
+        Ok(OpenSandboxRuntime {
+            client,
+            store,
+            config: Arc::new(config),
+        })
+    }
+
+    /// The lifecycle client.
+    pub fn client(&self) -> &OpenSandboxClient {
+        &self.client
+    }
+
+    /// The metadata every sandbox of this installation carries.
+    pub fn instance_metadata(&self) -> Metadata {
+        let mut m = Metadata::new();
+        m.insert(LABEL_MANAGED, "true").expect("a constant label");
+        m.insert(LABEL_INSTANCE, &self.config.instance)
+            .expect("checked in new");
+        m
+    }
+
+    /// Every sandbox on the server that this installation made (by metadata), whether or not
+    /// the store still maps a conversation to it.
+    ///
+    /// # Errors
+    /// Lifecycle failures.
+    pub async fn server_inventory(&self) -> Result<Vec<crate::Sandbox>> {
+        let filter = ListFilter {
+            metadata: self.instance_metadata(),
+            states: Vec::new(),
+        };
+        self.client.list(&filter).await.map_err(to_core_error)
+    }
+
+    /// The sandbox id the store maps `key` to, if any.
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn sandbox_id(&self, key: &ConversationKey) -> Result<Option<String>> {
+        let key = key.clone();
+        blocking_store(&self.store, move |s| s.remote_sandbox(&key))
+            .await
+            .map(|r| r.map(|r| r.sandbox_id))
+    }
+
+    /// The expiry the store holds for `key`'s sandbox (the source of truth).
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn recorded_expiry(&self, key: &ConversationKey) -> Result<Option<DateTime<Utc>>> {
+        let key = key.clone();
+        blocking_store(&self.store, move |s| s.remote_sandbox(&key))
+            .await
+            .map(|r| r.and_then(|r| r.expires_at))
+    }
+
+    /// `now + timeout`, in whole milliseconds (what the store keeps).
+    fn expiry_from_now(&self) -> DateTime<Utc> {
+        let t = Utc::now()
+            + chrono::Duration::from_std(self.config.timeout).unwrap_or(chrono::Duration::zero());
+        DateTime::from_timestamp_millis(t.timestamp_millis()).unwrap_or(t)
+    }
+
+    async fn create_sandbox(&self, key: &ConversationKey) -> Result<(String, DateTime<Utc>)> {
+        let mut metadata = self.instance_metadata();
+        metadata
+            .insert(LABEL_CONVERSATION, &conversation_label(key))
+            .map_err(to_core_error)?;
+        let request = CreateSandbox {
+            image: self.config.image.clone(),
+            entrypoint: self.config.entrypoint.clone(),
+            timeout: Some(self.config.timeout),
+            metadata,
+            resource_limits: self.config.resource_limits.clone(),
+            env: BTreeMap::new(),
+        };
+        let expires = self.expiry_from_now();
+        match self.client.create(&request).await {
+            Ok(s) => Ok((s.id, s.expires_at.unwrap_or(expires))),
+            Err(e) => {
+                // A create that timed out or failed mid-way may still have made a sandbox:
+                // find it by its labels and delete it, so nothing leaks.
+                match e {
+                    // The server may still be making it: keep looking for a while.
+                    OpenSandboxError::Timeout { .. } | OpenSandboxError::Connect { .. } => {
+                        self.sweep_until_quiet(key).await;
+                    }
+                    OpenSandboxError::Api { .. } => {
+                        self.sweep_unrecorded(key).await;
+                    }
+                    _ => {}
+                }
+                Err(to_core_error(e))
+            }
+        }
+    }
+
+    /// After a create whose answer was lost: sweeps every half second until nothing
+    /// unrecorded has been seen for three seconds (or twenty seconds passed), so a sandbox the
+    /// server finished making after we gave up is deleted too.
+    async fn sweep_until_quiet(&self, key: &ConversationKey) {
+        let start = Instant::now();
+        let mut quiet_since = Instant::now();
+        while start.elapsed() < Duration::from_secs(20) {
+            if self.sweep_unrecorded(key).await > 0 {
+                quiet_since = Instant::now();
+            } else if quiet_since.elapsed() >= Duration::from_secs(3) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Deletes the sandboxes labelled for `key` that the store does not map to it; returns
+    /// how many it found.
+    async fn sweep_unrecorded(&self, key: &ConversationKey) -> usize {
+        let recorded = self.sandbox_id(key).await.ok().flatten();
+        let mut metadata = self.instance_metadata();
+        if metadata
+            .insert(LABEL_CONVERSATION, &conversation_label(key))
+            .is_err()
+        {
+            return 0;
+        }
+        let filter = ListFilter {
+            metadata,
+            states: Vec::new(),
+        };
+        let mut n = 0;
+        if let Ok(found) = self.client.list(&filter).await {
+            for s in found {
+                if Some(&s.id) != recorded.as_ref() {
+                    n += 1;
+                    let _ = self.client.delete(&s.id).await;
+                }
+            }
+        }
+        n
+    }
+
+    /// Finds or makes the conversation's sandbox: `(sandbox id, whether a vanished one was
+    /// replaced)`.
+    async fn ensure_sandbox(&self, key: &ConversationKey) -> Result<(String, bool)> {
+        let mut lost = false;
+        for _ in 0..5 {
+            let k = key.clone();
+            let recorded = blocking_store(&self.store, move |s| s.remote_sandbox(&k)).await?;
+            let Some(record) = recorded else {
+                let (id, expires) = self.create_sandbox(key).await?;
+                let (k, i) = (key.clone(), id.clone());
+                let inserted = blocking_store(&self.store, move |s| {
+                    s.insert_remote_sandbox(&k, RUNTIME_NAME, &i, Some(expires), Utc::now())
+                })
+                .await;
+                match inserted {
+                    Ok((_, true)) => return Ok((id, lost)),
+                    Ok((winner, false)) => {
+                        // Another open won: delete only our own sandbox, by id, and use theirs.
+                        tracing::debug!(ours = %id, theirs = %winner.sandbox_id, "lost the create race");
+                        let _ = self.client.delete(&id).await;
+                        continue;
+                    }
+                    Err(e) => {
+                        let _ = self.client.delete(&id).await;
+                        return Err(e);
+                    }
+                }
+            };
+            match self.client.get(&record.sandbox_id).await {
+                Ok(s) if !s.status.state.is_final() => {
+                    if matches!(
+                        s.status.state,
+                        crate::SandboxState::Paused | crate::SandboxState::Pausing
+                    ) {
+                        self.client.resume(&s.id).await.map_err(to_core_error)?;
+                    }
+                    self.renew_if_due(key, &record.sandbox_id, record.expires_at)
+                        .await?;
+                    return Ok((record.sandbox_id, lost));
+                }
+                Ok(_) | Err(OpenSandboxError::NotFound { .. }) => {
+                    // Vanished: expired, deleted elsewhere, or failed. Replace it.
+                    tracing::warn!(
+                        sandbox = %record.sandbox_id,
+                        "the conversation's sandbox vanished; starting a fresh one (its files are lost)"
+                    );
+                    let _ = self.client.delete(&record.sandbox_id).await;
+                    let (id, expires) = self.create_sandbox(key).await?;
+                    let (k, old, new) = (key.clone(), record.sandbox_id.clone(), id.clone());
+                    let replaced = blocking_store(&self.store, move |s| {
+                        s.replace_remote_sandbox(&k, &old, &new, Some(expires), Utc::now())
+                    })
+                    .await;
+                    match replaced {
+                        Ok(true) => return Ok((id, true)),
+                        Ok(false) => {
+                            let _ = self.client.delete(&id).await;
+                            lost = true;
+                            continue;
+                        }
+                        Err(e) => {
+                            let _ = self.client.delete(&id).await;
+                            return Err(e);
+                        }
+                    }
+                }
+                Err(e) => return Err(to_core_error(e)),
+            }
+        }
+        Err(Error::Backend(
+            "the conversation's sandbox kept changing under concurrent opens; retry".into(),
+        ))
+    }
+
+    /// Renews the sandbox to `now + timeout` when half the timeout has passed since the last
+    /// renewal, or when the store holds no expiry. The store's expiry is written first-hand.
+    async fn renew_if_due(
+        &self,
+        key: &ConversationKey,
+        id: &str,
+        recorded: Option<DateTime<Utc>>,
+    ) -> Result<()> {
+        let half = chrono::Duration::from_std(self.config.timeout / 2).unwrap_or_default();
+        let due = recorded.is_none_or(|t| t - Utc::now() < half);
+        if !due {
+            return Ok(());
+        }
+        self.renew(key, id).await.map(drop)
+    }
+
+    /// Renews `key`'s sandbox `id` to `now + timeout` on the server and in the store.
+    async fn renew(&self, key: &ConversationKey, id: &str) -> Result<DateTime<Utc>> {
+        let target = self.expiry_from_now();
+        self.client.renew(id, target).await.map_err(to_core_error)?;
+        let (k, i) = (key.clone(), id.to_owned());
+        blocking_store(&self.store, move |s| {
+            s.set_remote_sandbox_expiry(&k, &i, Some(target))
+        })
+        .await?;
+        Ok(target)
+    }
+
+    /// Renews `key`'s sandbox now, whatever its recorded expiry; returns the new expiry.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when the store maps no sandbox to `key`; lifecycle failures.
+    pub async fn renew_now(&self, key: &ConversationKey) -> Result<DateTime<Utc>> {
+        let id = self
+            .sandbox_id(key)
+            .await?
+            .ok_or_else(|| Error::NotFound("the conversation has no OpenSandbox sandbox".into()))?;
+        self.renew(key, &id).await
+    }
+
+    async fn connect(&self, id: &str) -> Result<ExecdClient> {
+        let endpoint = self
+            .client
+            .endpoint(id, EXECD_PORT)
+            .await
+            .map_err(to_core_error)?;
+        let mut builder = ExecdClient::builder(Endpoint::Http(endpoint.url.clone()))
+            .connect_timeout(self.config.client.connect_timeout);
+        if let Some((_, token)) = endpoint
+            .headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("X-EXECD-ACCESS-TOKEN"))
+        {
+            builder = builder.token(token.clone());
+        }
+        let client = builder.build().map_err(Error::from)?;
+        // Create answers once the container started, not when execd inside answers.
+        let deadline = Instant::now() + self.config.ready_timeout;
+        let mut wait = Duration::from_millis(20);
+        loop {
+            match tokio::time::timeout(Duration::from_secs(5), client.ping()).await {
+                Ok(Ok(())) => return Ok(client),
+                Ok(Err(e)) if Instant::now() >= deadline => {
+                    return Err(Error::Backend(format!(
+                        "the sandbox's execd did not answer within {:?}: {e}",
+                        self.config.ready_timeout
+                    )));
+                }
+                Err(_) if Instant::now() >= deadline => {
+                    return Err(Error::TimedOut(self.config.ready_timeout));
+                }
+                _ => {
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_millis(250));
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Runtime for OpenSandboxRuntime {
+    fn info(&self) -> RuntimeInfo {
+        RuntimeInfo {
+            name: RUNTIME_NAME.into(),
+            endpoint: Some(
+                self.client
+                    .origin()
+                    .as_str()
+                    .trim_end_matches('/')
+                    .to_owned(),
+            ),
+            version: None,
+            boundary: Self::BOUNDARY.into(),
+        }
+    }
+
+    fn presented_root(&self, _key: &ConversationKey) -> String {
+        WORKSPACE.to_owned()
+    }
+
+    /// Not a path anything can reach: each sandbox has its own `/workspace`. This names the
+    /// workspace of `key` as an absolute path outside `/workspace`, so that the isolation
+    /// experiment can check that aiming at it is refused before any request.
+    fn workspace_location(&self, key: &ConversationKey) -> String {
+        format!("/opensandbox/{key}/workspace")
+    }
+
+    async fn open(&self, conversation: &ConversationRef) -> Result<Box<dyn Session>> {
+        let key = conversation.key.clone();
+        let (id, state_lost) = self.ensure_sandbox(&key).await?;
+        let client = match self.connect(&id).await {
+            Ok(c) => c,
+            Err(e) => return Err(e),
+        };
+        Ok(Box::new(OpenSandboxSession {
+            key,
+            sandbox_id: id,
+            client,
+            state_lost,
+        }))
+    }
+
+    async fn destroy(&self, key: &ConversationKey) -> Result<DestroyReport> {
+        let mut report = DestroyReport::default();
+        if let Some(id) = self.sandbox_id(key).await? {
+            report.sandbox_removed = self.client.delete(&id).await.map_err(to_core_error)?;
+            let (k, i) = (key.clone(), id.clone());
+            blocking_store(&self.store, move |s| s.delete_remote_sandbox(&k, &i)).await?;
+            report.workspace_removed = report.sandbox_removed;
+        }
+        // Sandboxes labelled for this conversation that were never recorded (a creator that
+        // died between create and record) go too.
+        self.sweep_unrecorded(key).await;
+        Ok(report)
+    }
+
+    async fn list(&self) -> Result<Vec<RuntimeConversation>> {
+        let records = blocking_store(&self.store, |s| s.remote_sandboxes(RUNTIME_NAME)).await?;
+        Ok(records
+            .into_iter()
+            .map(|r| RuntimeConversation {
+                key: r.key,
+                processes: Vec::new(),
+            })
+            .collect())
+    }
+}
+
+/// An open `opensandbox` conversation: an execd client of its sandbox, through the server
+/// proxy.
+struct OpenSandboxSession {
+    key: ConversationKey,
+    sandbox_id: String,
+    client: ExecdClient,
+    state_lost: bool,
+}
+
+impl OpenSandboxSession {
+    async fn fs(&self, request: FsRequest) -> Result<FsResponse> {
+        self.client.fs(&request).await.map_err(Error::from)
+    }
+}
+
+/// Checks a path here, before anything is sent (the agent checks it again beneath its root).
+fn checked(path: &str) -> Result<String> {
+    WorkspacePath::resolve(WORKSPACE, path).map(|p| p.presented(WORKSPACE))
+}
+
+fn unexpected(op: &str, r: FsResponse) -> Error {
+    Error::Backend(format!("the agent answered {op} with {r:?}"))
+}
+
+#[async_trait]
+impl Session for OpenSandboxSession {
+    fn key(&self) -> &ConversationKey {
+        &self.key
+    }
+
+    fn workspace_root(&self) -> &str {
+        WORKSPACE
+    }
+
+    fn state_lost(&self) -> bool {
+        self.state_lost
+    }
+
+    async fn exec(&self, request: ExecRequest) -> Result<ExecResult> {
+        request.validate()?;
+        let cwd = checked(request.cwd.as_deref().unwrap_or("."))?;
+        let mut run = RunCommandRequest::shell(request.command.clone())
+            .cwd(cwd)
+            .timeout(request.timeout)
+            .max_output_bytes(request.output_limit as u64);
+        for (k, v) in &request.env {
+            run = run.env(k, v);
+        }
+        if let Some(stdin) = &request.stdin {
+            run = run.stdin(stdin.clone());
+        }
+        let out = self.client.run_command(&run).await.map_err(Error::from)?;
+        if let (None, Some(e)) = (out.exit_code, &out.error) {
+            if out.signal.is_none() && !out.timed_out {
+                return Err(Error::Backend(format!(
+                    "the command did not start in sandbox {}: {} {}",
+                    self.sandbox_id, e.ename, e.evalue
+                )));
+            }
+        }
+        let status = match (out.signal, out.exit_code) {
+            (Some(s), _) => ExitStatus::Signal(s),
+            (None, Some(c)) if c >= 0 => ExitStatus::Code(c),
+            _ => ExitStatus::Signal(9),
+        };
+        let mut stdout = out.stdout.into_bytes();
+        let mut stderr = out.stderr.into_bytes();
+        stdout.truncate(request.output_limit);
+        stderr.truncate(request.output_limit);
+        Ok(ExecResult {
+            status,
+            stdout,
+            stderr,
+            stdout_truncated: out.stdout_truncated,
+            stderr_truncated: out.stderr_truncated,
+            timed_out: out.timed_out,
+            duration: out.execution_time.unwrap_or(out.elapsed),
+        })
+    }
+
+    async fn read(&self, path: &str) -> Result<Vec<u8>> {
+        let path = checked(path)?;
+        match self.fs(FsRequest::Read { path }).await? {
+            FsResponse::Data(d) => Ok(d),
+            r => Err(unexpected("read", r)),
+        }
+    }
+
+    async fn write(&self, path: &str, data: &[u8]) -> Result<()> {
+        let path = checked(path)?;
+        let data = data.to_vec();
+        match self.fs(FsRequest::Write { path, data }).await? {
+            FsResponse::Done => Ok(()),
+            r => Err(unexpected("write", r)),
+        }
+    }
+
+    async fn edit(&self, path: &str, edit: &EditRequest) -> Result<EditResult> {
+        let path = checked(path)?;
+        let edit = edit.clone();
+        match self.fs(FsRequest::Edit { path, edit }).await? {
+            FsResponse::Edited(e) => Ok(e),
+            r => Err(unexpected("edit", r)),
+        }
+    }
+
+    async fn list(&self, path: &str) -> Result<Vec<DirEntry>> {
+        let path = checked(path)?;
+        match self.fs(FsRequest::List { path }).await? {
+            FsResponse::Entries(e) => Ok(e),
+            r => Err(unexpected("list", r)),
+        }
+    }
+
+    async fn glob(&self, pattern: &str) -> Result<Vec<String>> {
+        let pattern = pattern.to_owned();
+        match self.fs(FsRequest::Glob { pattern }).await? {
+            FsResponse::Paths(p) => Ok(p),
+            r => Err(unexpected("glob", r)),
+        }
+    }
+
+    async fn grep(&self, request: &GrepRequest) -> Result<Vec<GrepMatch>> {
+        let mut request = request.clone();
+        if let Some(p) = &request.path {
+            request.path = Some(checked(p)?);
+        }
+        match self.fs(FsRequest::Grep { request }).await? {
+            FsResponse::Matches(m) => Ok(m),
+            r => Err(unexpected("grep", r)),
+        }
+    }
+
+    async fn stat(&self, path: &str) -> Result<FileStat> {
+        let path = checked(path)?;
+        match self.fs(FsRequest::Stat { path }).await? {
+            FsResponse::Stat(s) => Ok(s),
+            r => Err(unexpected("stat", r)),
+        }
+    }
+
+    async fn remove(&self, path: &str, recursive: bool) -> Result<()> {
+        let path = checked(path)?;
+        match self.fs(FsRequest::Remove { path, recursive }).await? {
+            FsResponse::Done => Ok(()),
+            r => Err(unexpected("remove", r)),
+        }
+    }
+
+    async fn mkdir(&self, path: &str) -> Result<()> {
+        let path = checked(path)?;
+        match self.fs(FsRequest::Mkdir { path }).await? {
+            FsResponse::Done => Ok(()),
+            r => Err(unexpected("mkdir", r)),
+        }
+    }
+
+    async fn close(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,275 @@
+//! The remote sandbox of each conversation of a remote runtime (`opensandbox`).
+//!
+//! One row per conversation key: the server's sandbox id and the expiry sessionbox set on it.
+//! The row is created insert-if-absent, so of concurrent first opens exactly one sandbox is
+//! recorded; the losers delete the sandboxes they made. Replacing and forgetting compare the
+//! sandbox id, so a caller holding a stale id never overwrites or removes a newer one.
+
+use chrono::{DateTime, Utc};
+use rusqlite::{OptionalExtension, Row, params};
+use serde::{Deserialize, Serialize};
+use sessionbox_core::{ConversationKey, Error, Result};
+
+use crate::{Store, check, sql_error, time};
+
+/// A conversation's remote sandbox, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteSandbox {
+    /// The conversation's key.
+    pub key: ConversationKey,
+    /// The runtime that made it (`opensandbox`).
+    pub runtime: String,
+    /// The server's id of the sandbox.
+    pub sandbox_id: String,
+    /// When it was recorded.
+    pub created_at: DateTime<Utc>,
+    /// The expiry sessionbox last set on it (the source of truth); `None` for none.
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+const COLUMNS: &str = "conversation_key, runtime, sandbox_id, created_at, expires_at";
+
+fn row(r: &Row<'_>) -> rusqlite::Result<RemoteSandbox> {
+    let key: String = r.get(0)?;
+    let expires: Option<i64> = r.get(4)?;
+    Ok(RemoteSandbox {
+        key: check(0, ConversationKey::parse(&key))?,
+        runtime: r.get(1)?,
+        sandbox_id: r.get(2)?,
+        created_at: time(r, 3)?,
+        expires_at: match expires {
+            None => None,
+            Some(ms) => Some(check(
+                4,
+                DateTime::from_timestamp_millis(ms)
+                    .ok_or_else(|| Error::Backend(format!("time {ms} ms is out of range"))),
+            )?),
+        },
+    })
+}
+
+impl Store {
+    /// Records `sandbox_id` as the remote sandbox of `key` unless one is recorded already.
+    /// Returns the recorded sandbox and whether it is the one given: of concurrent callers,
+    /// exactly one wins; the others get the winner's record and must delete their own sandbox.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] for an empty runtime or sandbox id; [`Error::Backend`].
+    pub fn insert_remote_sandbox(
+        &self,
+        key: &ConversationKey,
+        runtime: &str,
+        sandbox_id: &str,
+        expires_at: Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+    ) -> Result<(RemoteSandbox, bool)> {
+        if runtime.is_empty() || sandbox_id.is_empty() {
+            return Err(Error::InvalidRequest(
+                "the runtime name and the sandbox id must not be empty".into(),
+            ));
+        }
+        let conn = self.conn();
+        let inserted = conn
+            .execute(
+                "INSERT INTO remote_sandboxes (conversation_key, runtime, sandbox_id, created_at,
+                     expires_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
+                params![
+                    key.as_str(),
+                    runtime,
+                    sandbox_id,
+                    now.timestamp_millis(),
+                    expires_at.map(|t| t.timestamp_millis())
+                ],
+            )
+            .map_err(sql_error("record the remote sandbox"))?;
+        let record = conn
+            .query_row(
+                &format!("SELECT {COLUMNS} FROM remote_sandboxes WHERE conversation_key = ?1"),
+                [key.as_str()],
+                row,
+            )
+            .map_err(sql_error("read the remote sandbox"))?;
+        Ok((record, inserted == 1))
+    }
+
+    /// The remote sandbox recorded for `key`, or `None`.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when SQLite fails or the row is malformed.
+    pub fn remote_sandbox(&self, key: &ConversationKey) -> Result<Option<RemoteSandbox>> {
+        self.conn()
+            .query_row(
+                &format!("SELECT {COLUMNS} FROM remote_sandboxes WHERE conversation_key = ?1"),
+                [key.as_str()],
+                row,
+            )
+            .optional()
+            .map_err(sql_error("read the remote sandbox"))
+    }
+
+    /// Every remote sandbox recorded by `runtime`.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when SQLite fails or a row is malformed.
+    pub fn remote_sandboxes(&self, runtime: &str) -> Result<Vec<RemoteSandbox>> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare(&format!(
+                "SELECT {COLUMNS} FROM remote_sandboxes WHERE runtime = ?1 ORDER BY conversation_key"
+            ))
+            .map_err(sql_error("list remote sandboxes"))?;
+        let rows = stmt
+            .query_map([runtime], row)
+            .map_err(sql_error("list remote sandboxes"))?;
+        rows.collect::<rusqlite::Result<_>>()
+            .map_err(sql_error("list remote sandboxes"))
+    }
+
+    /// Replaces the recorded sandbox `old_id` of `key` by `new_id` (a vanished sandbox replaced
+    /// by a fresh one). Returns false, changing nothing, when `old_id` is no longer the recorded
+    /// one (another process replaced or removed it first).
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when SQLite fails.
+    pub fn replace_remote_sandbox(
+        &self,
+        key: &ConversationKey,
+        old_id: &str,
+        new_id: &str,
+        expires_at: Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        let n = self
+            .conn()
+            .execute(
+                "UPDATE remote_sandboxes SET sandbox_id = ?3, created_at = ?4, expires_at = ?5
+                 WHERE conversation_key = ?1 AND sandbox_id = ?2",
+                params![
+                    key.as_str(),
+                    old_id,
+                    new_id,
+                    now.timestamp_millis(),
+                    expires_at.map(|t| t.timestamp_millis())
+                ],
+            )
+            .map_err(sql_error("replace the remote sandbox"))?;
+        Ok(n == 1)
+    }
+
+    /// Sets the expiry of the recorded sandbox `sandbox_id` of `key`. Returns false when that
+    /// sandbox is no longer the recorded one.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when SQLite fails.
+    pub fn set_remote_sandbox_expiry(
+        &self,
+        key: &ConversationKey,
+        sandbox_id: &str,
+        expires_at: Option<DateTime<Utc>>,
+    ) -> Result<bool> {
+        let n = self
+            .conn()
+            .execute(
+                "UPDATE remote_sandboxes SET expires_at = ?3
+                 WHERE conversation_key = ?1 AND sandbox_id = ?2",
+                params![
+                    key.as_str(),
+                    sandbox_id,
+                    expires_at.map(|t| t.timestamp_millis())
+                ],
+            )
+            .map_err(sql_error("set the remote sandbox's expiry"))?;
+        Ok(n == 1)
+    }
+
+    /// Forgets the remote sandbox of `key`, only if it is still `sandbox_id`. Returns false
+    /// when there was nothing (or something else) recorded, so forgetting twice is fine.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when SQLite fails.
+    pub fn delete_remote_sandbox(&self, key: &ConversationKey, sandbox_id: &str) -> Result<bool> {
+        let n = self
+            .conn()
+            .execute(
+                "DELETE FROM remote_sandboxes WHERE conversation_key = ?1 AND sandbox_id = ?2",
+                params![key.as_str(), sandbox_id],
+            )
+            .map_err(sql_error("forget the remote sandbox"))?;
+        Ok(n == 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+    use sessionbox_core::{ConversationId, TenantId};
+
+    fn key(id: &str) -> ConversationKey {
+        ConversationKey::derive(
+            &TenantId::new("t").unwrap(),
+            &ConversationId::new(id).unwrap(),
+        )
+    }
+
+    fn at(s: i64) -> DateTime<Utc> {
+        Utc.timestamp_opt(s, 0).unwrap()
+    }
+
+    #[test]
+    fn first_insert_wins_and_later_ones_get_the_winner() {
+        let store = Store::open_in_memory().unwrap();
+        let k = key("a");
+        let (r, won) = store
+            .insert_remote_sandbox(&k, "opensandbox", "sb-1", Some(at(100)), at(1))
+            .unwrap();
+        assert!(won);
+        assert_eq!(r.sandbox_id, "sb-1");
+        let (r, won) = store
+            .insert_remote_sandbox(&k, "opensandbox", "sb-2", None, at(2))
+            .unwrap();
+        assert!(!won);
+        assert_eq!(r.sandbox_id, "sb-1");
+        assert_eq!(r.expires_at, Some(at(100)));
+    }
+
+    #[test]
+    fn replace_and_delete_compare_the_sandbox_id() {
+        let store = Store::open_in_memory().unwrap();
+        let k = key("a");
+        store
+            .insert_remote_sandbox(&k, "opensandbox", "sb-1", None, at(1))
+            .unwrap();
+        assert!(
+            !store
+                .replace_remote_sandbox(&k, "sb-0", "sb-9", None, at(2))
+                .unwrap()
+        );
+        assert!(
+            store
+                .replace_remote_sandbox(&k, "sb-1", "sb-2", Some(at(5)), at(2))
+                .unwrap()
+        );
+        assert!(
+            !store
+                .set_remote_sandbox_expiry(&k, "sb-1", Some(at(9)))
+                .unwrap()
+        );
+        assert!(
+            store
+                .set_remote_sandbox_expiry(&k, "sb-2", Some(at(9)))
+                .unwrap()
+        );
+        assert_eq!(
+            store.remote_sandbox(&k).unwrap().unwrap().expires_at,
+            Some(at(9))
+        );
+        assert_eq!(store.remote_sandboxes("opensandbox").unwrap().len(), 1);
+        assert!(store.remote_sandboxes("aio").unwrap().is_empty());
+        assert!(!store.delete_remote_sandbox(&k, "sb-1").unwrap());
+        assert!(store.delete_remote_sandbox(&k, "sb-2").unwrap());
+        assert!(!store.delete_remote_sandbox(&k, "sb-2").unwrap());
+        assert!(store.remote_sandbox(&k).unwrap().is_none());
+    }
+}
