@@ -385,21 +385,39 @@ pub async fn run(
             bench
                 .progress
                 .set_message(format!("{} over HTTP", kind.name()));
+            let remote = *kind == RuntimeKind::Opensandbox;
             let load = if args.quick {
                 crate::bench_http::Load {
-                    levels: levels.clone(),
+                    levels: levels
+                        .iter()
+                        .copied()
+                        .filter(|&l| !remote || l <= 8)
+                        .collect(),
                     level_execs,
-                    conversations: 10,
+                    conversations: if remote { 4 } else { 10 },
                     execs: 3,
                     clients: 4,
                 }
             } else {
                 crate::bench_http::Load {
-                    levels: levels.clone(),
+                    levels: levels
+                        .iter()
+                        .copied()
+                        .filter(|&l| !remote || l <= 8)
+                        .collect(),
                     level_execs,
-                    conversations: args.http_conversations as usize,
+                    // A container per conversation: a smaller load on a remote server.
+                    conversations: if remote {
+                        (args.http_conversations as usize).min(16)
+                    } else {
+                        args.http_conversations as usize
+                    },
                     execs: args.http_execs as usize,
-                    clients: args.http_clients as usize,
+                    clients: if remote {
+                        (args.http_clients as usize).min(8)
+                    } else {
+                        args.http_clients as usize
+                    },
                 }
             };
             match crate::bench_http::measure(
@@ -420,7 +438,14 @@ pub async fn run(
             bench
                 .progress
                 .set_message(format!("{} at scale", kind.name()));
-            match more_measurements(&bench, &manager, &levels, level_execs, &mut created).await {
+            // A remote server makes a container per conversation: at most 8 at once here.
+            let kind_levels: Vec<usize> = if *kind == RuntimeKind::Opensandbox {
+                levels.iter().copied().filter(|&l| l <= 8).collect()
+            } else {
+                levels.clone()
+            };
+            match more_measurements(&bench, &manager, &kind_levels, level_execs, &mut created).await
+            {
                 Ok(m) => {
                     r["throughput"] = m["throughput"].clone();
                     r["file_1mib"] = m["file_1mib"].clone();
