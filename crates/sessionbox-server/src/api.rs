@@ -357,6 +357,22 @@ pub(crate) struct ConversationView {
     created_at: DateTime<Utc>,
     last_used_at: DateTime<Utc>,
     expires_at: Option<DateTime<Utc>>,
+    /// What the conversation has done since it was created (`GET /v1/conversations/{id}`
+    /// only; absent in lists).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<UsageView>,
+}
+
+/// Operations run on a conversation since its creation, from the audit log.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = Usage)]
+pub(crate) struct UsageView {
+    /// Every operation (open, exec, read, write, ...), refused ones included.
+    operations: u64,
+    /// Commands run.
+    execs: u64,
+    /// Count per operation name.
+    by_operation: BTreeMap<String, u64>,
 }
 
 impl From<ConversationRecord> for ConversationView {
@@ -368,6 +384,7 @@ impl From<ConversationRecord> for ConversationView {
             created_at: r.created_at,
             last_used_at: r.last_used_at,
             expires_at: r.expires_at,
+            usage: None,
         }
     }
 }
@@ -462,7 +479,19 @@ pub(crate) async fn get_conversation(
 ) -> Response {
     audited!(s, p, "get", id, |conv| {
         match s.record(&conv.key).await? {
-            Some(r) => Ok(Json(ConversationView::from(r)).into_response()),
+            Some(r) => {
+                let store = s.manager.store().clone();
+                let (key, since) = (conv.key.clone(), r.created_at);
+                let counts = blocking(move || store.operation_counts(&key, since)).await?;
+                let by_operation: BTreeMap<String, u64> = counts.into_iter().collect();
+                let mut view = ConversationView::from(r);
+                view.usage = Some(UsageView {
+                    operations: by_operation.values().sum(),
+                    execs: by_operation.get("exec").copied().unwrap_or(0),
+                    by_operation,
+                });
+                Ok(Json(view).into_response())
+            }
             None => Err(conversation_not_found(&conv)),
         }
     })

@@ -1111,6 +1111,18 @@ async fn a_warm_conversation_keeps_its_session_and_destroy_ends_it() {
         assert_eq!(audited_ops(&s.store, "exec"), 5);
         let (_, v) = body(exec("cat log").send().await.unwrap()).await;
         assert_eq!(v["stdout"], "0\n1\n2\n3\n4\n");
+        // Its usage, from the audit log: one open, six execs.
+        let (st, v) = body(
+            s.req(Method::GET, "/v1/conversations/warm")
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(st, StatusCode::OK, "{v}");
+        assert_eq!(v["usage"]["execs"], 6, "{v}");
+        assert_eq!(v["usage"]["by_operation"]["open"], 1, "{v}");
+        assert_eq!(v["usage"]["operations"], 7, "{v}");
 
         // Destroy takes the kept session out: the next request starts a new, empty conversation.
         let r = s

@@ -338,6 +338,35 @@ impl Store {
         tx.commit().map_err(sql_error("append to the audit log"))
     }
 
+    /// How often each operation ran on conversation `key` since `since` (its creation), from
+    /// the audit log: `(operation, count)` pairs sorted by operation. Only the manager's
+    /// operation records are counted, not the front ends' `http.*` and `mcp.*` records.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when SQLite fails.
+    pub fn operation_counts(
+        &self,
+        key: &ConversationKey,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<(String, u64)>> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT operation, COUNT(*) FROM audit
+                 WHERE conversation_key = ?1 AND at >= ?2
+                   AND operation NOT LIKE 'http.%' AND operation NOT LIKE 'mcp.%'
+                 GROUP BY operation ORDER BY operation",
+            )
+            .map_err(sql_error("count the conversation's operations"))?;
+        let rows = stmt
+            .query_map(params![key.as_str(), since.timestamp_millis()], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?.max(0) as u64))
+            })
+            .map_err(sql_error("count the conversation's operations"))?;
+        rows.collect::<rusqlite::Result<_>>()
+            .map_err(sql_error("count the conversation's operations"))
+    }
+
     /// Audit entries matching `filter`, newest first (by time, then by append order).
     ///
     /// # Errors
