@@ -157,7 +157,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for QueryArgs<T> {
 
 /// An open conversation and the turn that orders it.
 pub(crate) struct Opened {
-    conv: Conversation,
+    pub(crate) conv: Conversation,
     /// True when this request created the conversation.
     created: bool,
     touched: Instant,
@@ -168,7 +168,7 @@ pub(crate) struct Opened {
 impl Opened {
     /// Keeps the session for the conversation's next request (closing one that the cache lets
     /// go), then ends the turn.
-    async fn done(self) {
+    pub(crate) async fn done(self) {
         let Opened {
             conv,
             touched,
@@ -216,7 +216,11 @@ impl AppState {
 
     /// Waits for the conversation's turn, then opens it. With `create` false, a conversation
     /// that does not exist is 404 and is not created.
-    async fn open(&self, conv: &ConversationRef, create: bool) -> Result<Opened, ApiError> {
+    pub(crate) async fn open(
+        &self,
+        conv: &ConversationRef,
+        create: bool,
+    ) -> Result<Opened, ApiError> {
         let turn = self.turn(&conv.key).await?;
         if let Some(c) = self.sessions.take(&conv.key) {
             // Kept from an earlier request: the conversation exists and its session is open.

@@ -423,31 +423,19 @@ impl Tools {
             }
         };
         let creates = matches!(op, Run::Bash(_) | Run::Write(_));
-        let _turn = s
-            .queues
-            .turn(&conv.key, s.config.max_queue)
-            .await
-            .ok_or_else(|| {
-                Error::InvalidRequest(format!(
-                    "more than {} calls are queued for this conversation; retry later",
-                    s.config.max_queue
-                ))
-            })?;
-        if !creates {
-            let store = s.manager.store().clone();
-            let key = conv.key.clone();
-            if blocking(move || store.get(&key)).await?.is_none() {
-                return Err(Error::NotFound(format!(
+        // The conversation's turn, then its session (kept between calls, as for REST).
+        let opened = s.open(conv, creates).await.map_err(|e| {
+            if e.code == "not_found" {
+                Error::NotFound(format!(
                     "conversation {:?} does not exist yet (bash or write creates it)",
                     conv.id.as_str()
-                )));
+                ))
+            } else {
+                Error::from_code(e.code, &e.message)
             }
-        }
-        let session = s.manager.open(conv).await?;
-        let result = Self::apply(&session, op).await;
-        if let Err(e) = Box::new(session).close().await {
-            tracing::warn!(error = %e, "closing a conversation session failed");
-        }
+        })?;
+        let result = Self::apply(&opened.conv, op).await;
+        opened.done().await;
         result
     }
 

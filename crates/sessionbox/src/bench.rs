@@ -1362,6 +1362,18 @@ fn markdown(r: &Value) -> String {
                 num(&rt_["added_p50_ms"]),
                 num(&rt_["target_added_p50_ms"]),
             );
+            let m = &h["mcp_round_trip"];
+            if m.is_object() {
+                let _ = writeln!(s);
+                let _ = writeln!(
+                    s,
+                    "{rt} over MCP (`bash` tool, streamable HTTP): p50 {} ms, p99 {} ms; library p50 {} ms in the same iterations: {} ms added",
+                    num(&m["mcp"]["p50_ms"]),
+                    num(&m["mcp"]["p99_ms"]),
+                    num(&m["library"]["p50_ms"]),
+                    num(&m["added_p50_ms"]),
+                );
+            }
             let _ = writeln!(s);
             let _ = writeln!(
                 s,

@@ -145,6 +145,9 @@ async fn serve_and_measure(
             via_http.push(h);
             added.push(h - l);
         }
+        let mcp = crate::bench_mcp::round_trip(&format!("http://{addr}/mcp"), key, &lib, iterations)
+            .await
+            .context("over MCP")?;
         Box::new(lib).close().await?;
         let (lib_p50, http_p50) = {
             let (mut a, mut b) = (via_lib.clone(), via_http.clone());
@@ -262,6 +265,7 @@ async fn serve_and_measure(
             }));
         }
         Ok::<Value, anyhow::Error>(json!({
+            "mcp_round_trip": mcp,
             "throughput": levels,
             "round_trip": {
                 "what": "`true` on one warm conversation: library (manager session) then HTTP (sessionbox-client, keep-alive), back to back",

@@ -7,6 +7,7 @@ mod audit;
 mod bench;
 mod bench_baselines;
 mod bench_http;
+mod bench_mcp;
 mod bench_plot;
 mod bench_scale;
 mod config;

@@ -161,6 +161,9 @@ fn check_report(r: &Value, runtimes: &[&str], stdout: &str) {
         let want =
             num(&rtt["http"]["p50_ms"], "http p50") - num(&rtt["library"]["p50_ms"], "lib p50");
         assert!((added - want).abs() < 0.0015, "{h}");
+        let mcp = &h["mcp_round_trip"];
+        assert_eq!(mcp["mcp"]["count"].as_u64(), Some(WARM), "{h}");
+        assert_eq!(mcp["library"]["count"].as_u64(), Some(WARM), "{h}");
         let load = &h["load"];
         assert_eq!(load["execs_ok"].as_u64(), Some(6), "{h}");
         assert_eq!(load["errors"].as_u64(), Some(0), "{h}");
