@@ -5,13 +5,15 @@
 //! once, when it is made; the store keeps only its SHA-256 (a fast hash is enough for 256 random
 //! bits), and [`Store::verify_api_key`] compares hashes in constant time.
 
+use std::ops::Not;
+
 use chrono::{DateTime, Utc};
-use rusqlite::{OptionalExtension, Row, params};
 use serde::{Deserialize, Serialize};
 use sessionbox_core::{Error, Result, TenantId};
 use sha2::{Digest, Sha256};
 
-use crate::{Store, check, sql_error, time};
+use crate::db::Row;
+use crate::{Store, time};
 
 /// What every API key starts with, so leaked keys are easy to find by scanners.
 pub const API_KEY_PREFIX: &str = "sbk_";
@@ -74,19 +76,20 @@ impl Store {
             created_at: DateTime::from_timestamp_millis(now.timestamp_millis()).unwrap_or(now),
             revoked_at: None,
         };
-        self.conn()
-            .execute(
+        self.read(|db| {
+            db.execute(
+                "store the API key",
                 "INSERT INTO api_keys (id, tenant, label, hash, created_at, revoked_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, NULL)",
-                params![
-                    record.id,
-                    record.tenant.as_str(),
-                    record.label,
-                    hex(&Sha256::digest(key.as_bytes())),
-                    now.timestamp_millis()
+                 VALUES ($1, $2, $3, $4, $5, NULL)",
+                &[
+                    record.id.as_str().into(),
+                    record.tenant.as_str().into(),
+                    record.label.clone().into(),
+                    hex(&Sha256::digest(key.as_bytes())).into(),
+                    now.timestamp_millis().into(),
                 ],
             )
-            .map_err(sql_error("store the API key"))?;
+        })?;
         Ok(NewApiKey { record, key })
     }
 
@@ -95,17 +98,16 @@ impl Store {
     /// # Errors
     /// [`Error::Backend`] when SQLite fails.
     pub fn list_api_keys(&self) -> Result<Vec<ApiKeyRecord>> {
-        let conn = self.conn();
-        let mut stmt = conn
-            .prepare(&format!(
-                "SELECT {COLUMNS} FROM api_keys ORDER BY created_at, id"
-            ))
-            .map_err(sql_error("list the API keys"))?;
-        let rows = stmt
-            .query_map([], key_record)
-            .map_err(sql_error("list the API keys"))?;
-        rows.collect::<rusqlite::Result<_>>()
-            .map_err(sql_error("list the API keys"))
+        self.read(|db| {
+            db.query(
+                "list the API keys",
+                &format!("SELECT {COLUMNS} FROM api_keys ORDER BY created_at, id"),
+                &[],
+            )?
+            .iter()
+            .map(key_record)
+            .collect()
+        })
     }
 
     /// Revokes the key `id`; it is refused from then on. Revoking a revoked key is a no-op.
@@ -113,13 +115,13 @@ impl Store {
     /// # Errors
     /// [`Error::NotFound`] when there is no such key; [`Error::Backend`].
     pub fn revoke_api_key(&self, id: &str, now: DateTime<Utc>) -> Result<()> {
-        let conn = self.conn();
-        let n = conn
-            .execute(
-                "UPDATE api_keys SET revoked_at = coalesce(revoked_at, ?2) WHERE id = ?1",
-                params![id, now.timestamp_millis()],
+        let n = self.read(|db| {
+            db.execute(
+                "revoke the API key",
+                "UPDATE api_keys SET revoked_at = coalesce(revoked_at, $2) WHERE id = $1",
+                &[id.into(), now.timestamp_millis().into()],
             )
-            .map_err(sql_error("revoke the API key"))?;
+        })?;
         if n == 0 {
             return Err(Error::NotFound(format!("API key {id:?}")));
         }
@@ -131,13 +133,16 @@ impl Store {
     /// # Errors
     /// [`Error::Backend`] when SQLite fails.
     pub fn has_api_keys(&self) -> Result<bool> {
-        self.conn()
-            .query_row(
-                "SELECT EXISTS (SELECT 1 FROM api_keys WHERE revoked_at IS NULL)",
-                [],
-                |r| r.get(0),
-            )
-            .map_err(sql_error("count the API keys"))
+        self.read(|db| {
+            Ok(db
+                .query(
+                    "count the API keys",
+                    "SELECT id FROM api_keys WHERE revoked_at IS NULL LIMIT 1",
+                    &[],
+                )?
+                .is_empty()
+                .not())
+        })
     }
 
     /// The record of a presented key when it is valid (known, not revoked); `None` otherwise.
@@ -154,15 +159,15 @@ impl Store {
         else {
             return Ok(None);
         };
-        let found: Option<(ApiKeyRecord, String)> = self
-            .conn()
-            .query_row(
-                &format!("SELECT {COLUMNS}, hash FROM api_keys WHERE id = ?1"),
-                [id],
-                |r| Ok((key_record(r)?, r.get::<_, String>(5)?)),
-            )
-            .optional()
-            .map_err(sql_error("read the API key"))?;
+        let found: Option<(ApiKeyRecord, String)> = self.read(|db| {
+            db.query_opt(
+                "read the API key",
+                &format!("SELECT {COLUMNS}, hash FROM api_keys WHERE id = $1"),
+                &[id.into()],
+            )?
+            .map(|r| Ok((key_record(&r)?, r.text(5)?)))
+            .transpose()
+        })?;
         let Some((record, stored)) = found else {
             return Ok(None);
         };
@@ -174,16 +179,13 @@ impl Store {
     }
 }
 
-fn key_record(r: &Row<'_>) -> rusqlite::Result<ApiKeyRecord> {
+fn key_record(r: &Row) -> Result<ApiKeyRecord> {
     Ok(ApiKeyRecord {
-        id: r.get(0)?,
-        tenant: check(1, r.get::<_, String>(1)?.parse())?,
-        label: r.get(2)?,
-        created_at: time(r, 3)?,
-        revoked_at: r
-            .get::<_, Option<i64>>(4)?
-            .map(|_| time(r, 4))
-            .transpose()?,
+        id: r.text(0)?,
+        tenant: r.text(1)?.parse()?,
+        label: r.opt_text(2)?,
+        created_at: time(r.int(3)?)?,
+        revoked_at: r.opt_int(4)?.map(time).transpose()?,
     })
 }
 
@@ -196,7 +198,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-fn random<const N: usize>() -> Result<[u8; N]> {
+pub(crate) fn random<const N: usize>() -> Result<[u8; N]> {
     let mut buf = [0u8; N];
     let mut filled = 0;
     while filled < N {
@@ -240,14 +242,12 @@ mod tests {
         );
 
         // The secret is not stored.
-        let stored: Vec<String> = {
-            let conn = store.conn();
-            let mut st = conn.prepare("SELECT hash FROM api_keys").unwrap();
-            st.query_map([], |r| r.get(0))
-                .unwrap()
-                .map(|r| r.unwrap())
-                .collect()
-        };
+        let stored: Vec<String> = store
+            .read(|db| db.query("read", "SELECT hash FROM api_keys", &[]))
+            .unwrap()
+            .iter()
+            .map(|r| r.text(0).unwrap())
+            .collect();
         assert!(!stored.iter().any(|h| k.key.contains(h.as_str())));
 
         // One changed character, a truncation, another format: refused.

@@ -6,11 +6,11 @@
 //! sandbox id, so a caller holding a stale id never overwrites or removes a newer one.
 
 use chrono::{DateTime, Utc};
-use rusqlite::{OptionalExtension, Row, params};
 use serde::{Deserialize, Serialize};
 use sessionbox_core::{ConversationKey, Error, Result};
 
-use crate::{Store, check, sql_error, time};
+use crate::db::Row;
+use crate::{Store, TxLock, time};
 
 /// A conversation's remote sandbox, as recorded.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,22 +29,13 @@ pub struct RemoteSandbox {
 
 const COLUMNS: &str = "conversation_key, runtime, sandbox_id, created_at, expires_at";
 
-fn row(r: &Row<'_>) -> rusqlite::Result<RemoteSandbox> {
-    let key: String = r.get(0)?;
-    let expires: Option<i64> = r.get(4)?;
+fn row(r: &Row) -> Result<RemoteSandbox> {
     Ok(RemoteSandbox {
-        key: check(0, ConversationKey::parse(&key))?,
-        runtime: r.get(1)?,
-        sandbox_id: r.get(2)?,
-        created_at: time(r, 3)?,
-        expires_at: match expires {
-            None => None,
-            Some(ms) => Some(check(
-                4,
-                DateTime::from_timestamp_millis(ms)
-                    .ok_or_else(|| Error::Backend(format!("time {ms} ms is out of range"))),
-            )?),
-        },
+        key: ConversationKey::parse(&r.text(0)?)?,
+        runtime: r.text(1)?,
+        sandbox_id: r.text(2)?,
+        created_at: time(r.int(3)?)?,
+        expires_at: r.opt_int(4)?.map(time).transpose()?,
     })
 }
 
@@ -68,62 +59,66 @@ impl Store {
                 "the runtime name and the sandbox id must not be empty".into(),
             ));
         }
-        let conn = self.conn();
-        let inserted = conn
-            .execute(
+        self.write("record the remote sandbox", TxLock::Record(key), |db| {
+            let inserted = db.execute(
+                "record the remote sandbox",
                 "INSERT INTO remote_sandboxes (conversation_key, runtime, sandbox_id, created_at,
                      expires_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
-                params![
-                    key.as_str(),
-                    runtime,
-                    sandbox_id,
-                    now.timestamp_millis(),
-                    expires_at.map(|t| t.timestamp_millis())
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                &[
+                    key.as_str().into(),
+                    runtime.into(),
+                    sandbox_id.into(),
+                    now.timestamp_millis().into(),
+                    expires_at.map(|t| t.timestamp_millis()).into(),
                 ],
-            )
-            .map_err(sql_error("record the remote sandbox"))?;
-        let record = conn
-            .query_row(
-                &format!("SELECT {COLUMNS} FROM remote_sandboxes WHERE conversation_key = ?1"),
-                [key.as_str()],
-                row,
-            )
-            .map_err(sql_error("read the remote sandbox"))?;
-        Ok((record, inserted == 1))
+            )?;
+            let record = db
+                .query_opt(
+                    "read the remote sandbox",
+                    &format!("SELECT {COLUMNS} FROM remote_sandboxes WHERE conversation_key = $1"),
+                    &[key.as_str().into()],
+                )?
+                .ok_or_else(|| Error::Backend("the remote sandbox record vanished".into()))?;
+            Ok((row(&record)?, inserted == 1))
+        })
     }
 
     /// The remote sandbox recorded for `key`, or `None`.
     ///
     /// # Errors
-    /// [`Error::Backend`] when SQLite fails or the row is malformed.
+    /// [`Error::Backend`] when the database fails or the row is malformed.
     pub fn remote_sandbox(&self, key: &ConversationKey) -> Result<Option<RemoteSandbox>> {
-        self.conn()
-            .query_row(
-                &format!("SELECT {COLUMNS} FROM remote_sandboxes WHERE conversation_key = ?1"),
-                [key.as_str()],
-                row,
-            )
-            .optional()
-            .map_err(sql_error("read the remote sandbox"))
+        self.read(|db| {
+            db.query_opt(
+                "read the remote sandbox",
+                &format!("SELECT {COLUMNS} FROM remote_sandboxes WHERE conversation_key = $1"),
+                &[key.as_str().into()],
+            )?
+            .as_ref()
+            .map(row)
+            .transpose()
+        })
     }
 
     /// Every remote sandbox recorded by `runtime`.
     ///
     /// # Errors
-    /// [`Error::Backend`] when SQLite fails or a row is malformed.
+    /// [`Error::Backend`] when the database fails or a row is malformed.
     pub fn remote_sandboxes(&self, runtime: &str) -> Result<Vec<RemoteSandbox>> {
-        let conn = self.conn();
-        let mut stmt = conn
-            .prepare(&format!(
-                "SELECT {COLUMNS} FROM remote_sandboxes WHERE runtime = ?1 ORDER BY conversation_key"
-            ))
-            .map_err(sql_error("list remote sandboxes"))?;
-        let rows = stmt
-            .query_map([runtime], row)
-            .map_err(sql_error("list remote sandboxes"))?;
-        rows.collect::<rusqlite::Result<_>>()
-            .map_err(sql_error("list remote sandboxes"))
+        self.read(|db| {
+            db.query(
+                "list remote sandboxes",
+                &format!(
+                    "SELECT {COLUMNS} FROM remote_sandboxes WHERE runtime = $1
+                     ORDER BY conversation_key"
+                ),
+                &[runtime.into()],
+            )?
+            .iter()
+            .map(row)
+            .collect()
+        })
     }
 
     /// Replaces the recorded sandbox `old_id` of `key` by `new_id` (a vanished sandbox replaced
@@ -131,7 +126,7 @@ impl Store {
     /// one (another process replaced or removed it first).
     ///
     /// # Errors
-    /// [`Error::Backend`] when SQLite fails.
+    /// [`Error::Backend`] when the database fails.
     pub fn replace_remote_sandbox(
         &self,
         key: &ConversationKey,
@@ -140,20 +135,20 @@ impl Store {
         expires_at: Option<DateTime<Utc>>,
         now: DateTime<Utc>,
     ) -> Result<bool> {
-        let n = self
-            .conn()
-            .execute(
-                "UPDATE remote_sandboxes SET sandbox_id = ?3, created_at = ?4, expires_at = ?5
-                 WHERE conversation_key = ?1 AND sandbox_id = ?2",
-                params![
-                    key.as_str(),
-                    old_id,
-                    new_id,
-                    now.timestamp_millis(),
-                    expires_at.map(|t| t.timestamp_millis())
+        let n = self.read(|db| {
+            db.execute(
+                "replace the remote sandbox",
+                "UPDATE remote_sandboxes SET sandbox_id = $3, created_at = $4, expires_at = $5
+                 WHERE conversation_key = $1 AND sandbox_id = $2",
+                &[
+                    key.as_str().into(),
+                    old_id.into(),
+                    new_id.into(),
+                    now.timestamp_millis().into(),
+                    expires_at.map(|t| t.timestamp_millis()).into(),
                 ],
             )
-            .map_err(sql_error("replace the remote sandbox"))?;
+        })?;
         Ok(n == 1)
     }
 
@@ -161,25 +156,25 @@ impl Store {
     /// sandbox is no longer the recorded one.
     ///
     /// # Errors
-    /// [`Error::Backend`] when SQLite fails.
+    /// [`Error::Backend`] when the database fails.
     pub fn set_remote_sandbox_expiry(
         &self,
         key: &ConversationKey,
         sandbox_id: &str,
         expires_at: Option<DateTime<Utc>>,
     ) -> Result<bool> {
-        let n = self
-            .conn()
-            .execute(
-                "UPDATE remote_sandboxes SET expires_at = ?3
-                 WHERE conversation_key = ?1 AND sandbox_id = ?2",
-                params![
-                    key.as_str(),
-                    sandbox_id,
-                    expires_at.map(|t| t.timestamp_millis())
+        let n = self.read(|db| {
+            db.execute(
+                "set the remote sandbox's expiry",
+                "UPDATE remote_sandboxes SET expires_at = $3
+                 WHERE conversation_key = $1 AND sandbox_id = $2",
+                &[
+                    key.as_str().into(),
+                    sandbox_id.into(),
+                    expires_at.map(|t| t.timestamp_millis()).into(),
                 ],
             )
-            .map_err(sql_error("set the remote sandbox's expiry"))?;
+        })?;
         Ok(n == 1)
     }
 
@@ -187,15 +182,15 @@ impl Store {
     /// when there was nothing (or something else) recorded, so forgetting twice is fine.
     ///
     /// # Errors
-    /// [`Error::Backend`] when SQLite fails.
+    /// [`Error::Backend`] when the database fails.
     pub fn delete_remote_sandbox(&self, key: &ConversationKey, sandbox_id: &str) -> Result<bool> {
-        let n = self
-            .conn()
-            .execute(
-                "DELETE FROM remote_sandboxes WHERE conversation_key = ?1 AND sandbox_id = ?2",
-                params![key.as_str(), sandbox_id],
+        let n = self.read(|db| {
+            db.execute(
+                "forget the remote sandbox",
+                "DELETE FROM remote_sandboxes WHERE conversation_key = $1 AND sandbox_id = $2",
+                &[key.as_str().into(), sandbox_id.into()],
             )
-            .map_err(sql_error("forget the remote sandbox"))?;
+        })?;
         Ok(n == 1)
     }
 }

@@ -1,19 +1,30 @@
-//! The schema, as an ordered, append-only list of migrations.
+//! The schema, as an ordered, append-only list of migrations, each in two dialects.
 //!
-//! Migration `i` (0-based) takes the database from `PRAGMA user_version = i` to `i + 1`. Each
-//! runs in its own IMMEDIATE transaction together with the `user_version` bump, so a crash leaves
-//! the previous version and the next open resumes. Never edit or reorder a step that has shipped;
-//! append a new one (for example a table of a new runtime) instead.
+//! Migration `i` (0-based) takes the database from version `i` to `i + 1`: in SQLite the version
+//! is `PRAGMA user_version`, in PostgreSQL the one row of `sessionbox_schema`. Each step runs in
+//! its own transaction together with the version bump (in PostgreSQL under an advisory lock, so
+//! replicas starting together migrate once), so a crash leaves the previous version and the next
+//! open resumes. Never edit or reorder a step that has shipped; append a new one instead. The
+//! two dialects of a step make the same tables, columns and constraints (integers are `BIGINT`
+//! in PostgreSQL; times are unix milliseconds in both).
 
 use rusqlite::{Connection, TransactionBehavior};
 use sessionbox_core::{Error, Result};
 
+use crate::pg::{CLASS_GLOBAL, GLOBAL_MIGRATE, pg_error};
 use crate::sql_error;
 
+/// One migration: the SQLite and the PostgreSQL text.
+struct Step {
+    sqlite: &'static str,
+    postgres: &'static str,
+}
+
 /// The migrations, oldest first. Append only.
-const MIGRATIONS: &[&str] = &[
+const MIGRATIONS: &[Step] = &[
     // 1: conversations and the audit log.
-    "CREATE TABLE conversations (
+    Step {
+        sqlite: "CREATE TABLE conversations (
         key             TEXT PRIMARY KEY NOT NULL CHECK (length(key) = 64),
         tenant          TEXT NOT NULL,
         conversation_id TEXT NOT NULL,
@@ -37,13 +48,45 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX audit_by_tenant ON audit (tenant, at);
     CREATE INDEX audit_by_key ON audit (conversation_key, at);",
+        postgres: "CREATE TABLE conversations (
+        key             TEXT PRIMARY KEY NOT NULL CHECK (length(key) = 64),
+        tenant          TEXT NOT NULL,
+        conversation_id TEXT NOT NULL,
+        runtime         TEXT NOT NULL,
+        sandbox_ref     TEXT,
+        state           TEXT NOT NULL CHECK (state IN ('active', 'destroying')),
+        created_at      BIGINT NOT NULL,
+        last_used_at    BIGINT NOT NULL,
+        expires_at      BIGINT,
+        UNIQUE (tenant, conversation_id)
+    );
+    CREATE INDEX conversations_by_last_use ON conversations (last_used_at);
+    CREATE TABLE audit (
+        id               BIGSERIAL PRIMARY KEY,
+        at               BIGINT NOT NULL,
+        tenant           TEXT NOT NULL,
+        conversation_key TEXT,
+        operation        TEXT NOT NULL,
+        outcome          TEXT NOT NULL,
+        detail           TEXT
+    );
+    CREATE INDEX audit_by_tenant ON audit (tenant, at);
+    CREATE INDEX audit_by_key ON audit (conversation_key, at);",
+    },
     // 2: one sandbox uid per conversation, for the isolated runtime.
-    "CREATE TABLE sandbox_uids (
+    Step {
+        sqlite: "CREATE TABLE sandbox_uids (
         uid              INTEGER PRIMARY KEY,
         conversation_key TEXT UNIQUE NOT NULL REFERENCES conversations (key) ON DELETE CASCADE
     );",
+        postgres: "CREATE TABLE sandbox_uids (
+        uid              BIGINT PRIMARY KEY,
+        conversation_key TEXT UNIQUE NOT NULL REFERENCES conversations (key) ON DELETE CASCADE
+    );",
+    },
     // 3: API keys of the HTTP server: only a hash of each secret is kept.
-    "CREATE TABLE api_keys (
+    Step {
+        sqlite: "CREATE TABLE api_keys (
         id         TEXT PRIMARY KEY NOT NULL,
         tenant     TEXT NOT NULL,
         label      TEXT,
@@ -52,10 +95,21 @@ const MIGRATIONS: &[&str] = &[
         revoked_at INTEGER
     );
     CREATE INDEX api_keys_by_tenant ON api_keys (tenant);",
+        postgres: "CREATE TABLE api_keys (
+        id         TEXT PRIMARY KEY NOT NULL,
+        tenant     TEXT NOT NULL,
+        label      TEXT,
+        hash       TEXT NOT NULL CHECK (length(hash) = 64),
+        created_at BIGINT NOT NULL,
+        revoked_at BIGINT
+    );
+    CREATE INDEX api_keys_by_tenant ON api_keys (tenant);",
+    },
     // 4: the remote sandbox of each conversation of a remote runtime (opensandbox): its id and
     // the expiry we set on it, which is the source of truth (the server's may lag or be lost).
     // No foreign key: the runtime keeps it on its own, beside the conversation record.
-    "CREATE TABLE remote_sandboxes (
+    Step {
+        sqlite: "CREATE TABLE remote_sandboxes (
         conversation_key TEXT PRIMARY KEY NOT NULL CHECK (length(conversation_key) = 64),
         runtime          TEXT NOT NULL,
         sandbox_id       TEXT NOT NULL,
@@ -63,12 +117,51 @@ const MIGRATIONS: &[&str] = &[
         expires_at       INTEGER
     );
     CREATE INDEX remote_sandboxes_by_runtime ON remote_sandboxes (runtime);",
+        postgres: "CREATE TABLE remote_sandboxes (
+        conversation_key TEXT PRIMARY KEY NOT NULL CHECK (length(conversation_key) = 64),
+        runtime          TEXT NOT NULL,
+        sandbox_id       TEXT NOT NULL,
+        created_at       BIGINT NOT NULL,
+        expires_at       BIGINT
+    );
+    CREATE INDEX remote_sandboxes_by_runtime ON remote_sandboxes (runtime);",
+    },
+    // 5: lifecycle. The policy a conversation was created with (idle timeout, time to live
+    // renewed on use, maximum lifetime), a generation telling a record from a later one of the
+    // same key, and the keys garbage collection is clearing (no record may be made meanwhile).
+    Step {
+        sqlite: "ALTER TABLE conversations ADD COLUMN idle_timeout_ms INTEGER;
+    ALTER TABLE conversations ADD COLUMN ttl_ms INTEGER;
+    ALTER TABLE conversations ADD COLUMN max_lifetime_ms INTEGER;
+    ALTER TABLE conversations ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX conversations_by_expiry ON conversations (expires_at);
+    CREATE TABLE gc_claims (
+        key        TEXT PRIMARY KEY NOT NULL CHECK (length(key) = 64),
+        claimed_at INTEGER NOT NULL
+    );",
+        postgres: "ALTER TABLE conversations ADD COLUMN idle_timeout_ms BIGINT;
+    ALTER TABLE conversations ADD COLUMN ttl_ms BIGINT;
+    ALTER TABLE conversations ADD COLUMN max_lifetime_ms BIGINT;
+    ALTER TABLE conversations ADD COLUMN generation BIGINT NOT NULL DEFAULT 0;
+    CREATE INDEX conversations_by_expiry ON conversations (expires_at);
+    CREATE TABLE gc_claims (
+        key        TEXT PRIMARY KEY NOT NULL CHECK (length(key) = 64),
+        claimed_at BIGINT NOT NULL
+    );",
+    },
 ];
 
 /// The schema version this build writes: the number of migrations.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
 
-/// Brings the database up to [`SCHEMA_VERSION`]; a no-op when it is there already.
+fn too_new(version: u32) -> Error {
+    Error::Backend(format!(
+        "the store's schema version is {version}, newer than the {SCHEMA_VERSION} this \
+         sessionbox understands; upgrade sessionbox, or use another store"
+    ))
+}
+
+/// Brings a SQLite database up to [`SCHEMA_VERSION`]; a no-op when it is there already.
 ///
 /// # Errors
 /// [`Error::Backend`] when the database is newer than this build, or a step fails.
@@ -81,21 +174,73 @@ pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .map_err(sql_error("read the schema version"))?;
         if version > SCHEMA_VERSION {
-            return Err(Error::Backend(format!(
-                "the store's schema version is {version}, newer than the {SCHEMA_VERSION} this \
-                 sessionbox understands; upgrade sessionbox, or use another store file"
-            )));
+            return Err(too_new(version));
         }
         let Some(step) = MIGRATIONS.get(version as usize) else {
             return Ok(()); // up to date; dropping `tx` ends it without changes
         };
-        tx.execute_batch(step)
+        tx.execute_batch(step.sqlite)
             .map_err(sql_error(&format!("apply migration {}", version + 1)))?;
         tx.pragma_update(None, "user_version", version + 1)
             .map_err(sql_error("record the schema version"))?;
         tx.commit()
             .map_err(sql_error(&format!("commit migration {}", version + 1)))?;
     }
+}
+
+/// Brings a PostgreSQL database up to [`SCHEMA_VERSION`], one step per transaction, each under
+/// a global advisory lock so that replicas starting at once migrate once.
+///
+/// # Errors
+/// [`Error::Backend`] when the database is newer than this build, or a step fails.
+pub(crate) fn migrate_pg(client: &mut postgres::Client) -> Result<()> {
+    loop {
+        let mut tx = client
+            .transaction()
+            .map_err(pg_error("start a migration"))?;
+        tx.execute(
+            "SELECT pg_advisory_xact_lock($1, $2)",
+            &[&CLASS_GLOBAL, &GLOBAL_MIGRATE],
+        )
+        .map_err(pg_error("lock the schema"))?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS sessionbox_schema (version BIGINT NOT NULL);
+             INSERT INTO sessionbox_schema (version)
+                 SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM sessionbox_schema);",
+        )
+        .map_err(pg_error("make the schema version table"))?;
+        let version: i64 = tx
+            .query_one("SELECT version FROM sessionbox_schema", &[])
+            .map_err(pg_error("read the schema version"))?
+            .get(0);
+        let version = u32::try_from(version).unwrap_or(u32::MAX);
+        if version > SCHEMA_VERSION {
+            return Err(too_new(version));
+        }
+        let Some(step) = MIGRATIONS.get(version as usize) else {
+            tx.commit().map_err(pg_error("commit the schema check"))?;
+            return Ok(());
+        };
+        tx.batch_execute(step.postgres)
+            .map_err(pg_error(&format!("apply migration {}", version + 1)))?;
+        tx.execute(
+            "UPDATE sessionbox_schema SET version = $1",
+            &[&i64::from(version + 1)],
+        )
+        .map_err(pg_error("record the schema version"))?;
+        tx.commit()
+            .map_err(pg_error(&format!("commit migration {}", version + 1)))?;
+    }
+}
+
+/// The schema version of a PostgreSQL database (0 before the first migration).
+pub(crate) fn version_pg(client: &mut postgres::Client) -> Result<u32> {
+    let rows = client
+        .query("SELECT version FROM sessionbox_schema", &[])
+        .map_err(pg_error("read the schema version"))?;
+    Ok(rows
+        .first()
+        .map_or(0, |r| u32::try_from(r.get::<_, i64>(0)).unwrap_or(u32::MAX)))
 }
 
 #[cfg(test)]
@@ -105,7 +250,7 @@ mod tests {
     #[test]
     fn an_older_database_is_upgraded_step_by_step() {
         let mut conn = Connection::open_in_memory().unwrap();
-        conn.execute_batch(MIGRATIONS[0]).unwrap();
+        conn.execute_batch(MIGRATIONS[0].sqlite).unwrap();
         conn.pragma_update(None, "user_version", 1).unwrap();
         migrate(&mut conn).unwrap();
         let version: u32 = conn

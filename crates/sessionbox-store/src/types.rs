@@ -1,7 +1,9 @@
 //! Records the store keeps and the filters to read them.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -71,8 +73,90 @@ pub struct ConversationRecord {
     pub created_at: DateTime<Utc>,
     /// When it was last used (see [`crate::Store::touch`]).
     pub last_used_at: DateTime<Utc>,
-    /// When it may be reclaimed; `None` for never.
+    /// When it expires: garbage collection destroys it from then on, and no use renews it.
+    /// `None` for never. Each use moves it to `last use + ttl`, never past `created_at +
+    /// max_lifetime`.
     pub expires_at: Option<DateTime<Utc>>,
+    /// How long its sandbox may sit idle before it stops (the workspace stays); `None` for the
+    /// runtime's default.
+    pub idle_timeout: Option<Duration>,
+    /// How long it lives unused: each use renews `expires_at` to `now + ttl`. `None` for no
+    /// renewal window.
+    pub ttl: Option<Duration>,
+    /// How long it may live at most from creation, however much it is used. `None` for no
+    /// bound.
+    pub max_lifetime: Option<Duration>,
+    /// Tells this record from an earlier or later one of the same key: a conversation destroyed
+    /// and made again gets a new generation. A holder of a session compares it to know the
+    /// conversation it opened still exists.
+    pub generation: i64,
+}
+
+impl ConversationRecord {
+    /// True when it has expired at `now` (garbage collection destroys it; it is not renewed).
+    pub fn is_expired(&self, now: DateTime<Utc>) -> bool {
+        self.expires_at.is_some_and(|e| e <= now)
+    }
+}
+
+/// The lifecycle a conversation is created with: how long its sandbox may idle, how long it
+/// lives unused, and how long it may live at all. Stored with the record (the store is the
+/// source of truth), so a change of configuration applies to conversations created after it.
+///
+/// ```
+/// use std::time::Duration;
+/// use sessionbox_store::Lifecycle;
+///
+/// let l = Lifecycle {
+///     idle_timeout: Some(Duration::from_secs(600)),
+///     ttl: Some(Duration::from_secs(7 * 24 * 3600)),
+///     max_lifetime: Some(Duration::from_secs(30 * 24 * 3600)),
+/// };
+/// assert!(l.is_bounded());
+/// assert!(!Lifecycle::default().is_bounded());
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lifecycle {
+    /// The sandbox stops after this long without a request; the workspace stays. `None`: the
+    /// runtime's default.
+    pub idle_timeout: Option<Duration>,
+    /// The conversation expires this long after its last use (renewed on every use). `None`:
+    /// no expiry from disuse.
+    pub ttl: Option<Duration>,
+    /// The conversation expires this long after its creation at the latest. `None`: no bound.
+    pub max_lifetime: Option<Duration>,
+}
+
+impl Lifecycle {
+    /// True when conversations under it ever expire.
+    pub fn is_bounded(&self) -> bool {
+        self.ttl.is_some() || self.max_lifetime.is_some()
+    }
+}
+
+/// The lifecycle of each tenant: a default and per-tenant overrides (each field of an override
+/// that is unset falls back to the default's).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LifecyclePolicy {
+    /// For tenants without an override.
+    pub default: Lifecycle,
+    /// Per tenant.
+    pub tenants: BTreeMap<TenantId, Lifecycle>,
+}
+
+impl LifecyclePolicy {
+    /// The lifecycle of `tenant`.
+    pub fn for_tenant(&self, tenant: &TenantId) -> Lifecycle {
+        let d = self.default;
+        match self.tenants.get(tenant) {
+            None => d,
+            Some(t) => Lifecycle {
+                idle_timeout: t.idle_timeout.or(d.idle_timeout),
+                ttl: t.ttl.or(d.ttl),
+                max_lifetime: t.max_lifetime.or(d.max_lifetime),
+            },
+        }
+    }
 }
 
 /// One entry of the audit log, as appended by [`crate::Store::audit`].

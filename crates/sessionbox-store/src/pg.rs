@@ -1,0 +1,216 @@
+//! The PostgreSQL backend: a small pool of synchronous `postgres` clients, and advisory locks.
+//!
+//! Every [`crate::Store`] call already runs on a blocking thread (`spawn_blocking`), so the
+//! synchronous client fits: it blocks that thread, never an async worker. Connections are made
+//! on demand and kept idle for reuse (at most [`MAX_IDLE`]); a connection that broke is dropped.
+//!
+//! Locks that span an operation ([`crate::Store::lock_conversation`]) hold a session-level
+//! advisory lock on a connection of their own for as long as the guard lives; PostgreSQL drops
+//! it with the session if the process dies. The guard's `Drop` may run on an async worker, where
+//! a synchronous client must not block, so the unlock is handed to one background thread.
+//!
+//! The URL (which may hold a password) is parsed once and never logged or put in an error: the
+//! errors name the host, port and database only.
+
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+
+use postgres::{Client, Config, NoTls};
+use sessionbox_core::{Error, Result};
+
+/// Idle connections kept for reuse.
+const MAX_IDLE: usize = 16;
+
+/// Advisory lock classes (the first key of PostgreSQL's two-key advisory locks). Classes keep
+/// the store's locks apart from each other and from anything else in the database.
+pub(crate) const CLASS_OPERATION: i32 = 0x5342_0001; // held for a whole operation
+pub(crate) const CLASS_RECORD: i32 = 0x5342_0002; // held by one transaction on a record
+pub(crate) const CLASS_GLOBAL: i32 = 0x5342_0003; // migrations, uid allocation
+
+/// Second keys of [`CLASS_GLOBAL`].
+pub(crate) const GLOBAL_MIGRATE: i32 = 1;
+pub(crate) const GLOBAL_UIDS: i32 = 2;
+
+pub(crate) struct PgBackend {
+    config: Config,
+    /// `host:port/db`, for messages.
+    pub(crate) label: String,
+    idle: Arc<Mutex<Vec<Client>>>,
+    unlocker: Mutex<Option<mpsc::Sender<Unlock>>>,
+}
+
+impl std::fmt::Debug for PgBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgBackend")
+            .field("label", &self.label)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Unlock {
+    client: Client,
+    class: i32,
+    id: i32,
+}
+
+/// Maps a PostgreSQL error to [`Error::Backend`] saying what could not be done. The server's
+/// message is kept (it never holds the password); parameter values are not in it.
+pub(crate) fn pg_error(doing: &str) -> impl FnOnce(postgres::Error) -> Error + '_ {
+    move |e| {
+        let detail = e
+            .as_db_error()
+            .map_or_else(|| e.to_string(), |d| d.message().to_owned());
+        Error::Backend(format!("could not {doing}: {detail}"))
+    }
+}
+
+impl PgBackend {
+    /// Parses `url` (`postgres://` or `postgresql://`, or a `key=value` string) and connects
+    /// once to check it.
+    pub(crate) fn connect(url: &str) -> Result<PgBackend> {
+        let config: Config = url.parse().map_err(|_| {
+            Error::InvalidRequest(
+                "the PostgreSQL store URL is not valid; expected \
+                 postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE"
+                    .into(),
+            )
+        })?;
+        let hosts: Vec<String> = config
+            .get_hosts()
+            .iter()
+            .map(|h| match h {
+                postgres::config::Host::Tcp(h) => h.clone(),
+                postgres::config::Host::Unix(p) => p.display().to_string(),
+            })
+            .collect();
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        let label = format!(
+            "{}:{port}/{}",
+            hosts.first().map_or("localhost", String::as_str),
+            config.get_dbname().unwrap_or("")
+        );
+        let backend = PgBackend {
+            config,
+            label,
+            idle: Arc::default(),
+            unlocker: Mutex::new(None),
+        };
+        let client = backend.new_client()?;
+        backend.give_back(client);
+        Ok(backend)
+    }
+
+    fn new_client(&self) -> Result<Client> {
+        self.config.connect(NoTls).map_err(|e| {
+            Error::Backend(format!(
+                "could not connect to the PostgreSQL store at {}: {e}",
+                self.label
+            ))
+        })
+    }
+
+    fn take(&self) -> Result<Client> {
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        match idle {
+            Some(c) if !c.is_closed() => Ok(c),
+            _ => self.new_client(),
+        }
+    }
+
+    fn give_back(&self, client: Client) {
+        give_back(&self.idle, client);
+    }
+
+    /// Runs `f` on a pooled connection.
+    pub(crate) fn with_client<T>(&self, f: impl FnOnce(&mut Client) -> Result<T>) -> Result<T> {
+        let mut client = self.take()?;
+        let out = f(&mut client);
+        self.give_back(client);
+        out
+    }
+
+    /// Takes the session-level advisory lock `(class, id)` on a connection of its own; it is
+    /// released when the guard drops.
+    pub(crate) fn lock(self: &Arc<Self>, class: i32, id: i32) -> Result<PgLock> {
+        let mut client = self.take()?;
+        client
+            .execute("SELECT pg_advisory_lock($1, $2)", &[&class, &id])
+            .map_err(pg_error("take the conversation's lock"))?;
+        let unlocker = {
+            let mut slot = self.unlocker.lock().unwrap_or_else(|e| e.into_inner());
+            slot.get_or_insert_with(|| start_unlocker(self.idle.clone()))
+                .clone()
+        };
+        Ok(PgLock {
+            client: Some(client),
+            class,
+            id,
+            unlocker,
+        })
+    }
+}
+
+fn give_back(idle: &Mutex<Vec<Client>>, client: Client) {
+    if client.is_closed() {
+        return;
+    }
+    let mut idle = idle.lock().unwrap_or_else(|e| e.into_inner());
+    if idle.len() < MAX_IDLE {
+        idle.push(client);
+    }
+}
+
+/// The thread that releases advisory locks for guards dropped anywhere (also on async workers).
+fn start_unlocker(idle: Arc<Mutex<Vec<Client>>>) -> mpsc::Sender<Unlock> {
+    let (tx, rx) = mpsc::channel::<Unlock>();
+    let spawned = std::thread::Builder::new()
+        .name("sessionbox-pg-unlock".into())
+        .spawn(move || {
+            for mut u in rx {
+                match u
+                    .client
+                    .execute("SELECT pg_advisory_unlock($1, $2)", &[&u.class, &u.id])
+                {
+                    Ok(_) => give_back(&idle, u.client),
+                    // Closing the session releases every lock it holds.
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "releasing a PostgreSQL advisory lock failed; its session is closed instead"
+                    ),
+                }
+            }
+        });
+    // Without the thread, the receiver is gone and every client sent is dropped: closing a
+    // session releases its locks, so nothing stays locked.
+    drop(spawned);
+    tx
+}
+
+/// A held session-level advisory lock.
+pub(crate) struct PgLock {
+    client: Option<Client>,
+    class: i32,
+    id: i32,
+    unlocker: mpsc::Sender<Unlock>,
+}
+
+impl Drop for PgLock {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take() {
+            // If the thread is gone, the client is dropped: its session closes, and the lock
+            // with it.
+            let _ = self.unlocker.send(Unlock {
+                client,
+                class: self.class,
+                id: self.id,
+            });
+        }
+    }
+}
+
+/// The second key of a conversation's advisory locks: 32 bits of its key (two conversations
+/// sharing them only wait for each other).
+pub(crate) fn key_id(key: &sessionbox_core::ConversationKey) -> i32 {
+    let hex = &key.as_str()[..8];
+    u32::from_str_radix(hex, 16).unwrap_or(0) as i32
+}

@@ -1,0 +1,199 @@
+//! A PostgreSQL server for tests, and a fresh database in it per test.
+//!
+//! The server is `SESSIONBOX_TEST_PG_URL` when set (scripts/test starts one: a private cluster
+//! in a temporary directory); otherwise a private cluster is started here, once per test
+//! process, from the Debian package's binaries (`/usr/lib/postgresql/*/bin`), as the `postgres`
+//! user when running as root, listening on 127.0.0.1 on a free port, with its data in a new
+//! temporary directory. A watchdog stops it and removes that directory when the test process
+//! exits. Each [`TestDb`] is a new database, dropped when the value drops.
+//!
+//! When PostgreSQL is missing, [`database`] panics under `CI=true` (the suite must not pass
+//! without it) and otherwise returns `None`, after saying so on stderr.
+//!
+//! Shared by several crates' tests through `#[path]`.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// The environment variable naming a server (a superuser URL ending in a database that
+/// exists, such as `postgres://postgres@127.0.0.1:5433/postgres`).
+pub const URL_ENV: &str = "SESSIONBOX_TEST_PG_URL";
+
+/// A database of its own for one test.
+pub struct TestDb {
+    /// Its URL.
+    pub url: String,
+    admin: String,
+    name: String,
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Ok(mut c) = postgres::Client::connect(&self.admin, postgres::NoTls) {
+            let _ = c.batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ));
+        }
+    }
+}
+
+/// A new, empty database, or `None` when PostgreSQL is missing outside CI.
+pub fn database() -> Option<TestDb> {
+    let admin = match server() {
+        Ok(url) => url.clone(),
+        Err(why) => {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!(
+                    "PostgreSQL is needed by this test and is missing: {why}. scripts/test \
+                     installs and starts it"
+                );
+            }
+            eprintln!("SKIPPED (PostgreSQL is missing: {why}; scripts/test installs it)");
+            return None;
+        }
+    };
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let name = format!(
+        "sbtest_{}_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos()
+    );
+    let mut c =
+        postgres::Client::connect(&admin, postgres::NoTls).expect("connect to the test server");
+    c.batch_execute(&format!("CREATE DATABASE {name}"))
+        .expect("create a test database");
+    let base = admin
+        .rsplit_once('/')
+        .map(|(b, _)| b.to_owned())
+        .expect("the test server URL names a database");
+    Some(TestDb {
+        url: format!("{base}/{name}"),
+        admin,
+        name,
+    })
+}
+
+fn server() -> Result<&'static String, String> {
+    static SERVER: OnceLock<Result<String, String>> = OnceLock::new();
+    SERVER
+        .get_or_init(|| match std::env::var(URL_ENV) {
+            Ok(url) if !url.is_empty() => Ok(url),
+            _ => start_private_cluster(),
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+fn pg_bin() -> Option<PathBuf> {
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let v: u32 = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").is_file().then_some((v, bin))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, b)| b)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Runs `program` as the postgres user when this process is root.
+fn as_pg_user(program: &Path) -> Command {
+    if rustix::process::geteuid().is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(program);
+        c
+    } else {
+        Command::new(program)
+    }
+}
+
+fn start_private_cluster() -> Result<String, String> {
+    let bin = pg_bin().ok_or("no /usr/lib/postgresql/*/bin/initdb")?;
+    let dir = tempfile::Builder::new()
+        .prefix("sessionbox-pg-")
+        .tempdir()
+        .map_err(|e| e.to_string())?
+        .keep();
+    if rustix::process::geteuid().is_root() {
+        let ok = Command::new("chown")
+            .args(["postgres:postgres"])
+            .arg(&dir)
+            .status()
+            .map_err(|e| e.to_string())?
+            .success();
+        if !ok {
+            return Err("cannot give the cluster directory to the postgres user".into());
+        }
+    }
+    let data = dir.join("data");
+    let out = as_pg_user(&bin.join("initdb"))
+        .args(["-D"])
+        .arg(&data)
+        .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"])
+        .stdout(Stdio::null())
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let port = free_port();
+    // The watchdog stops the server and removes its directory once this test process is gone.
+    let script = format!(
+        "{postgres} -D {data} -p {port} -k {dir} -c listen_addresses=127.0.0.1 -c fsync=off \
+         -c max_connections=300 >{dir}/log 2>&1 & pg=$!; \
+         while kill -0 {parent} 2>/dev/null && kill -0 $pg 2>/dev/null; do sleep 1; done; \
+         kill -INT $pg 2>/dev/null; wait $pg; rm -rf {dir}",
+        postgres = bin.join("postgres").display(),
+        data = data.display(),
+        dir = dir.display(),
+        parent = std::process::id(),
+    );
+    let mut cmd = if rustix::process::geteuid().is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--", "sh", "-c", &script]);
+        c
+    } else {
+        let mut c = Command::new("sh");
+        c.args(["-c", &script]);
+        c
+    };
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match postgres::Client::connect(&url, postgres::NoTls) {
+            Ok(_) => return Ok(url),
+            Err(e) if Instant::now() > deadline => {
+                return Err(format!("the private PostgreSQL did not start: {e}"));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
