@@ -74,6 +74,9 @@ pub struct ConversationInfo {
 pub struct Client {
     http: reqwest::Client,
     base: String,
+    /// Every server's base URL (one, or several replicas of one service), used in turn.
+    bases: std::sync::Arc<[String]>,
+    next: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     key: Option<String>,
 }
 
@@ -116,17 +119,45 @@ impl Client {
             .connect_timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| Error::Backend(format!("cannot build the HTTP client: {e}")))?;
+        let base = url.as_str().trim_end_matches('/').to_owned();
         Ok(Client {
             http,
-            base: url.as_str().trim_end_matches('/').to_owned(),
+            bases: vec![base.clone()].into(),
+            next: std::sync::Arc::default(),
+            base,
             key: api_key.filter(|k| !k.is_empty()),
         })
+    }
+
+    /// A client of several replicas of one service (sharing one store), each request sent to
+    /// the next in turn, so that requests on one conversation reach every replica. The errors
+    /// name the first URL.
+    ///
+    /// # Errors
+    /// As [`Client::new`], for any URL; [`Error::InvalidRequest`] when `bases` is empty.
+    pub fn with_replicas(bases: &[String], api_key: Option<String>) -> Result<Client> {
+        let Some(first) = bases.first() else {
+            return Err(Error::InvalidRequest("no server URL given".into()));
+        };
+        let mut c = Client::new(first, api_key.clone())?;
+        let mut all = Vec::with_capacity(bases.len());
+        for b in bases {
+            all.push(Client::new(b, api_key.clone())?.base);
+        }
+        c.bases = all.into();
+        Ok(c)
+    }
+
+    /// The base URL of the next request.
+    fn pick(&self) -> &str {
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        &self.bases[i % self.bases.len()]
     }
 
     fn url(&self, id: &ConversationId, tail: &str) -> String {
         format!(
             "{}/v1/conversations/{}{tail}",
-            self.base,
+            self.pick(),
             segment(id.as_str())
         )
     }
@@ -230,7 +261,7 @@ impl Client {
         let mut cursor: Option<String> = None;
         loop {
             let mut r = self
-                .request(Method::GET, format!("{}/v1/conversations", self.base))
+                .request(Method::GET, format!("{}/v1/conversations", self.pick()))
                 .query(&[("limit", "1000")]);
             if let Some(c) = &cursor {
                 r = r.query(&[("cursor", c)]);

@@ -43,6 +43,10 @@ const AGENT_EXE: &str = "/.sessionbox/sessionbox";
 /// conversation. The store provides it (unique while the conversation exists).
 pub type UidAllocator = Arc<dyn Fn(&ConversationKey) -> Result<u32> + Send + Sync>;
 
+/// The idle timeout of one conversation's sandbox, when it has its own (the store keeps one
+/// per conversation, from its tenant's lifecycle); `None` uses [`IsolatedConfig::idle_timeout`].
+pub type IdleTimeoutLookup = Arc<dyn Fn(&ConversationKey) -> Option<Duration> + Send + Sync>;
+
 /// Settings of the `isolated` runtime.
 #[derive(Clone)]
 pub struct IsolatedConfig {
@@ -60,6 +64,8 @@ pub struct IsolatedConfig {
     pub agent_args: Vec<String>,
     /// Host uid per conversation, used when running as root.
     pub allocate_uid: UidAllocator,
+    /// Per-conversation idle timeouts, looked up when a sandbox is launched.
+    pub idle_timeout_of: Option<IdleTimeoutLookup>,
 }
 
 impl std::fmt::Debug for IsolatedConfig {
@@ -210,7 +216,14 @@ impl IsolatedRuntime {
             "--root".to_owned(),
             WORKSPACE.to_owned(),
             "--idle-timeout".to_owned(),
-            self.config.idle_timeout.as_secs().max(1).to_string(),
+            self.config
+                .idle_timeout_of
+                .as_ref()
+                .and_then(|f| f(key))
+                .unwrap_or(self.config.idle_timeout)
+                .as_secs()
+                .max(1)
+                .to_string(),
             "--limits".to_owned(),
             serde_json::to_string(&self.config.limits).map_err(Error::backend)?,
         ]);

@@ -6,8 +6,17 @@
 //! recorded in the audit log (operation and outcome; never file contents, commands or secrets).
 //! [`Manager::destroy`] ends the conversation in the runtime, then deletes its record.
 //!
+//! Lifecycle: a new record gets its tenant's [`Lifecycle`] (see [`Manager::with_lifecycle`]);
+//! every open renews it ([`Store::touch`]); an expired conversation is not renewed but
+//! destroyed, by [`Manager::collect_garbage`] (see [`gc`]) or by the next open, which then makes
+//! it afresh. An open that finds, after the runtime opened the conversation, that its record
+//! was destroyed meanwhile (a renew that lost to expiry) removes what the runtime just made, so
+//! no sandbox is left without an owner.
+//!
 //! Architecture invariant: this crate knows no wire format and no runtime in particular; it sees
 //! only the [`Runtime`] and [`Session`] traits and the store.
+
+pub mod gc;
 
 use std::sync::Arc;
 
@@ -18,7 +27,11 @@ use sessionbox_core::{
     ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch, GrepRequest, Result, Runtime, Session,
     TenantId, WorkspacePath,
 };
-use sessionbox_store::{AuditEntry, ConversationRecord, Store};
+use sessionbox_store::{
+    AuditEntry, ConversationRecord, ConversationState, LifecyclePolicy, OrphanClaim, Store,
+};
+
+pub use gc::{GcItem, GcOptions, GcReport};
 
 /// Store plus runtime: opens, lists and destroys conversations, and audits what is done to them.
 ///
@@ -27,6 +40,7 @@ use sessionbox_store::{AuditEntry, ConversationRecord, Store};
 pub struct Manager {
     store: Store,
     runtime: Arc<dyn Runtime>,
+    lifecycle: Arc<LifecyclePolicy>,
 }
 
 /// What [`Manager::destroy`] removed.
@@ -51,7 +65,23 @@ impl DestroyOutcome {
 impl Manager {
     /// Serves conversations of `runtime`, recorded in `store`.
     pub fn new(store: Store, runtime: Arc<dyn Runtime>) -> Self {
-        Manager { store, runtime }
+        Manager {
+            store,
+            runtime,
+            lifecycle: Arc::default(),
+        }
+    }
+
+    /// The same, creating conversations with `policy`'s lifecycle for their tenant.
+    #[must_use]
+    pub fn with_lifecycle(mut self, policy: LifecyclePolicy) -> Self {
+        self.lifecycle = Arc::new(policy);
+        self
+    }
+
+    /// The lifecycle policy new conversations get.
+    pub fn lifecycle(&self) -> &LifecyclePolicy {
+        &self.lifecycle
     }
 
     /// The runtime.
@@ -73,48 +103,168 @@ impl Manager {
         WorkspacePath::resolve(&self.runtime.presented_root(&conversation.key), path)
     }
 
-    /// Opens `conversation`, creating its record and workspace on first use.
+    /// Opens `conversation`, creating its record and workspace on first use, and renews it.
+    ///
+    /// An expired conversation is destroyed first and made again (as a new conversation: its
+    /// files are gone).
     ///
     /// # Errors
-    /// [`Error::Conflict`] when the conversation belongs to another runtime; the runtime's errors.
+    /// - [`Error::Conflict`] when the conversation belongs to another runtime.
+    /// - [`Error::Busy`] while it is being destroyed or cleaned up (retry).
+    /// - [`Error::NotFound`] when it was destroyed while this call opened it.
+    /// - The runtime's errors.
     pub async fn open(&self, conversation: &ConversationRef) -> Result<Conversation> {
-        let runtime_name = self.runtime.info().name;
-        let store = self.store.clone();
-        let conv = conversation.clone();
-        let recorded =
-            blocking(move || store.get_or_create(&conv, &runtime_name, Utc::now())).await;
-        let (record, created) = match recorded {
-            Ok(r) => r,
+        let result = self.open_inner(conversation).await;
+        match &result {
+            Ok((conv, created)) => {
+                let detail = match (created, conv.session.state_lost()) {
+                    (true, _) => Some("created".to_owned()),
+                    // The sandbox had vanished and was replaced: its files are gone.
+                    (false, true) => Some("state_lost".to_owned()),
+                    (false, false) => None,
+                };
+                self.audit(conversation, "open", &Ok::<(), Error>(()), detail)
+                    .await;
+            }
             Err(e) => {
                 self.audit(conversation, "open", &Err::<(), _>(e.clone()), None)
                     .await;
-                return Err(e);
             }
+        }
+        let (conv, _) = result?;
+        Ok(conv)
+    }
+
+    async fn open_inner(&self, conversation: &ConversationRef) -> Result<(Conversation, bool)> {
+        let runtime_name = self.runtime.info().name;
+        let lifecycle = self.lifecycle.for_tenant(&conversation.tenant);
+        let mut expired_once = false;
+        let (record, created) = loop {
+            let store = self.store.clone();
+            let conv = conversation.clone();
+            let name = runtime_name.clone();
+            let (record, created) =
+                blocking(move || store.get_or_create_with(&conv, &name, Utc::now(), &lifecycle))
+                    .await?;
+            if record.state == ConversationState::Destroying {
+                return Err(Error::Busy(format!(
+                    "conversation {} is being destroyed; retry in a moment",
+                    conversation.id
+                )));
+            }
+            if !record.is_expired(Utc::now()) {
+                break (record, created);
+            }
+            if expired_once {
+                return Err(Error::Busy(format!(
+                    "conversation {} expired and is being destroyed; retry in a moment",
+                    conversation.id
+                )));
+            }
+            expired_once = true;
+            self.destroy_expired(conversation, &record).await?;
         };
-        let session = self.runtime.open(conversation).await;
-        let lost = session.as_ref().is_ok_and(|s| s.state_lost());
-        let detail = match (created, lost) {
-            (true, _) => Some("created".to_owned()),
-            // The sandbox had vanished and was replaced: its files are gone.
-            (false, true) => Some("state_lost".to_owned()),
-            (false, false) => None,
-        };
-        self.audit(conversation, "open", &session, detail).await;
         if !created {
             let store = self.store.clone();
             let key = conversation.key.clone();
             blocking(move || store.touch(&key, Utc::now())).await?;
         }
-        Ok(Conversation {
-            session: session?,
-            conversation: conversation.clone(),
-            record,
-            created,
-            store: self.store.clone(),
+        let session = self.runtime.open(conversation).await?;
+        // The record may have been destroyed while the runtime opened the conversation (a
+        // renew racing expiry, a destroy from another process): then what the runtime just
+        // made may have no owner.
+        let store = self.store.clone();
+        let key = conversation.key.clone();
+        let now = blocking(move || store.get(&key)).await?;
+        match now {
+            Some(r)
+                if r.generation == record.generation && r.state == ConversationState::Active =>
+            {
+                Ok((
+                    Conversation {
+                        session,
+                        conversation: conversation.clone(),
+                        record,
+                        created,
+                        store: self.store.clone(),
+                    },
+                    created,
+                ))
+            }
+            now => {
+                let _ = session.close().await;
+                let ours = match &now {
+                    // Being destroyed: whoever destroys it may have finished with the runtime
+                    // before this open made a sandbox again.
+                    Some(r) => r.generation == record.generation,
+                    // Gone: remove what this open made, unless a new record claims the key.
+                    None => {
+                        let store = self.store.clone();
+                        let key = conversation.key.clone();
+                        blocking(move || store.claim_orphan(&key, Utc::now())).await?
+                            == OrphanClaim::Claimed
+                    }
+                };
+                if ours {
+                    let removed = self.runtime.destroy(&conversation.key).await;
+                    if now.is_none() {
+                        let store = self.store.clone();
+                        let key = conversation.key.clone();
+                        blocking(move || store.release_orphan(&key)).await?;
+                    }
+                    removed?;
+                }
+                Err(Error::NotFound(format!(
+                    "conversation {} was destroyed while it was being opened",
+                    conversation.id
+                )))
+            }
+        }
+    }
+
+    /// Destroys an expired conversation if this call can claim it (a renew may win instead).
+    async fn destroy_expired(
+        &self,
+        conversation: &ConversationRef,
+        record: &ConversationRecord,
+    ) -> Result<()> {
+        let store = self.store.clone();
+        let key = conversation.key.clone();
+        let claimed = blocking(move || store.claim_expired(&key, Utc::now())).await?;
+        if !claimed {
+            return Ok(());
+        }
+        let result = self.finish_destroy(&conversation.key).await;
+        let detail = result.as_ref().ok().map(|o| {
+            format!(
+                "expired_at={} processes_killed={}",
+                record
+                    .expires_at
+                    .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+                    .unwrap_or_default(),
+                o.runtime.processes_killed
+            )
+        });
+        self.audit(conversation, "expire", &result, detail).await;
+        result.map(drop)
+    }
+
+    /// The runtime's teardown, then the record (claimed `destroying` by the caller).
+    async fn finish_destroy(&self, key: &ConversationKey) -> Result<DestroyOutcome> {
+        let runtime = self.runtime.destroy(key).await?;
+        let store = self.store.clone();
+        let k = key.clone();
+        let record_removed = blocking(move || store.delete(&k)).await?;
+        Ok(DestroyOutcome {
+            runtime,
+            record_removed,
         })
     }
 
     /// Ends `conversation`: its processes, sandbox, workspace and record. Idempotent.
+    ///
+    /// The record is marked `destroying` first, so no open makes a sandbox for it meanwhile;
+    /// if the runtime fails, it stays so and garbage collection finishes the job.
     pub async fn destroy(&self, conversation: &ConversationRef) -> Result<DestroyOutcome> {
         let result = self.destroy_inner(&conversation.key).await;
         let detail = result.as_ref().ok().map(|o| {
@@ -135,23 +285,38 @@ impl Manager {
         // the record and leave the sandbox running.
         let store = self.store.clone();
         let k = key.clone();
-        if let Some(record) = blocking(move || store.get(&k)).await? {
-            let ours = self.runtime.info().name;
-            if record.runtime != ours {
-                return Err(Error::Conflict(format!(
-                    "conversation {} belongs to the {} runtime; destroy it with --runtime {}",
-                    record.conversation_id, record.runtime, record.runtime
-                )));
+        let Some(record) = blocking(move || store.get(&k)).await? else {
+            // No record: remove whatever the runtime holds for the key, with the key claimed
+            // so that no record is made meanwhile.
+            let store = self.store.clone();
+            let k = key.clone();
+            if blocking(move || store.claim_orphan(&k, Utc::now())).await? == OrphanClaim::HasRecord
+            {
+                return Err(Error::Busy(
+                    "the conversation was created while it was being destroyed; retry".into(),
+                ));
             }
+            let runtime = self.runtime.destroy(key).await;
+            let store = self.store.clone();
+            let k = key.clone();
+            blocking(move || store.release_orphan(&k)).await?;
+            return Ok(DestroyOutcome {
+                runtime: runtime?,
+                record_removed: false,
+            });
+        };
+        let ours = self.runtime.info().name;
+        if record.runtime != ours {
+            return Err(Error::Conflict(format!(
+                "conversation {} belongs to the {} runtime; destroy it with --runtime {}",
+                record.conversation_id, record.runtime, record.runtime
+            )));
         }
-        let runtime = self.runtime.destroy(key).await?;
         let store = self.store.clone();
         let k = key.clone();
-        let record_removed = blocking(move || store.delete(&k)).await?;
-        Ok(DestroyOutcome {
-            runtime,
-            record_removed,
-        })
+        let generation = record.generation;
+        blocking(move || store.claim_for_destroy(&k, generation)).await?;
+        self.finish_destroy(key).await
     }
 
     /// The recorded conversations, of one tenant or all, most recently used first.
@@ -198,7 +363,9 @@ async fn audit<T>(
     }
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| Error::Backend(format!("store task failed: {e}")))?

@@ -22,7 +22,7 @@ use sessionbox_core::{
     ExitStatus, GrepMatch, GrepRequest, Session,
 };
 use sessionbox_manager::Conversation;
-use sessionbox_store::{AuditEntry, ConversationRecord};
+use sessionbox_store::{AuditEntry, ConversationLock, ConversationRecord};
 
 use crate::auth::Principal;
 use crate::commands::{CommandLogsView, CommandView};
@@ -162,6 +162,8 @@ pub(crate) struct Opened {
     created: bool,
     touched: Instant,
     sessions: Arc<crate::sessions::Sessions>,
+    /// The conversation held across processes and replicas (see `AppState::hold`).
+    _held: ConversationLock,
     _turn: Turn,
 }
 
@@ -173,6 +175,7 @@ impl Opened {
             conv,
             touched,
             sessions,
+            _held,
             _turn,
             ..
         } = self;
@@ -208,6 +211,41 @@ impl AppState {
             })
     }
 
+    /// Holds the conversation for one operation across processes and replicas sharing the
+    /// store (after this server's own turn, which orders its requests fairly). With
+    /// PostgreSQL this is an advisory lock: requests on one conversation at two replicas run one
+    /// at a time.
+    pub(crate) async fn hold(&self, key: &ConversationKey) -> Result<ConversationLock, ApiError> {
+        let store = self.manager.store().clone();
+        let key = key.clone();
+        Ok(blocking(move || store.lock_conversation(&key)).await?)
+    }
+
+    /// Whether a cached session may still be used: its record must still be the one it opened
+    /// (same generation: not destroyed, here or by another replica, and made again), active and
+    /// unexpired. Renews the record at most once per `TOUCH_EVERY`. On `false` the session is
+    /// closed and the conversation opened afresh.
+    async fn still_valid(&self, c: &crate::sessions::Cached) -> Result<Option<Instant>, ApiError> {
+        let store = self.manager.store().clone();
+        let key = c.conv.conversation().key.clone();
+        let generation = c.conv.record().generation;
+        let touch = c.touched.elapsed() >= crate::sessions::TOUCH_EVERY;
+        let ok = blocking(move || {
+            let now = chrono::Utc::now();
+            let valid = store.get(&key)?.is_some_and(|r| {
+                r.generation == generation
+                    && r.state == sessionbox_store::ConversationState::Active
+                    && !r.is_expired(now)
+            });
+            if valid && touch {
+                return Ok(store.touch(&key, now).is_ok());
+            }
+            Ok(valid)
+        })
+        .await?;
+        Ok(ok.then(|| if touch { Instant::now() } else { c.touched }))
+    }
+
     async fn record(&self, key: &ConversationKey) -> Result<Option<ConversationRecord>, ApiError> {
         let store = self.manager.store().clone();
         let key = key.clone();
@@ -222,24 +260,34 @@ impl AppState {
         create: bool,
     ) -> Result<Opened, ApiError> {
         let turn = self.turn(&conv.key).await?;
+        let held = self.hold(&conv.key).await?;
         if let Some(c) = self.sessions.take(&conv.key) {
-            // Kept from an earlier request: the conversation exists and its session is open.
-            let mut touched = c.touched;
-            if touched.elapsed() >= crate::sessions::TOUCH_EVERY {
-                let store = self.manager.store().clone();
-                let key = conv.key.clone();
-                blocking(move || store.touch(&key, chrono::Utc::now())).await?;
-                touched = Instant::now();
+            // Kept from an earlier request: used only while its record is still the one it
+            // opened (another process or replica may have destroyed it, or it expired).
+            match self.still_valid(&c).await {
+                Ok(Some(touched)) => {
+                    return Ok(Opened {
+                        conv: c.conv,
+                        created: false,
+                        touched,
+                        sessions: self.sessions.clone(),
+                        _held: held,
+                        _turn: turn,
+                    });
+                }
+                Ok(None) => crate::sessions::close_all(vec![c.conv]).await,
+                Err(e) => {
+                    crate::sessions::close_all(vec![c.conv]).await;
+                    return Err(e);
+                }
             }
-            return Ok(Opened {
-                conv: c.conv,
-                created: false,
-                touched,
-                sessions: self.sessions.clone(),
-                _turn: turn,
-            });
         }
-        if !create && self.record(&conv.key).await?.is_none() {
+        if !create
+            && self
+                .record(&conv.key)
+                .await?
+                .is_none_or(|r| r.is_expired(chrono::Utc::now()))
+        {
             return Err(conversation_not_found(conv));
         }
         let opened = self.manager.open(conv).await?;
@@ -248,6 +296,7 @@ impl AppState {
             conv: opened,
             touched: Instant::now(),
             sessions: self.sessions.clone(),
+            _held: held,
             _turn: turn,
         })
     }
@@ -569,6 +618,7 @@ pub(crate) async fn destroy_conversation(
 ) -> Response {
     audited!(s, p, "destroy", id, |conv| {
         let _turn = s.turn(&conv.key).await?;
+        let _held = s.hold(&conv.key).await?;
         s.commands.end_conversation(&conv.key).await;
         if let Some(c) = s.sessions.take(&conv.key) {
             crate::sessions::close_all(vec![c.conv]).await;

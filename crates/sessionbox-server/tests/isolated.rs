@@ -130,6 +130,7 @@ impl Server {
                 exe: std::env::current_exe().unwrap(),
                 agent_args: vec!["agent".into()],
                 allocate_uid: Arc::new(move |key| uid_store.allocate_uid(key, base..base + 64)),
+                idle_timeout_of: None,
             })
             .unwrap(),
         );

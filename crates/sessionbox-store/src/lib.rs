@@ -319,30 +319,39 @@ impl Store {
             Backend::Sqlite {
                 path: Some(path), ..
             } => {
-                let dir = path
-                    .parent()
-                    .filter(|d| !d.as_os_str().is_empty())
-                    .unwrap_or(Path::new("."))
-                    .join("locks");
-                create_private_dir(&dir)?;
-                let stripe =
-                    usize::from_str_radix(&key.as_str()[..4], 16).unwrap_or(0) % LOCK_STRIPES;
-                let file = dir.join(format!("{stripe:03x}"));
-                let f = File::options()
-                    .create(true)
-                    .truncate(false)
-                    .write(true)
-                    .open(&file)
-                    .map_err(|e| {
-                        Error::Backend(format!("cannot open the lock {}: {e}", file.display()))
-                    })?;
+                let f = stripe_file(path, key)?;
                 rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
-                    .map_err(|e| Error::Backend(format!("cannot lock {}: {e}", file.display())))?;
+                    .map_err(|e| Error::Backend(format!("cannot lock a stripe: {e}")))?;
                 LockInner::File(f)
             }
             Backend::Postgres(pg) => LockInner::Pg(pg.lock(pg::CLASS_OPERATION, pg::key_id(key))?),
         };
         Ok(ConversationLock { _inner: inner })
+    }
+
+    /// [`Store::lock_conversation`] without waiting: `None` when another holder has it.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when the lock cannot be tried.
+    pub fn try_lock_conversation(&self, key: &ConversationKey) -> Result<Option<ConversationLock>> {
+        let inner = match &self.backend {
+            Backend::Sqlite { path: None, .. } => LockInner::None,
+            Backend::Sqlite {
+                path: Some(path), ..
+            } => {
+                let f = stripe_file(path, key)?;
+                match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+                    Ok(()) => LockInner::File(f),
+                    Err(rustix::io::Errno::WOULDBLOCK) => return Ok(None),
+                    Err(e) => return Err(Error::Backend(format!("cannot lock a stripe: {e}"))),
+                }
+            }
+            Backend::Postgres(pg) => match pg.try_lock(pg::CLASS_OPERATION, pg::key_id(key))? {
+                Some(l) => LockInner::Pg(l),
+                None => return Ok(None),
+            },
+        };
+        Ok(Some(ConversationLock { _inner: inner }))
     }
 
     /// Returns the conversation's record, creating it (state `active`, created and last used at
@@ -927,6 +936,24 @@ fn schema_too_new(version: u32) -> Error {
 /// `Transaction` rolls it back), so a poisoned lock is safe to take.
 fn lock(conn: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
     conn.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The lock file of `key`'s stripe beside the SQLite file at `path`.
+fn stripe_file(path: &Path, key: &ConversationKey) -> Result<File> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .join("locks");
+    create_private_dir(&dir)?;
+    let stripe = usize::from_str_radix(&key.as_str()[..4], 16).unwrap_or(0) % LOCK_STRIPES;
+    let file = dir.join(format!("{stripe:03x}"));
+    File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&file)
+        .map_err(|e| Error::Backend(format!("cannot open the lock {}: {e}", file.display())))
 }
 
 fn create_private_dir(dir: &Path) -> Result<()> {

@@ -129,6 +129,34 @@ impl PgBackend {
         out
     }
 
+    /// [`PgBackend::lock`] without waiting: `None` when another session holds it.
+    pub(crate) fn try_lock(self: &Arc<Self>, class: i32, id: i32) -> Result<Option<PgLock>> {
+        let mut client = self.take()?;
+        let got: bool = client
+            .query_one("SELECT pg_try_advisory_lock($1, $2)", &[&class, &id])
+            .map_err(pg_error("try the conversation's lock"))?
+            .get(0);
+        if !got {
+            self.give_back(client);
+            return Ok(None);
+        }
+        Ok(Some(self.guard(client, class, id)))
+    }
+
+    fn guard(self: &Arc<Self>, client: Client, class: i32, id: i32) -> PgLock {
+        let unlocker = {
+            let mut slot = self.unlocker.lock().unwrap_or_else(|e| e.into_inner());
+            slot.get_or_insert_with(|| start_unlocker(self.idle.clone()))
+                .clone()
+        };
+        PgLock {
+            client: Some(client),
+            class,
+            id,
+            unlocker,
+        }
+    }
+
     /// Takes the session-level advisory lock `(class, id)` on a connection of its own; it is
     /// released when the guard drops.
     pub(crate) fn lock(self: &Arc<Self>, class: i32, id: i32) -> Result<PgLock> {
@@ -136,17 +164,7 @@ impl PgBackend {
         client
             .execute("SELECT pg_advisory_lock($1, $2)", &[&class, &id])
             .map_err(pg_error("take the conversation's lock"))?;
-        let unlocker = {
-            let mut slot = self.unlocker.lock().unwrap_or_else(|e| e.into_inner());
-            slot.get_or_insert_with(|| start_unlocker(self.idle.clone()))
-                .clone()
-        };
-        Ok(PgLock {
-            client: Some(client),
-            class,
-            id,
-            unlocker,
-        })
+        Ok(self.guard(client, class, id))
     }
 }
 

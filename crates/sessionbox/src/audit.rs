@@ -53,7 +53,12 @@ pub fn parse_since(text: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, Usag
 
 /// Runs `sessionbox audit` on the store of `data_dir`. Reads only: a data directory without a
 /// store prints an empty log and creates nothing.
-pub fn run(args: &AuditArgs, data_dir: &Path, tenant: &TenantId) -> anyhow::Result<ExitCode> {
+pub fn run(
+    args: &AuditArgs,
+    data_dir: &Path,
+    store_url: Option<&str>,
+    tenant: &TenantId,
+) -> anyhow::Result<ExitCode> {
     let key = match &args.conversation {
         Some(id) => Some(ConversationKey::derive(tenant, &ConversationId::new(id)?)),
         None => None,
@@ -63,8 +68,8 @@ pub fn run(args: &AuditArgs, data_dir: &Path, tenant: &TenantId) -> anyhow::Resu
         None => None,
     };
     let db = data_dir.join("sessionbox.db");
-    let records = if db.exists() {
-        Store::open(&db)?.audit_log(&AuditFilter {
+    let records = if db.exists() || store_url.is_some() {
+        Store::open_configured(store_url, &db)?.audit_log(&AuditFilter {
             tenant: (!args.all_tenants).then(|| tenant.clone()),
             key,
             since,

@@ -223,6 +223,7 @@ impl Bench {
                     allocate_uid: Arc::new(move |key| {
                         uid_store.allocate_uid(key, 3_000_000..3_065_536)
                     }),
+                    idle_timeout_of: None,
                 })?)
             }
             RuntimeKind::Host => Arc::new(HostRuntime::new(HostConfig::new(&self.data_dir))?),

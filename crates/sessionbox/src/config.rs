@@ -57,6 +57,93 @@ pub struct FileConfig {
     /// `opensandbox` runtime settings.
     #[serde(default)]
     pub opensandbox: OpenSandboxSection,
+    /// Where the store lives.
+    #[serde(default)]
+    pub store: StoreSection,
+    /// How long conversations live, by default and per tenant.
+    #[serde(default)]
+    pub lifecycle: LifecycleSection,
+}
+
+/// `[store]` settings.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreSection {
+    /// A PostgreSQL store shared by several replicas: `postgres://USER@HOST:PORT/DB`
+    /// (`SESSIONBOX_STORE_URL` overrides it). Unset: the SQLite file `<data dir>/sessionbox.db`.
+    /// A password may be in it (keep the file private) or in `PGPASSWORD`-style files that the
+    /// URL does not name; it is never logged.
+    pub url: Option<String>,
+}
+
+/// `[lifecycle]` settings: the default lifecycle, and `[lifecycle.tenants.NAME]` overrides
+/// (a field an override leaves out falls back to the default's).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LifecycleSection {
+    /// Seconds a sandbox may sit idle before it stops (the workspace stays). Default: `[isolated]
+    /// idle_timeout_secs`, else 600.
+    pub idle_timeout_secs: Option<u64>,
+    /// Seconds a conversation lives after its last use (each use renews it); then it expires
+    /// and garbage collection destroys it. Default: never.
+    pub ttl_secs: Option<u64>,
+    /// Seconds a conversation may live from its creation, however much it is used. Default:
+    /// no bound.
+    pub max_lifetime_secs: Option<u64>,
+    /// Per-tenant overrides.
+    #[serde(default)]
+    pub tenants: std::collections::BTreeMap<String, TenantLifecycle>,
+}
+
+/// `[lifecycle.tenants.NAME]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantLifecycle {
+    /// As `[lifecycle] idle_timeout_secs`.
+    pub idle_timeout_secs: Option<u64>,
+    /// As `[lifecycle] ttl_secs`.
+    pub ttl_secs: Option<u64>,
+    /// As `[lifecycle] max_lifetime_secs`.
+    pub max_lifetime_secs: Option<u64>,
+}
+
+impl FileConfig {
+    /// The lifecycle policy: `[lifecycle]`, its tenant overrides, and `[isolated]
+    /// idle_timeout_secs` as the idle default.
+    pub fn lifecycle(&self) -> anyhow::Result<sessionbox_store::LifecyclePolicy> {
+        use std::time::Duration;
+        let secs = |v: Option<u64>| v.map(Duration::from_secs);
+        let l = &self.lifecycle;
+        let mut policy = sessionbox_store::LifecyclePolicy {
+            default: sessionbox_store::Lifecycle {
+                idle_timeout: secs(l.idle_timeout_secs.or(self.isolated.idle_timeout_secs)),
+                ttl: secs(l.ttl_secs),
+                max_lifetime: secs(l.max_lifetime_secs),
+            },
+            tenants: Default::default(),
+        };
+        for (name, t) in &l.tenants {
+            let tenant = sessionbox_core::TenantId::new(name.clone())
+                .with_context(|| format!("[lifecycle.tenants.{name}]"))?;
+            policy.tenants.insert(
+                tenant,
+                sessionbox_store::Lifecycle {
+                    idle_timeout: secs(t.idle_timeout_secs),
+                    ttl: secs(t.ttl_secs),
+                    max_lifetime: secs(t.max_lifetime_secs),
+                },
+            );
+        }
+        Ok(policy)
+    }
+
+    /// The store URL: `SESSIONBOX_STORE_URL`, else `[store] url`.
+    pub fn store_url(&self) -> Option<String> {
+        std::env::var(sessionbox_store::STORE_URL_ENV)
+            .ok()
+            .filter(|u| !u.is_empty())
+            .or_else(|| self.store.url.clone())
+    }
 }
 
 /// `[aio]` settings. The token is never read from here: it comes from `AIO_SANDBOX_TOKEN`.
@@ -218,6 +305,33 @@ mod tests {
             !err.contains("s3cret"),
             "the error quotes the secret: {err}"
         );
+    }
+
+    #[test]
+    fn lifecycle_defaults_and_tenant_overrides_are_read() {
+        use std::time::Duration;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sessionbox.toml");
+        std::fs::write(
+            &p,
+            "[isolated]\nidle_timeout_secs = 30\n[lifecycle]\nttl_secs = 3600\n\
+             [lifecycle.tenants.acme]\nttl_secs = 60\nmax_lifetime_secs = 120\n\
+             [store]\nurl = \"postgres://sb@db:5432/sb\"\n",
+        )
+        .unwrap();
+        let c = FileConfig::load(&p, true).unwrap();
+        let policy = c.lifecycle().unwrap();
+        let d = policy.for_tenant(&sessionbox_core::TenantId::new("other").unwrap());
+        assert_eq!(d.idle_timeout, Some(Duration::from_secs(30)));
+        assert_eq!(d.ttl, Some(Duration::from_secs(3600)));
+        assert_eq!(d.max_lifetime, None);
+        let a = policy.for_tenant(&sessionbox_core::TenantId::new("acme").unwrap());
+        assert_eq!(a.idle_timeout, Some(Duration::from_secs(30)));
+        assert_eq!(a.ttl, Some(Duration::from_secs(60)));
+        assert_eq!(a.max_lifetime, Some(Duration::from_secs(120)));
+        assert_eq!(c.store.url.as_deref(), Some("postgres://sb@db:5432/sb"));
+        std::fs::write(&p, "[lifecycle.tenants.acme]\nttl = 1\n").unwrap();
+        assert!(FileConfig::load(&p, true).is_err());
     }
 
     #[test]

@@ -171,11 +171,44 @@ enum Command {
         #[arg(long, short = 'i')]
         ignore_case: bool,
     },
-    /// List this tenant's conversations with their state and last use.
+    /// List this tenant's conversations: state, creation, last use, expiry and lifecycle.
     Conversations {
         /// Every tenant's conversations.
         #[arg(long)]
         all_tenants: bool,
+        /// As JSON (times in RFC 3339, durations in seconds).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Collect garbage: destroy expired conversations, finish destroys left half-done, and find
+    /// orphans (a workspace, sandbox or processes labelled as sessionbox's with no record; a
+    /// record whose workspace vanished) and remove them, or with --dry-run only report them.
+    ///
+    /// Only the runtime's own labelled state is looked at (directories named by a conversation
+    /// key under the data directory); nothing else is ever touched. `serve` runs this
+    /// periodically.
+    Gc {
+        /// Report; remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Seconds a record must have been unused before it counts as stuck or dangling.
+        #[arg(long, default_value_t = 60)]
+        grace_secs: u64,
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Copy the SQLite store to PATH (a new file) with SQLite's online backup API: a
+    /// consistent snapshot, safe while a server is writing. Workspaces are not in it.
+    Backup {
+        /// The backup file to make.
+        path: PathBuf,
+    },
+    /// Replace the SQLite store's contents with a backup made by `sessionbox backup`. Stop
+    /// `serve` first; then run `sessionbox gc` to remove workspaces the backup has no record of.
+    Restore {
+        /// The backup file.
+        path: PathBuf,
     },
     /// End a conversation: kill its processes, remove its workspace and record. Idempotent.
     Destroy {
@@ -296,14 +329,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         return bench::run(args, cli.data_dir.clone(), cli.runtime, cli.tenant.clone()).await;
     }
     if let Command::Verify(args) = &cli.command
-        && let Some(url) = &args.via
+        && !args.via.is_empty()
     {
-        // Through a server: no data directory, store or runtime here.
+        // Through a server (or replicas of one): no data directory, store or runtime here.
         let key = std::env::var("SESSIONBOX_API_KEY").ok();
-        let client = sessionbox_client::Client::new(url, key)?;
+        let client = sessionbox_client::Client::with_replicas(&args.via, key)?;
         let target = verify::Target::Http {
             client,
-            base: url.clone(),
+            base: args.via.join(" "),
         };
         let tenant = TenantId::new(
             cli.tenant
@@ -340,13 +373,46 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             .then(|| opensandbox::client_config(cli.endpoint.as_deref(), &file.opensandbox));
         return Ok(doctor::run(kind, osb).await);
     }
+    let store_url = file.store_url();
     if let Command::Audit(args) = &cli.command {
-        return audit::run(args, &data_dir, &tenant);
+        return off_runtime(|| audit::run(args, &data_dir, store_url.as_deref(), &tenant));
     }
     if let Command::Keys { command } = &cli.command {
         let given = cli.tenant.is_some().then_some(&tenant);
-        return serve::keys(command, &data_dir, given);
+        return off_runtime(|| serve::keys(command, &data_dir, store_url.as_deref(), given));
     }
+    if let Command::Backup { path } | Command::Restore { path } = &cli.command {
+        let db = data_dir.join("sessionbox.db");
+        return off_runtime(|| {
+            if store_url.is_some() {
+                anyhow::bail!(
+                    "the store is PostgreSQL (SESSIONBOX_STORE_URL or [store] url): back it up \
+                     with pg_dump and restore it with pg_restore"
+                );
+            }
+            if !db.exists() {
+                anyhow::bail!(
+                    "there is no store at {} to back up or restore into",
+                    db.display()
+                );
+            }
+            let store = Store::open(&db)?;
+            if matches!(cli.command, Command::Backup { .. }) {
+                store.backup(path)?;
+                println!("backed up {} to {}", db.display(), path.display());
+            } else {
+                store.restore(path)?;
+                println!(
+                    "restored {} from {}; run `sessionbox gc` to remove workspaces it has no \
+                     record of",
+                    db.display(),
+                    path.display()
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        });
+    }
+    let lifecycle = file.lifecycle()?;
 
     // Validate every input before anything is created.
     let conversation = match command_conversation(&cli.command) {
@@ -368,7 +434,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         _ => None,
     };
 
-    let store = Store::open(&data_dir.join("sessionbox.db"))?;
+    let db = data_dir.join("sessionbox.db");
+    let store = off_runtime(|| Store::open_configured(store_url.as_deref(), &db))?;
     let runtime: Arc<dyn Runtime> = match kind {
         RuntimeKind::Isolated => {
             let iso = &file.isolated;
@@ -386,6 +453,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let base = iso.uid_base.unwrap_or(3_000_000);
             let count = iso.uid_count.unwrap_or(65_536);
             let uid_store = store.clone();
+            let idle_store = store.clone();
             let exe = std::env::current_exe().context("cannot find the sessionbox executable")?;
             Arc::new(IsolatedRuntime::new(IsolatedConfig {
                 data_dir: data_dir.clone(),
@@ -397,6 +465,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 allocate_uid: Arc::new(move |key| {
                     uid_store.allocate_uid(key, base..base.saturating_add(count))
                 }),
+                idle_timeout_of: Some(Arc::new(move |key| {
+                    idle_store.get(key).ok().flatten()?.idle_timeout
+                })),
             })?)
         }
         RuntimeKind::Host => {
@@ -418,7 +489,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         )?),
     };
     let ctx = App {
-        manager: Manager::new(store, runtime),
+        manager: Manager::new(store, runtime).with_lifecycle(lifecycle),
         tenant,
         runtime_name: kind.name(),
     };
@@ -437,28 +508,33 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Doctor | Command::Agent { .. } => unreachable!("handled before the runtime"),
-        Command::Conversations { all_tenants } => {
+        Command::Conversations { all_tenants, json } => {
             let tenant = (!all_tenants).then_some(&ctx.tenant);
             let records = ctx.manager.list(tenant).await?;
-            println!(
-                "{:<20} {:<32} {:<10} {:<9} {:<25}",
-                "TENANT", "CONVERSATION", "RUNTIME", "STATE", "LAST USED"
-            );
-            for r in records {
-                println!(
-                    "{:<20} {:<32} {:<10} {:<9} {:<25}",
-                    r.tenant.as_str(),
-                    r.conversation_id.as_str(),
-                    r.runtime,
-                    r.state.as_str(),
-                    r.last_used_at
-                        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-                );
-            }
+            print_conversations(&records, json)?;
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Gc {
+            dry_run,
+            grace_secs,
+            json,
+        } => {
+            let report = ctx
+                .manager
+                .collect_garbage(sessionbox_manager::GcOptions {
+                    dry_run,
+                    grace: Duration::from_secs(grace_secs),
+                })
+                .await?;
+            print_gc(&report, json)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Backup { .. } | Command::Restore { .. } => {
+            unreachable!("handled before the runtime")
         }
         Command::Destroy { .. } => {
             let conv = conversation.expect("destroy names a conversation");
+            let _held = hold(&ctx, &conv).await?;
             let out = ctx.manager.destroy(&conv).await?;
             if out.nothing_removed() {
                 println!("conversation {} did not exist; nothing removed", conv.id);
@@ -535,6 +611,9 @@ fn command_conversation(c: &Command) -> Option<&str> {
         | Command::Destroy { conv }
         | Command::Mcp { conv } => Some(&conv.conversation),
         Command::Conversations { .. }
+        | Command::Gc { .. }
+        | Command::Backup { .. }
+        | Command::Restore { .. }
         | Command::Verify(_)
         | Command::Bench(_)
         | Command::Doctor
@@ -665,7 +744,13 @@ async fn session_command(
         command,
         Command::Exec { .. } | Command::Write { .. } | Command::Mkdir { .. }
     );
-    if !creates && ctx.manager.store().get(&conv.key)?.is_none() {
+    // Held for the whole operation, as the server does: one operation at a time per
+    // conversation across processes (and, with PostgreSQL, machines).
+    let _held = hold(ctx, conv).await?;
+    let store = ctx.manager.store().clone();
+    let key = conv.key.clone();
+    let record = tokio::task::spawn_blocking(move || store.get(&key)).await??;
+    if !creates && record.is_none_or(|r| r.is_expired(chrono::Utc::now())) {
         return Err(Error::NotFound(format!(
             "conversation {} does not exist in tenant {}; exec, write or mkdir create one",
             conv.id, conv.tenant
@@ -791,6 +876,9 @@ async fn run_on_session(
             })
         }
         Command::Conversations { .. }
+        | Command::Gc { .. }
+        | Command::Backup { .. }
+        | Command::Restore { .. }
         | Command::Destroy { .. }
         | Command::Verify(_)
         | Command::Bench(_)
@@ -803,4 +891,128 @@ async fn run_on_session(
             unreachable!("handled without a session")
         }
     }
+}
+
+/// Runs `f` on a thread of its own, outside the async runtime: the PostgreSQL store's client
+/// blocks its thread and must not run on a thread that drives async tasks.
+pub(crate) fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| s.spawn(f).join().expect("a store thread panicked"))
+}
+
+/// Holds `conv` for one operation (see `Store::lock_conversation`).
+async fn hold(
+    ctx: &App,
+    conv: &ConversationRef,
+) -> anyhow::Result<sessionbox_store::ConversationLock> {
+    let store = ctx.manager.store().clone();
+    let key = conv.key.clone();
+    Ok(tokio::task::spawn_blocking(move || store.lock_conversation(&key)).await??)
+}
+
+fn print_conversations(
+    records: &[sessionbox_store::ConversationRecord],
+    json: bool,
+) -> anyhow::Result<()> {
+    let t = |d: chrono::DateTime<chrono::Utc>| d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let secs = |d: Option<Duration>| d.map(|d| d.as_secs());
+    if json {
+        let v: Vec<_> = records
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "tenant": r.tenant.as_str(),
+                    "id": r.conversation_id.as_str(),
+                    "key": r.key.as_str(),
+                    "runtime": r.runtime,
+                    "state": r.state.as_str(),
+                    "created_at": t(r.created_at),
+                    "last_used_at": t(r.last_used_at),
+                    "expires_at": r.expires_at.map(t),
+                    "idle_timeout_secs": secs(r.idle_timeout),
+                    "ttl_secs": secs(r.ttl),
+                    "max_lifetime_secs": secs(r.max_lifetime),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let dur =
+        |d: Option<Duration>| d.map_or_else(|| "-".to_owned(), |d| format!("{}s", d.as_secs()));
+    println!(
+        "{:<16} {:<28} {:<9} {:<10} {:<20} {:<20} {:<20} {:>7} {:>9} {:>9}",
+        "TENANT",
+        "CONVERSATION",
+        "RUNTIME",
+        "STATE",
+        "CREATED",
+        "LAST USED",
+        "EXPIRES",
+        "IDLE",
+        "TTL",
+        "MAX LIFE"
+    );
+    for r in records {
+        println!(
+            "{:<16} {:<28} {:<9} {:<10} {:<20} {:<20} {:<20} {:>7} {:>9} {:>9}",
+            r.tenant.as_str(),
+            r.conversation_id.as_str(),
+            r.runtime,
+            r.state.as_str(),
+            t(r.created_at),
+            t(r.last_used_at),
+            r.expires_at.map_or_else(|| "never".to_owned(), t),
+            dur(r.idle_timeout),
+            dur(r.ttl),
+            dur(r.max_lifetime),
+        );
+    }
+    Ok(())
+}
+
+fn print_gc(report: &sessionbox_manager::GcReport, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+        return Ok(());
+    }
+    let verb = if report.dry_run { "found" } else { "removed" };
+    println!(
+        "garbage collection on the {} runtime{}: {} expired, {} stuck, {} orphan(s), {} dangling \
+         record(s); {} {verb}",
+        report.runtime,
+        if report.dry_run { " (dry run)" } else { "" },
+        report.expired.len(),
+        report.stuck.len(),
+        report.orphans.len(),
+        report.dangling.len(),
+        if report.dry_run {
+            report.found()
+        } else {
+            report.removed()
+        },
+    );
+    for (kind, items) in [
+        ("expired", &report.expired),
+        ("stuck", &report.stuck),
+        ("orphan", &report.orphans),
+        ("dangling", &report.dangling),
+    ] {
+        for i in items {
+            println!(
+                "  {kind:<8} {} {}{} processes={}{}",
+                &i.key[..16],
+                i.tenant
+                    .as_deref()
+                    .map(|t| format!("{t}/"))
+                    .unwrap_or_default(),
+                i.conversation.as_deref().unwrap_or("(no record)"),
+                i.processes,
+                i.note
+                    .as_deref()
+                    .map(|n| format!(" [{n}]"))
+                    .unwrap_or_default(),
+            );
+        }
+    }
+    Ok(())
 }

@@ -31,6 +31,14 @@ pub struct ServeArgs {
     /// Largest file body of `PUT .../files/{path}` in bytes.
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     max_file_bytes: usize,
+    /// Seconds between garbage collections (expired conversations, orphans; see `sessionbox
+    /// gc`); the first runs at start. 0 turns it off.
+    #[arg(long, default_value_t = 60)]
+    gc_interval_secs: u64,
+    /// Seconds a record must have been unused before garbage collection counts it as stuck or
+    /// dangling.
+    #[arg(long, default_value_t = 60)]
+    gc_grace_secs: u64,
 }
 
 /// `sessionbox keys ...`. Keys are never taken on the command line: they are only printed, once,
@@ -59,7 +67,11 @@ pub enum KeysCommand {
 /// Runs `sessionbox serve` until SIGINT or SIGTERM.
 pub async fn run(ctx: &App, args: ServeArgs) -> anyhow::Result<ExitCode> {
     let store = ctx.manager.store().clone();
-    sessionbox_server::check_listen(&args.listen, &store)?;
+    let listen = args.listen;
+    let keyed = crate::off_runtime(|| {
+        sessionbox_server::check_listen(&listen, &store)?;
+        store.has_api_keys()
+    })?;
     let loopback = args.listen.ip().is_loopback();
     let config = ServerConfig {
         max_json_bytes: args.max_json_bytes,
@@ -74,7 +86,6 @@ pub async fn run(ctx: &App, args: ServeArgs) -> anyhow::Result<ExitCode> {
     let addr = listener
         .local_addr()
         .context("cannot read the listen address")?;
-    let keyed = store.has_api_keys()?;
     println!("listening on http://{addr}");
     eprintln!(
         "sessionbox: serving the HTTP API on http://{addr} with the {} runtime; {}",
@@ -92,6 +103,31 @@ pub async fn run(ctx: &App, args: ServeArgs) -> anyhow::Result<ExitCode> {
     use std::io::Write;
     std::io::stdout().flush().ok();
     let state = AppState::new(ctx.manager.clone(), config);
+    if args.gc_interval_secs > 0 {
+        let manager = ctx.manager.clone();
+        let every = std::time::Duration::from_secs(args.gc_interval_secs);
+        let options = sessionbox_manager::GcOptions {
+            dry_run: false,
+            grace: std::time::Duration::from_secs(args.gc_grace_secs),
+        };
+        tokio::spawn(async move {
+            loop {
+                match manager.collect_garbage(options).await {
+                    Ok(r) if r.found() > 0 => tracing::warn!(
+                        expired = r.expired.len(),
+                        stuck = r.stuck.len(),
+                        orphans = r.orphans.len(),
+                        dangling = r.dangling.len(),
+                        removed = r.removed(),
+                        "garbage collection"
+                    ),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "garbage collection failed"),
+                }
+                tokio::time::sleep(every).await;
+            }
+        });
+    }
     sessionbox_server::serve(listener, state, shutdown_signal())
         .await
         .context("the HTTP server failed")?;
@@ -118,6 +154,7 @@ async fn shutdown_signal() {
 pub fn keys(
     command: &KeysCommand,
     data_dir: &Path,
+    store_url: Option<&str>,
     tenant: Option<&TenantId>,
 ) -> anyhow::Result<ExitCode> {
     if let KeysCommand::Create { label } = command {
@@ -128,7 +165,7 @@ pub fn keys(
             )
             .into());
         };
-        let store = Store::open(&data_dir.join("sessionbox.db"))?;
+        let store = Store::open_configured(store_url, &data_dir.join("sessionbox.db"))?;
         let k = store.create_api_key(tenant, label.as_deref(), Utc::now())?;
         eprintln!(
             "created API key {} for tenant {:?}; it is shown once, below, and cannot be recovered",
@@ -138,7 +175,7 @@ pub fn keys(
         println!("{}", k.key);
         return Ok(ExitCode::SUCCESS);
     }
-    let store = Store::open(&data_dir.join("sessionbox.db"))?;
+    let store = Store::open_configured(store_url, &data_dir.join("sessionbox.db"))?;
     match command {
         KeysCommand::Create { .. } => unreachable!("handled above"),
         KeysCommand::List { json } => {

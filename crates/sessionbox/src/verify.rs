@@ -46,9 +46,11 @@ pub struct VerifyArgs {
     report_md: Option<PathBuf>,
     /// Run the experiment through a sessionbox server's HTTP API at this URL
     /// (`http://127.0.0.1:7070`) instead of the runtime in this process. The API key, if the
-    /// server needs one, comes from SESSIONBOX_API_KEY (never the command line).
+    /// server needs one, comes from SESSIONBOX_API_KEY (never the command line). Repeat it to
+    /// name several replicas sharing one store: requests go to each in turn, so every
+    /// conversation is served by all of them.
     #[arg(long, value_name = "URL")]
-    pub via: Option<String>,
+    pub via: Vec<String>,
 }
 
 /// Where the experiment runs: the configured runtime in this process, or a server over HTTP.

@@ -224,6 +224,7 @@ fn build(
             exe: PathBuf::from(EXE),
             agent_args: vec!["agent".into()],
             allocate_uid: Arc::new(move |key| uid_store.allocate_uid(key, uids.clone())),
+            idle_timeout_of: None,
         })
         .expect("runtime"),
     );

@@ -1,0 +1,290 @@
+//! Garbage collection: what should not exist any more, found by comparing the store (the
+//! source of truth) with the runtime's inventory ([`Runtime::list`]), and removed.
+//!
+//! Four kinds, each reported (with `dry_run`) or removed:
+//!
+//! - **expired**: an `active` record whose `expires_at` has passed. Claimed with
+//!   [`Store::claim_expired`] (a renew that wins the race keeps it), then destroyed in the
+//!   runtime, then the record deleted.
+//! - **stuck**: a record left `destroying` (its destroyer died or failed) and not used for the
+//!   grace period. Destroyed again, then deleted.
+//! - **orphans**: runtime state (a workspace, a sandbox, processes) of a key with no record at
+//!   all. The key is claimed ([`Store::claim_orphan`]) so no record is made meanwhile, then the
+//!   runtime destroys it.
+//! - **dangling**: an `active` record the runtime holds nothing for (its workspace vanished),
+//!   unused for the grace period. It points at nothing: claimed, and deleted.
+//!
+//! What counts as runtime state is the runtime's inventory, which lists only what the runtime
+//! labels as sessionbox's (for `host` and `isolated`, directories named by a conversation key
+//! under the data directory's `workspaces/` and `run/`; for `aio`, the same under its root).
+//! Nothing else is ever looked at, let alone removed. Records of another runtime are left
+//! alone (that runtime's GC handles them).
+//!
+//! Each removal takes the conversation's operation lock without waiting
+//! ([`Store::try_lock_conversation`]); a conversation in use is skipped this round (it is in
+//! use, so it is neither orphaned nor idle) and looked at again on the next. Under the lock the
+//! candidate is checked again before anything is removed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use chrono::Utc;
+use serde::Serialize;
+use sessionbox_core::{ConversationKey, ConversationRef, Error, Result, RuntimeConversation};
+use sessionbox_store::{ConversationRecord, ConversationState, OrphanClaim, Store};
+
+use crate::{Manager, blocking};
+
+/// How a collection runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GcOptions {
+    /// Report, remove nothing.
+    pub dry_run: bool,
+    /// A record must have been unused this long before it counts as stuck or dangling (it may
+    /// be being created or destroyed right now otherwise).
+    pub grace: Duration,
+}
+
+impl Default for GcOptions {
+    fn default() -> Self {
+        GcOptions {
+            dry_run: false,
+            grace: Duration::from_secs(60),
+        }
+    }
+}
+
+/// One thing garbage collection found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GcItem {
+    /// The conversation key.
+    pub key: String,
+    /// Tenant and id, when a record names them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<String>,
+    /// Host processes the runtime counted for it.
+    pub processes: usize,
+    /// True when it was removed; false in a dry run, or when it was skipped (see `note`).
+    pub removed: bool,
+    /// Why it was skipped or failed, if it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// What a collection found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct GcReport {
+    /// The runtime looked at.
+    pub runtime: String,
+    /// Nothing was removed.
+    pub dry_run: bool,
+    /// Expired conversations.
+    pub expired: Vec<GcItem>,
+    /// Records left `destroying`.
+    pub stuck: Vec<GcItem>,
+    /// Runtime state without a record.
+    pub orphans: Vec<GcItem>,
+    /// Records whose runtime state vanished.
+    pub dangling: Vec<GcItem>,
+}
+
+impl GcReport {
+    /// Everything found, of every kind.
+    pub fn found(&self) -> usize {
+        self.expired.len() + self.stuck.len() + self.orphans.len() + self.dangling.len()
+    }
+
+    /// Everything removed.
+    pub fn removed(&self) -> usize {
+        [&self.expired, &self.stuck, &self.orphans, &self.dangling]
+            .iter()
+            .flat_map(|v| v.iter())
+            .filter(|i| i.removed)
+            .count()
+    }
+}
+
+fn item(key: &ConversationKey, record: Option<&ConversationRecord>, processes: usize) -> GcItem {
+    GcItem {
+        key: key.to_string(),
+        tenant: record.map(|r| r.tenant.to_string()),
+        conversation: record.map(|r| r.conversation_id.to_string()),
+        processes,
+        removed: false,
+        note: None,
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Expired,
+    Stuck,
+    Orphan,
+    Dangling,
+}
+
+impl Manager {
+    /// Runs one garbage collection over this manager's runtime. See the [module
+    /// documentation](self).
+    ///
+    /// # Errors
+    /// When the runtime's inventory or the store cannot be read. A failure to remove one item
+    /// is noted in the report, not returned.
+    pub async fn collect_garbage(&self, options: GcOptions) -> Result<GcReport> {
+        let ours = self.runtime.info().name;
+        // The inventory first: anything the runtime holds at this point was recorded before
+        // (records are made before the runtime opens), so a record missing from the listing
+        // that follows was deleted, not not-yet-made.
+        let inventory: BTreeMap<ConversationKey, RuntimeConversation> = self
+            .runtime
+            .list()
+            .await?
+            .into_iter()
+            .map(|c| (c.key.clone(), c))
+            .collect();
+        let store = self.store.clone();
+        let records = blocking(move || store.list(None)).await?;
+        let now = Utc::now();
+        let grace = chrono::Duration::from_std(options.grace).unwrap_or(chrono::Duration::MAX);
+        let recorded: BTreeSet<&ConversationKey> = records.iter().map(|r| &r.key).collect();
+        let procs = |k: &ConversationKey| inventory.get(k).map_or(0, |c| c.processes.len());
+
+        let mut candidates: Vec<(Kind, ConversationKey, Option<ConversationRecord>)> = Vec::new();
+        for r in records.iter().filter(|r| r.runtime == ours) {
+            let idle_past_grace = now - r.last_used_at >= grace;
+            let kind = match r.state {
+                ConversationState::Active if r.is_expired(now) => Kind::Expired,
+                ConversationState::Destroying if idle_past_grace => Kind::Stuck,
+                ConversationState::Active if !inventory.contains_key(&r.key) && idle_past_grace => {
+                    Kind::Dangling
+                }
+                _ => continue,
+            };
+            candidates.push((kind, r.key.clone(), Some(r.clone())));
+        }
+        for key in inventory.keys().filter(|k| !recorded.contains(k)) {
+            candidates.push((Kind::Orphan, key.clone(), None));
+        }
+
+        let mut report = GcReport {
+            runtime: ours,
+            dry_run: options.dry_run,
+            ..GcReport::default()
+        };
+        for (kind, key, record) in candidates {
+            let mut it = item(&key, record.as_ref(), procs(&key));
+            if !options.dry_run {
+                match self.remove(kind, &key, record.as_ref()).await {
+                    Ok(None) => it.removed = true,
+                    Ok(Some(why)) => it.note = Some(why),
+                    Err(e) => {
+                        tracing::warn!(key = %key.short(), error = %e, "garbage collection could not remove an item");
+                        it.note = Some(e.to_string());
+                    }
+                }
+            }
+            match kind {
+                Kind::Expired => report.expired.push(it),
+                Kind::Stuck => report.stuck.push(it),
+                Kind::Orphan => report.orphans.push(it),
+                Kind::Dangling => report.dangling.push(it),
+            }
+        }
+        Ok(report)
+    }
+
+    /// Removes one candidate under its lock; `Some(reason)` when it was skipped.
+    async fn remove(
+        &self,
+        kind: Kind,
+        key: &ConversationKey,
+        seen: Option<&ConversationRecord>,
+    ) -> Result<Option<String>> {
+        let store = self.store.clone();
+        let k = key.clone();
+        let Some(_lock) = blocking(move || store.try_lock_conversation(&k)).await? else {
+            return Ok(Some("in use; left for the next collection".into()));
+        };
+        let store = self.store.clone();
+        let k = key.clone();
+        let now_record = blocking(move || store.get(&k)).await?;
+        let same = |r: &ConversationRecord| seen.is_some_and(|s| s.generation == r.generation);
+        match kind {
+            Kind::Expired => {
+                let Some(r) = now_record.filter(same) else {
+                    return Ok(Some("gone already".into()));
+                };
+                let store = self.store.clone();
+                let k = key.clone();
+                if !blocking(move || store.claim_expired(&k, Utc::now())).await? {
+                    return Ok(Some("renewed before it could be claimed".into()));
+                }
+                let conv = ConversationRef::new(r.tenant.clone(), r.conversation_id.clone());
+                let result = self.finish_destroy(key).await;
+                let detail = result
+                    .as_ref()
+                    .ok()
+                    .map(|o| format!("gc expired processes_killed={}", o.runtime.processes_killed));
+                self.audit(&conv, "expire", &result, detail).await;
+                result.map(|_| None)
+            }
+            Kind::Stuck => {
+                let Some(r) = now_record
+                    .filter(same)
+                    .filter(|r| r.state == ConversationState::Destroying)
+                else {
+                    return Ok(Some("changed since it was found".into()));
+                };
+                let conv = ConversationRef::new(r.tenant.clone(), r.conversation_id.clone());
+                let result = self.finish_destroy(key).await;
+                self.audit(&conv, "destroy", &result, Some("gc stuck".into()))
+                    .await;
+                result.map(|_| None)
+            }
+            Kind::Dangling => {
+                let Some(r) = now_record
+                    .filter(same)
+                    .filter(|r| r.state == ConversationState::Active)
+                else {
+                    return Ok(Some("changed since it was found".into()));
+                };
+                if self.runtime.list().await?.iter().any(|c| &c.key == key) {
+                    return Ok(Some("the runtime holds it now".into()));
+                }
+                let store = self.store.clone();
+                let k = key.clone();
+                let generation = r.generation;
+                if !blocking(move || store.claim_for_destroy(&k, generation)).await? {
+                    return Ok(Some("changed since it was found".into()));
+                }
+                let conv = ConversationRef::new(r.tenant.clone(), r.conversation_id.clone());
+                let result = self.finish_destroy(key).await;
+                self.audit(&conv, "destroy", &result, Some("gc dangling".into()))
+                    .await;
+                result.map(|_| None)
+            }
+            Kind::Orphan => {
+                let store = self.store.clone();
+                let k = key.clone();
+                if blocking(move || store.claim_orphan(&k, Utc::now())).await?
+                    == OrphanClaim::HasRecord
+                {
+                    return Ok(Some("a record was made for it meanwhile".into()));
+                }
+                let result = self.runtime.destroy(key).await;
+                release(&self.store, key).await?;
+                result.map(|_| None)
+            }
+        }
+    }
+}
+
+async fn release(store: &Store, key: &ConversationKey) -> Result<()> {
+    let store = store.clone();
+    let k = key.clone();
+    blocking(move || store.release_orphan(&k))
+        .await
+        .map_err(|e| Error::Backend(format!("could not release a cleaned key: {e}")))
+}
