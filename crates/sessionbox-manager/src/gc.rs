@@ -6,8 +6,8 @@
 //! - **expired**: an `active` record whose `expires_at` has passed. Claimed with
 //!   [`Store::claim_expired`] (a renew that wins the race keeps it), then destroyed in the
 //!   runtime, then the record deleted.
-//! - **stuck**: a record left `destroying` (its destroyer died or failed) and not used for the
-//!   grace period. Destroyed again, then deleted.
+//! - **stuck**: a record left `destroying` for the grace period (its destroyer died or
+//!   failed). Destroyed again, then deleted.
 //! - **orphans**: runtime state (a workspace, a sandbox, processes) of a key with no record at
 //!   all. The key is claimed ([`Store::claim_orphan`]) so no record is made meanwhile, then the
 //!   runtime destroys it.
@@ -156,7 +156,9 @@ impl Manager {
             let idle_past_grace = now - r.last_used_at >= grace;
             let kind = match r.state {
                 ConversationState::Active if r.is_expired(now) => Kind::Expired,
-                ConversationState::Destroying if idle_past_grace => Kind::Stuck,
+                ConversationState::Destroying if r.state_since.is_none_or(|t| now - t >= grace) => {
+                    Kind::Stuck
+                }
                 ConversationState::Active if !inventory.contains_key(&r.key) && idle_past_grace => {
                     Kind::Dangling
                 }
@@ -222,7 +224,7 @@ impl Manager {
                     return Ok(Some("renewed before it could be claimed".into()));
                 }
                 let conv = ConversationRef::new(r.tenant.clone(), r.conversation_id.clone());
-                let result = self.finish_destroy(key).await;
+                let result = self.finish_destroy(key, r.generation).await;
                 let detail = result
                     .as_ref()
                     .ok()
@@ -238,7 +240,7 @@ impl Manager {
                     return Ok(Some("changed since it was found".into()));
                 };
                 let conv = ConversationRef::new(r.tenant.clone(), r.conversation_id.clone());
-                let result = self.finish_destroy(key).await;
+                let result = self.finish_destroy(key, r.generation).await;
                 self.audit(&conv, "destroy", &result, Some("gc stuck".into()))
                     .await;
                 result.map(|_| None)
@@ -260,7 +262,7 @@ impl Manager {
                     return Ok(Some("changed since it was found".into()));
                 }
                 let conv = ConversationRef::new(r.tenant.clone(), r.conversation_id.clone());
-                let result = self.finish_destroy(key).await;
+                let result = self.finish_destroy(key, r.generation).await;
                 self.audit(&conv, "destroy", &result, Some("gc dangling".into()))
                     .await;
                 result.map(|_| None)

@@ -234,7 +234,9 @@ impl Manager {
         if !claimed {
             return Ok(());
         }
-        let result = self.finish_destroy(&conversation.key).await;
+        let result = self
+            .finish_destroy(&conversation.key, record.generation)
+            .await;
         let detail = result.as_ref().ok().map(|o| {
             format!(
                 "expired_at={} processes_killed={}",
@@ -249,12 +251,17 @@ impl Manager {
         result.map(drop)
     }
 
-    /// The runtime's teardown, then the record (claimed `destroying` by the caller).
-    async fn finish_destroy(&self, key: &ConversationKey) -> Result<DestroyOutcome> {
+    /// The runtime's teardown, then the record of generation `generation` (claimed
+    /// `destroying` by the caller; a later record of the key is left alone).
+    async fn finish_destroy(
+        &self,
+        key: &ConversationKey,
+        generation: i64,
+    ) -> Result<DestroyOutcome> {
         let runtime = self.runtime.destroy(key).await?;
         let store = self.store.clone();
         let k = key.clone();
-        let record_removed = blocking(move || store.delete(&k)).await?;
+        let record_removed = blocking(move || store.delete_generation(&k, generation)).await?;
         Ok(DestroyOutcome {
             runtime,
             record_removed,
@@ -316,7 +323,7 @@ impl Manager {
         let k = key.clone();
         let generation = record.generation;
         blocking(move || store.claim_for_destroy(&k, generation)).await?;
-        self.finish_destroy(key).await
+        self.finish_destroy(key, generation).await
     }
 
     /// The recorded conversations, of one tenant or all, most recently used first.

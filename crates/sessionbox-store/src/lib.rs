@@ -122,7 +122,7 @@ pub enum OrphanClaim {
 
 const RECORD_COLUMNS: &str = "key, tenant, conversation_id, runtime, sandbox_ref, state, \
                               created_at, last_used_at, expires_at, idle_timeout_ms, ttl_ms, \
-                              max_lifetime_ms, generation";
+                              max_lifetime_ms, generation, state_since";
 
 /// How many lock files stripe the conversations of a SQLite store.
 const LOCK_STRIPES: usize = 4096;
@@ -532,7 +532,7 @@ impl Store {
             |db| {
                 Ok(db.execute(
                     "claim the expired conversation",
-                    "UPDATE conversations SET state = 'destroying'
+                    "UPDATE conversations SET state = 'destroying', state_since = $2
                  WHERE key = $1 AND state = 'active' AND expires_at IS NOT NULL
                    AND expires_at <= $2",
                     &[key.as_str().into(), now.timestamp_millis().into()],
@@ -547,14 +547,36 @@ impl Store {
     /// # Errors
     /// [`Error::Backend`].
     pub fn claim_for_destroy(&self, key: &ConversationKey, generation: i64) -> Result<bool> {
+        let now = Utc::now().timestamp_millis();
         self.write("claim the conversation", TxLock::Record(key), |db| {
             Ok(db.execute(
                 "claim the conversation",
-                "UPDATE conversations SET state = 'destroying'
+                "UPDATE conversations SET state = 'destroying',
+                     state_since = CASE WHEN state = 'destroying' THEN state_since ELSE $3 END
                  WHERE key = $1 AND generation = $2",
-                &[key.as_str().into(), generation.into()],
+                &[key.as_str().into(), generation.into(), now.into()],
             )? == 1)
         })
+    }
+
+    /// Deletes the record of `key` only if it is still generation `generation` (a destroyer
+    /// never deletes a record made after the one it destroyed). True when it did.
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    pub fn delete_generation(&self, key: &ConversationKey, generation: i64) -> Result<bool> {
+        let n = self.write(
+            "delete the conversation record",
+            TxLock::Record(key),
+            |db| {
+                db.execute(
+                    "delete the conversation record",
+                    "DELETE FROM conversations WHERE key = $1 AND generation = $2",
+                    &[key.as_str().into(), generation.into()],
+                )
+            },
+        )?;
+        Ok(n > 0)
     }
 
     /// Claims a key that has runtime state but no record (an orphan), so that no record can be
@@ -605,7 +627,14 @@ impl Store {
     /// # Errors
     /// [`Error::NotFound`] when there is no such conversation; [`Error::Backend`].
     pub fn set_state(&self, key: &ConversationKey, state: ConversationState) -> Result<()> {
-        self.update(key, "state = $2", state.as_str().into())
+        self.update(
+            key,
+            &format!(
+                "state = $2, state_since = CASE WHEN state = $2 THEN state_since ELSE {} END",
+                Utc::now().timestamp_millis()
+            ),
+            state.as_str().into(),
+        )
     }
 
     /// Sets (or with `None` clears) when the conversation expires.
@@ -1030,6 +1059,7 @@ fn record(r: &Row) -> Result<ConversationRecord> {
         ttl: duration(r.opt_int(10)?),
         max_lifetime: duration(r.opt_int(11)?),
         generation: r.int(12)?,
+        state_since: r.opt_int(13)?.map(time).transpose()?,
     })
 }
 

@@ -128,12 +128,14 @@ const MIGRATIONS: &[Step] = &[
     },
     // 5: lifecycle. The policy a conversation was created with (idle timeout, time to live
     // renewed on use, maximum lifetime), a generation telling a record from a later one of the
-    // same key, and the keys garbage collection is clearing (no record may be made meanwhile).
+    // same key, when its state last changed (a destroy claimed long ago and not finished is
+    // stuck), and the keys garbage collection is clearing (no record may be made meanwhile).
     Step {
         sqlite: "ALTER TABLE conversations ADD COLUMN idle_timeout_ms INTEGER;
     ALTER TABLE conversations ADD COLUMN ttl_ms INTEGER;
     ALTER TABLE conversations ADD COLUMN max_lifetime_ms INTEGER;
     ALTER TABLE conversations ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE conversations ADD COLUMN state_since INTEGER;
     CREATE INDEX conversations_by_expiry ON conversations (expires_at);
     CREATE TABLE gc_claims (
         key        TEXT PRIMARY KEY NOT NULL CHECK (length(key) = 64),
@@ -143,6 +145,7 @@ const MIGRATIONS: &[Step] = &[
     ALTER TABLE conversations ADD COLUMN ttl_ms BIGINT;
     ALTER TABLE conversations ADD COLUMN max_lifetime_ms BIGINT;
     ALTER TABLE conversations ADD COLUMN generation BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE conversations ADD COLUMN state_since BIGINT;
     CREATE INDEX conversations_by_expiry ON conversations (expires_at);
     CREATE TABLE gc_claims (
         key        TEXT PRIMARY KEY NOT NULL CHECK (length(key) = 64),

@@ -90,6 +90,9 @@ pub struct ConversationRecord {
     /// and made again gets a new generation. A holder of a session compares it to know the
     /// conversation it opened still exists.
     pub generation: i64,
+    /// When its state last changed (for `destroying`: when the destroy was claimed). `None`
+    /// for records from before this was kept.
+    pub state_since: Option<DateTime<Utc>>,
 }
 
 impl ConversationRecord {
