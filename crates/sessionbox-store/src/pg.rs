@@ -47,6 +47,17 @@ impl std::fmt::Debug for PgBackend {
     }
 }
 
+impl Drop for PgBackend {
+    /// Closes the idle connections on a thread of its own: closing a synchronous client blocks,
+    /// and the last `Store` may well be dropped on a thread that drives async tasks.
+    fn drop(&mut self) {
+        let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|e| e.into_inner()));
+        if !idle.is_empty() {
+            let _ = std::thread::spawn(move || drop(idle)).join();
+        }
+    }
+}
+
 struct Unlock {
     client: Client,
     class: i32,

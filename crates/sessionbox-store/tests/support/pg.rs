@@ -116,15 +116,27 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Runs `program` as the postgres user when this process is root.
+/// The postgres user's uid and gid, from /etc/passwd (read only).
+fn pg_ids() -> Option<(u32, u32)> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        (f.first() == Some(&"postgres"))
+            .then(|| Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?)))?
+    })
+}
+
+/// Runs `program` as the postgres user when this process is root (PostgreSQL refuses to run
+/// as root).
 fn as_pg_user(program: &Path) -> Command {
-    if rustix::process::geteuid().is_root() {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(program);
-        c
-    } else {
-        Command::new(program)
+    let mut c = Command::new(program);
+    if rustix::process::geteuid().is_root()
+        && let Some((uid, gid)) = pg_ids()
+    {
+        use std::os::unix::process::CommandExt;
+        c.uid(uid).gid(gid);
     }
+    c
 }
 
 fn start_private_cluster() -> Result<String, String> {
@@ -135,15 +147,9 @@ fn start_private_cluster() -> Result<String, String> {
         .map_err(|e| e.to_string())?
         .keep();
     if rustix::process::geteuid().is_root() {
-        let ok = Command::new("chown")
-            .args(["postgres:postgres"])
-            .arg(&dir)
-            .status()
-            .map_err(|e| e.to_string())?
-            .success();
-        if !ok {
-            return Err("cannot give the cluster directory to the postgres user".into());
-        }
+        let (uid, gid) = pg_ids().ok_or("no postgres user")?;
+        std::os::unix::fs::chown(&dir, Some(uid), Some(gid))
+            .map_err(|e| format!("cannot give the cluster directory to postgres: {e}"))?;
     }
     let data = dir.join("data");
     let out = as_pg_user(&bin.join("initdb"))
@@ -164,22 +170,15 @@ fn start_private_cluster() -> Result<String, String> {
     let script = format!(
         "{postgres} -D {data} -p {port} -k {dir} -c listen_addresses=127.0.0.1 -c fsync=off \
          -c max_connections=300 >{dir}/log 2>&1 & pg=$!; \
-         while kill -0 {parent} 2>/dev/null && kill -0 $pg 2>/dev/null; do sleep 1; done; \
+         while [ -d /proc/{parent} ] && kill -0 $pg 2>/dev/null; do sleep 1; done; \
          kill -INT $pg 2>/dev/null; wait $pg; rm -rf {dir}",
         postgres = bin.join("postgres").display(),
         data = data.display(),
         dir = dir.display(),
         parent = std::process::id(),
     );
-    let mut cmd = if rustix::process::geteuid().is_root() {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--", "sh", "-c", &script]);
-        c
-    } else {
-        let mut c = Command::new("sh");
-        c.args(["-c", &script]);
-        c
-    };
+    let mut cmd = as_pg_user(Path::new("/bin/sh"));
+    cmd.args(["-c", &script]);
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
