@@ -101,7 +101,7 @@ pub struct ConversationLock {
 enum LockInner {
     None,
     File(#[allow(dead_code)] File),
-    Pg(#[allow(dead_code)] pg::PgLock),
+    Pg(#[allow(dead_code)] Box<pg::PgLock>),
 }
 
 impl std::fmt::Debug for ConversationLock {
@@ -324,7 +324,9 @@ impl Store {
                     .map_err(|e| Error::Backend(format!("cannot lock a stripe: {e}")))?;
                 LockInner::File(f)
             }
-            Backend::Postgres(pg) => LockInner::Pg(pg.lock(pg::CLASS_OPERATION, pg::key_id(key))?),
+            Backend::Postgres(pg) => {
+                LockInner::Pg(Box::new(pg.lock(pg::CLASS_OPERATION, pg::key_id(key))?))
+            }
         };
         Ok(ConversationLock { _inner: inner })
     }
@@ -347,7 +349,7 @@ impl Store {
                 }
             }
             Backend::Postgres(pg) => match pg.try_lock(pg::CLASS_OPERATION, pg::key_id(key))? {
-                Some(l) => LockInner::Pg(l),
+                Some(l) => LockInner::Pg(Box::new(l)),
                 None => return Ok(None),
             },
         };

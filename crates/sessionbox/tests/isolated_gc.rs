@@ -15,6 +15,7 @@ use sessionbox_store::{Lifecycle, LifecyclePolicy};
 
 use support::*;
 
+#[allow(dead_code)]
 mod support;
 
 macro_rules! needs_root {
@@ -27,9 +28,17 @@ macro_rules! needs_root {
 }
 
 /// Host processes in the sandboxes of keys that have no record: must be none.
-async fn ownerless_processes(env: &Env, m: &sessionbox_manager::Manager) -> Vec<(String, Vec<u32>)> {
-    let records: BTreeSet<ConversationKey> =
-        m.list(None).await.unwrap().into_iter().map(|r| r.key).collect();
+async fn ownerless_processes(
+    env: &Env,
+    m: &sessionbox_manager::Manager,
+) -> Vec<(String, Vec<u32>)> {
+    let records: BTreeSet<ConversationKey> = m
+        .list(None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.key)
+        .collect();
     env.runtime
         .list()
         .await
@@ -73,7 +82,9 @@ async fn renew_racing_expiry_never_leaves_a_sandbox_without_an_owner() {
             let (m1, m2, c1) = (m.clone(), m.clone(), c.clone());
             let user = tokio::spawn(async move {
                 let s = m1.open(&c1).await.ok()?;
-                let r = s.exec(sessionbox_core::ExecRequest::new("echo 2 >> f")).await;
+                let r = s
+                    .exec(sessionbox_core::ExecRequest::new("echo 2 >> f"))
+                    .await;
                 Box::new(s).close().await.ok()?;
                 r.ok().filter(|r| r.success())
             });
@@ -88,12 +99,18 @@ async fn renew_racing_expiry_never_leaves_a_sandbox_without_an_owner() {
             let used = user.await.unwrap().is_some();
             gc.await.unwrap();
             let left = ownerless_processes(&env, &m).await;
-            assert!(left.is_empty(), "round {round}: sandboxes without an owner: {left:?}");
+            assert!(
+                left.is_empty(),
+                "round {round}: sandboxes without an owner: {left:?}"
+            );
             match m.store().get(&c.key).unwrap() {
                 Some(r) => {
                     lived += 1;
                     if used {
-                        assert!(r.expires_at.unwrap() > expires, "round {round}: not renewed");
+                        assert!(
+                            r.expires_at.unwrap() > expires,
+                            "round {round}: not renewed"
+                        );
                     }
                 }
                 None => {
@@ -161,7 +178,10 @@ async fn an_orphaned_sandbox_is_reported_then_ended_and_a_live_one_is_kept() {
             .unwrap();
         assert_eq!(dry.orphans.len(), 1, "{dry:#?}");
         assert!(dry.orphans[0].processes >= 2, "{dry:#?}");
-        assert!(rec.agent().is_some_and(|a| a.alive()), "a dry run ended the sandbox");
+        assert!(
+            rec.agent().is_some_and(|a| a.alive()),
+            "a dry run ended the sandbox"
+        );
 
         let r = env
             .manager
@@ -220,15 +240,44 @@ fn the_cli_shows_lifecycle_times_collects_expired_conversations_and_backs_up_the
         text(&out.stdout)
     };
     ok(&["exec", "-c", "keeper", "--", "echo k > f"]);
-    ok(&["--tenant", "brief", "exec", "-c", "short", "--", "echo s > f"]);
+    ok(&[
+        "--tenant",
+        "brief",
+        "exec",
+        "-c",
+        "short",
+        "--",
+        "echo s > f",
+    ]);
     let table = ok(&["conversations", "--all-tenants"]);
-    assert!(table.contains("EXPIRES") && table.contains("TTL"), "{table}");
-    let json: serde_json::Value = serde_json::from_str(&ok(&["conversations", "--all-tenants", "--json"])).unwrap();
-    let by_id = |id: &str| json.as_array().unwrap().iter().find(|r| r["id"] == id).unwrap().clone();
+    assert!(
+        table.contains("EXPIRES") && table.contains("TTL"),
+        "{table}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&["conversations", "--all-tenants", "--json"])).unwrap();
+    let by_id = |id: &str| {
+        json.as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == id)
+            .unwrap()
+            .clone()
+    };
     let (k, s) = (by_id("keeper"), by_id("short"));
-    assert_eq!((k["idle_timeout_secs"].as_u64(), k["ttl_secs"].as_u64()), (Some(45), Some(3600)));
+    assert_eq!(
+        (k["idle_timeout_secs"].as_u64(), k["ttl_secs"].as_u64()),
+        (Some(45), Some(3600))
+    );
     assert_eq!(k["max_lifetime_secs"], serde_json::Value::Null);
-    assert_eq!((s["idle_timeout_secs"].as_u64(), s["ttl_secs"].as_u64(), s["max_lifetime_secs"].as_u64()), (Some(45), Some(1), Some(2)));
+    assert_eq!(
+        (
+            s["idle_timeout_secs"].as_u64(),
+            s["ttl_secs"].as_u64(),
+            s["max_lifetime_secs"].as_u64()
+        ),
+        (Some(45), Some(1), Some(2))
+    );
     assert!(s["expires_at"].is_string());
 
     let backup = env.data.parent().unwrap().join("backup.db");
@@ -236,7 +285,10 @@ fn the_cli_shows_lifecycle_times_collects_expired_conversations_and_backs_up_the
 
     std::thread::sleep(Duration::from_millis(1200));
     let dry = ok(&["gc", "--dry-run"]);
-    assert!(dry.contains("1 expired") && dry.contains("brief/short"), "{dry}");
+    assert!(
+        dry.contains("1 expired") && dry.contains("brief/short"),
+        "{dry}"
+    );
     let short_ws = |env: &Env| {
         let key = sessionbox_core::ConversationKey::derive(
             &sessionbox_core::TenantId::new("brief").unwrap(),
@@ -258,7 +310,10 @@ fn the_cli_shows_lifecycle_times_collects_expired_conversations_and_backs_up_the
     assert!(list.contains("short"), "{list}");
     let r = ok(&["gc", "--grace-secs", "0"]);
     assert!(r.contains("1 removed"), "{r}");
-    assert_eq!(text(&env.cli(&["read", "-c", "keeper", "f"], &[]).stdout), "k\n");
+    assert_eq!(
+        text(&env.cli(&["read", "-c", "keeper", "f"], &[]).stdout),
+        "k\n"
+    );
     // Backing up onto an existing file is refused.
     let out = env.cli(&["backup", backup.to_str().unwrap()], &[]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
