@@ -171,7 +171,7 @@ fn start_private_cluster() -> Result<String, String> {
         "{postgres} -D {data} -p {port} -k {dir} -c listen_addresses=127.0.0.1 -c fsync=off \
          -c max_connections=300 >{dir}/log 2>&1 & pg=$!; \
          while [ -d /proc/{parent} ] && kill -0 $pg 2>/dev/null; do sleep 1; done; \
-         kill -INT $pg 2>/dev/null; wait $pg; rm -rf {dir}",
+         kill -INT $pg 2>/dev/null; wait $pg; rm -rf {dir}; sleep 2; rm -rf {dir}",
         postgres = bin.join("postgres").display(),
         data = data.display(),
         dir = dir.display(),
