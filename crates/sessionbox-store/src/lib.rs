@@ -26,6 +26,7 @@
 //! # Ok::<(), sessionbox_core::Error>(())
 //! ```
 
+mod egress;
 mod keys;
 mod remote;
 mod schema;
@@ -42,6 +43,7 @@ use rusqlite::types::Type;
 use rusqlite::{Connection, ErrorCode, OptionalExtension, Row, TransactionBehavior, params};
 use sessionbox_core::{ConversationKey, ConversationRef, Error, Result, TenantId};
 
+pub use egress::{EgressLogEntry, EgressLogFilter, EgressLogRecord, PolicyScope, StoredPolicy};
 pub use keys::{API_KEY_PREFIX, ApiKeyRecord, NewApiKey};
 pub use remote::RemoteSandbox;
 pub use schema::SCHEMA_VERSION;
@@ -483,7 +485,7 @@ impl Store {
 
     /// The connection. A panic while it was held cannot leave a transaction open (dropping a
     /// `Transaction` rolls it back), so a poisoned lock is safe to take.
-    fn conn(&self) -> MutexGuard<'_, Connection> {
+    pub(crate) fn conn(&self) -> MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -538,7 +540,7 @@ fn audit_record(r: &Row<'_>) -> rusqlite::Result<AuditRecord> {
 }
 
 /// Reads column `i` (unix milliseconds) as a time.
-fn time(r: &Row<'_>, i: usize) -> rusqlite::Result<DateTime<Utc>> {
+pub(crate) fn time(r: &Row<'_>, i: usize) -> rusqlite::Result<DateTime<Utc>> {
     let ms: i64 = r.get(i)?;
     check(
         i,
@@ -548,7 +550,7 @@ fn time(r: &Row<'_>, i: usize) -> rusqlite::Result<DateTime<Utc>> {
 }
 
 /// Turns a malformed stored value into a rusqlite conversion error for column `i`.
-fn check<T>(i: usize, value: Result<T>) -> rusqlite::Result<T> {
+pub(crate) fn check<T>(i: usize, value: Result<T>) -> rusqlite::Result<T> {
     value.map_err(|e| rusqlite::Error::FromSqlConversionFailure(i, Type::Text, Box::new(e)))
 }
 

@@ -63,6 +63,32 @@ const MIGRATIONS: &[&str] = &[
         expires_at       INTEGER
     );
     CREATE INDEX remote_sandboxes_by_runtime ON remote_sandboxes (runtime);",
+    // 5: egress: network policies per tenant or conversation, and the gateway's verdicts.
+    "CREATE TABLE egress_policies (
+        scope           TEXT PRIMARY KEY NOT NULL,
+        tenant          TEXT NOT NULL,
+        conversation_id TEXT,
+        policy          TEXT NOT NULL,
+        hash            TEXT NOT NULL CHECK (length(hash) = 64),
+        updated_at      INTEGER NOT NULL
+    );
+    CREATE TABLE egress_log (
+        id               INTEGER PRIMARY KEY AUTOINCREMENT,
+        at               INTEGER NOT NULL,
+        tenant           TEXT NOT NULL,
+        conversation_key TEXT NOT NULL,
+        allowed          INTEGER NOT NULL CHECK (allowed IN (0, 1)),
+        method           TEXT NOT NULL,
+        target           TEXT NOT NULL,
+        address          TEXT,
+        rule             TEXT NOT NULL,
+        bytes_up         INTEGER NOT NULL,
+        bytes_down       INTEGER NOT NULL,
+        duration_ms      INTEGER NOT NULL,
+        end_reason       TEXT
+    );
+    CREATE INDEX egress_log_by_key ON egress_log (conversation_key, at);
+    CREATE INDEX egress_log_by_tenant ON egress_log (tenant, at);",
 ];
 
 /// The schema version this build writes: the number of migrations.
