@@ -57,6 +57,25 @@ pub struct FileConfig {
     /// `opensandbox` runtime settings.
     #[serde(default)]
     pub opensandbox: OpenSandboxSection,
+    /// Egress gateway settings.
+    #[serde(default)]
+    pub egress: EgressSection,
+}
+
+/// `[egress]` settings of the gateway. Policies are not here: they live in the store
+/// (`sessionbox policy set`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressSection {
+    /// DNS servers the gateway asks (`"192.0.2.53:53"`); empty for the system's.
+    #[serde(default)]
+    pub nameservers: Vec<std::net::SocketAddr>,
+    /// Close a connection after this many seconds with no byte either way (default 300).
+    pub idle_timeout_secs: Option<u64>,
+    /// Close a connection this many seconds after it was allowed (default 3600).
+    pub total_timeout_secs: Option<u64>,
+    /// Give up connecting to a target after this many seconds (default 10).
+    pub connect_timeout_secs: Option<u64>,
 }
 
 /// `[aio]` settings. The token is never read from here: it comes from `AIO_SANDBOX_TOKEN`.

@@ -12,6 +12,7 @@ mod bench_plot;
 mod bench_scale;
 mod config;
 mod doctor;
+mod egress;
 mod experiment;
 mod opensandbox;
 mod serve;
@@ -218,6 +219,20 @@ enum Command {
     /// Print the audit log of the tenant, newest first: operation, outcome, key id and duration
     /// per call; never file contents, commands or secrets.
     Audit(audit::AuditArgs),
+    /// Set or show network policies (profile `none`, the default, or an allowlist).
+    Policy {
+        #[command(subcommand)]
+        command: egress::PolicyCommand,
+    },
+    /// Print the egress gateway's verdicts, newest first: allowed or denied, target, rule or
+    /// reason, bytes; never URL paths or queries.
+    EgressLog(egress::LogArgs),
+    /// Print a short-lived signed proxy token for a conversation on a remote runtime (give it
+    /// as the password of the proxy URL: `http://sessionbox:TOKEN@GATEWAY:PORT`).
+    EgressToken(egress::TokenArgs),
+    /// Run an egress gateway: for remote runtimes on a TCP address (tokens required), or, as
+    /// the `isolated` runtime starts it, for one conversation on an inherited socket.
+    EgressGateway(egress::GatewayArgs),
     /// Serve the execd API as the in-sandbox agent (see `sessionbox agent --help`). The
     /// `isolated` runtime starts it inside each conversation's sandbox.
     #[command(disable_help_flag = true)]
@@ -347,6 +362,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         let given = cli.tenant.is_some().then_some(&tenant);
         return serve::keys(command, &data_dir, given);
     }
+    match &cli.command {
+        Command::Policy { command } => return egress::policy(command, &data_dir, &tenant),
+        Command::EgressLog(args) => return egress::log(args, &data_dir, &tenant),
+        Command::EgressToken(args) => return egress::token(args, &data_dir, &tenant),
+        Command::EgressGateway(args) => return egress::gateway(args, &data_dir, &file.egress).await,
+        _ => {}
+    }
 
     // Validate every input before anything is created.
     let conversation = match command_conversation(&cli.command) {
@@ -387,6 +409,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let count = iso.uid_count.unwrap_or(65_536);
             let uid_store = store.clone();
             let exe = std::env::current_exe().context("cannot find the sessionbox executable")?;
+            let wiring = egress::wiring(store.clone(), &data_dir, cli.config.as_deref());
             Arc::new(IsolatedRuntime::new(IsolatedConfig {
                 data_dir: data_dir.clone(),
                 limits: file.limits.unwrap_or_default(),
@@ -397,7 +420,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 allocate_uid: Arc::new(move |key| {
                     uid_store.allocate_uid(key, base..base.saturating_add(count))
                 }),
-            })?)
+            })?
+            .with_egress(wiring))
         }
         RuntimeKind::Host => {
             let mut host = HostConfig::new(&data_dir);
@@ -426,7 +450,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Verify(args) => verify::run(&verify::Target::Local(&ctx), &ctx.tenant, args).await,
         Command::Serve(args) => serve::run(&ctx, args).await,
-        Command::Keys { .. } | Command::Audit(_) => unreachable!("handled before the runtime"),
+        Command::Keys { .. }
+        | Command::Audit(_)
+        | Command::Policy { .. }
+        | Command::EgressLog(_)
+        | Command::EgressToken(_)
+        | Command::EgressGateway(_) => unreachable!("handled before the runtime"),
         Command::Mcp { .. } => {
             let conv = conversation.expect("mcp names a conversation");
             let state = sessionbox_server::AppState::new(
@@ -541,6 +570,10 @@ fn command_conversation(c: &Command) -> Option<&str> {
         | Command::Serve(_)
         | Command::Keys { .. }
         | Command::Audit(_)
+        | Command::Policy { .. }
+        | Command::EgressLog(_)
+        | Command::EgressToken(_)
+        | Command::EgressGateway(_)
         | Command::Agent { .. } => None,
     }
 }
@@ -799,6 +832,10 @@ async fn run_on_session(
         | Command::Keys { .. }
         | Command::Mcp { .. }
         | Command::Audit(_)
+        | Command::Policy { .. }
+        | Command::EgressLog(_)
+        | Command::EgressToken(_)
+        | Command::EgressGateway(_)
         | Command::Agent { .. } => {
             unreachable!("handled without a session")
         }
