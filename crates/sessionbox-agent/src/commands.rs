@@ -242,7 +242,8 @@ fn build_exec(
         exec.env.extend(relay.proxy_env());
     }
     if let Some(envs) = &req.envs {
-        exec.env.extend(envs.iter().map(|(k, v)| (k.clone(), v.clone())));
+        exec.env
+            .extend(envs.iter().map(|(k, v)| (k.clone(), v.clone())));
     }
     exec.stdin = req.stdin.clone();
     exec.validate().map_err(ApiError::from)?;

@@ -123,7 +123,10 @@ impl Agent {
         let relay = match &config.egress_relay {
             Some(r) => {
                 let l = std::net::TcpListener::bind(r.listen).map_err(|e| {
-                    Error::Backend(format!("cannot listen for the egress relay on {}: {e}", r.listen))
+                    Error::Backend(format!(
+                        "cannot listen for the egress relay on {}: {e}",
+                        r.listen
+                    ))
                 })?;
                 l.set_nonblocking(true).map_err(Error::backend)?;
                 Some((

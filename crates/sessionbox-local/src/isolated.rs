@@ -426,7 +426,10 @@ fn bind_gateway_socket(
     create_private_dir_all(dir)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
         .map_err(|e| Error::Backend(format!("cannot set up the egress directory: {e}")))?;
-    let path = run_dir.socket().with_file_name("egress").join("gateway.sock");
+    let path = run_dir
+        .socket()
+        .with_file_name("egress")
+        .join("gateway.sock");
     let _ = std::fs::remove_file(&path);
     let listener = std::os::unix::net::UnixListener::bind(&path)
         .map_err(|e| Error::Backend(format!("cannot bind the egress gateway socket: {e}")))?;
@@ -435,8 +438,9 @@ fn bind_gateway_socket(
     if rustix::process::geteuid().is_root() {
         let id = rustix::process::Uid::from_raw(uid);
         let gid = rustix::process::Gid::from_raw(uid);
-        rustix::fs::chown(&path, Some(id), Some(gid))
-            .map_err(|e| Error::Backend(format!("cannot give the egress socket to uid {uid}: {e}")))?;
+        rustix::fs::chown(&path, Some(id), Some(gid)).map_err(|e| {
+            Error::Backend(format!("cannot give the egress socket to uid {uid}: {e}"))
+        })?;
     }
     Ok(listener)
 }
@@ -474,7 +478,10 @@ fn spawn_gateway(
             &monitor_pid.to_string(),
         ])
         .env_clear()
-        .env("SESSIONBOX_LOG", std::env::var("SESSIONBOX_LOG").unwrap_or_else(|_| "warn".into()))
+        .env(
+            "SESSIONBOX_LOG",
+            std::env::var("SESSIONBOX_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::from(log));

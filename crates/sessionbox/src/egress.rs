@@ -243,7 +243,9 @@ pub async fn gateway(
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let fd = args.listen_fd.expect("clap requires --listen or --listen-fd");
+    let fd = args
+        .listen_fd
+        .expect("clap requires --listen or --listen-fd");
     let key = args
         .conversation_key
         .clone()
@@ -288,7 +290,10 @@ async fn watch(pid: i32) {
     };
     // One blocking thread waits on the pidfd: it becomes readable when the process exits.
     let _ = tokio::task::spawn_blocking(move || {
-        let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+        let mut fds = [rustix::event::PollFd::new(
+            &fd,
+            rustix::event::PollFlags::IN,
+        )];
         while let Err(rustix::io::Errno::INTR) = rustix::event::poll(&mut fds, None) {}
     })
     .await;
@@ -299,10 +304,17 @@ fn short(hash: &str) -> &str {
 }
 
 /// `sessionbox policy set|show`.
-pub fn policy(command: &PolicyCommand, data_dir: &Path, tenant: &TenantId) -> anyhow::Result<ExitCode> {
+pub fn policy(
+    command: &PolicyCommand,
+    data_dir: &Path,
+    tenant: &TenantId,
+) -> anyhow::Result<ExitCode> {
     let conv = |id: &Option<String>| -> anyhow::Result<Option<ConversationRef>> {
         Ok(match id {
-            Some(id) => Some(ConversationRef::new(tenant.clone(), ConversationId::new(id)?)),
+            Some(id) => Some(ConversationRef::new(
+                tenant.clone(),
+                ConversationId::new(id)?,
+            )),
             None => None,
         })
     };
@@ -328,7 +340,9 @@ pub fn policy(command: &PolicyCommand, data_dir: &Path, tenant: &TenantId) -> an
             store.set_egress_policy(&scope, &policy.to_json(), &policy.hash(), Utc::now())?;
             let whose = match &scope {
                 PolicyScope::Tenant(t) => format!("tenant {t}"),
-                PolicyScope::Conversation(c) => format!("conversation {} of tenant {}", c.id, c.tenant),
+                PolicyScope::Conversation(c) => {
+                    format!("conversation {} of tenant {}", c.id, c.tenant)
+                }
             };
             println!("policy of {whose} set (hash {})", short(&policy.hash()));
             println!("{}", policy.describe());
@@ -336,7 +350,11 @@ pub fn policy(command: &PolicyCommand, data_dir: &Path, tenant: &TenantId) -> an
         }
         PolicyCommand::Show { conversation, json } => {
             let db = data_dir.join("sessionbox.db");
-            let store = if db.exists() { Some(Store::open(&db)?) } else { None };
+            let store = if db.exists() {
+                Some(Store::open(&db)?)
+            } else {
+                None
+            };
             let mut shown = Vec::new();
             match conv(conversation)? {
                 Some(c) => {
@@ -464,6 +482,9 @@ pub fn token(args: &TokenArgs, data_dir: &Path, tenant: &TenantId) -> anyhow::Re
     let key = TokenKey::load_or_create(&key_path(data_dir))
         .context("cannot read or create the egress token key")?;
     let now = Utc::now().timestamp().max(0) as u64;
-    println!("{}", key.issue(conv.key.as_str(), &policy.hash(), now, args.ttl));
+    println!(
+        "{}",
+        key.issue(conv.key.as_str(), &policy.hash(), now, args.ttl)
+    );
     Ok(ExitCode::SUCCESS)
 }

@@ -366,7 +366,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Policy { command } => return egress::policy(command, &data_dir, &tenant),
         Command::EgressLog(args) => return egress::log(args, &data_dir, &tenant),
         Command::EgressToken(args) => return egress::token(args, &data_dir, &tenant),
-        Command::EgressGateway(args) => return egress::gateway(args, &data_dir, &file.egress).await,
+        Command::EgressGateway(args) => {
+            return egress::gateway(args, &data_dir, &file.egress).await;
+        }
         _ => {}
     }
 
@@ -410,18 +412,20 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let uid_store = store.clone();
             let exe = std::env::current_exe().context("cannot find the sessionbox executable")?;
             let wiring = egress::wiring(store.clone(), &data_dir, cli.config.as_deref());
-            Arc::new(IsolatedRuntime::new(IsolatedConfig {
-                data_dir: data_dir.clone(),
-                limits: file.limits.unwrap_or_default(),
-                sandbox,
-                idle_timeout: Duration::from_secs(iso.idle_timeout_secs.unwrap_or(600)),
-                exe,
-                agent_args: vec!["agent".to_owned()],
-                allocate_uid: Arc::new(move |key| {
-                    uid_store.allocate_uid(key, base..base.saturating_add(count))
-                }),
-            })?
-            .with_egress(wiring))
+            Arc::new(
+                IsolatedRuntime::new(IsolatedConfig {
+                    data_dir: data_dir.clone(),
+                    limits: file.limits.unwrap_or_default(),
+                    sandbox,
+                    idle_timeout: Duration::from_secs(iso.idle_timeout_secs.unwrap_or(600)),
+                    exe,
+                    agent_args: vec!["agent".to_owned()],
+                    allocate_uid: Arc::new(move |key| {
+                        uid_store.allocate_uid(key, base..base.saturating_add(count))
+                    }),
+                })?
+                .with_egress(wiring),
+            )
         }
         RuntimeKind::Host => {
             let mut host = HostConfig::new(&data_dir);
