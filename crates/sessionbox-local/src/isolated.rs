@@ -43,6 +43,9 @@ const EGRESS_DIR: &str = "/.sessionbox/egress";
 /// The proxy address commands get, on the sandbox's own loopback (served by the agent's relay).
 pub const EGRESS_PROXY: &str = "127.0.0.1:3128";
 
+/// Tells whether a conversation may reach the network (see [`EgressWiring::network`]).
+pub type NetworkCheck = Arc<dyn Fn(&ConversationKey) -> Result<bool> + Send + Sync>;
+
 /// How the `isolated` runtime lets a conversation reach the network through the egress
 /// gateway. Without it (the default) no sandbox has a route anywhere.
 ///
@@ -56,7 +59,7 @@ pub const EGRESS_PROXY: &str = "127.0.0.1:3128";
 pub struct EgressWiring {
     /// True when the conversation may reach the network (its profile is an allowlist); asked on
     /// every open. A sandbox launched the other way is replaced.
-    pub network: Arc<dyn Fn(&ConversationKey) -> Result<bool> + Send + Sync>,
+    pub network: NetworkCheck,
     /// Arguments that make `exe` the gateway (`["egress-gateway"]` for `sessionbox`).
     pub gateway_args: Vec<String>,
 }

@@ -6,6 +6,7 @@
 mod audit;
 mod bench;
 mod bench_baselines;
+mod bench_egress;
 mod bench_http;
 mod bench_mcp;
 mod bench_plot;
@@ -193,6 +194,10 @@ enum Command {
     /// Exits 0 when a target is missed unless --check. Build with --release: debug numbers are
     /// not meaningful.
     Bench(bench::BenchArgs),
+    /// Measure the egress gateway: latency added per CONNECT and throughput, against direct
+    /// connections to the same target in the same run (needs root: the target runs in a
+    /// network namespace the benchmark creates and removes).
+    BenchEgress(bench_egress::BenchEgressArgs),
     /// Report which sandbox layers this machine enforces; exits 0 only when the default runtime
     /// can run.
     Doctor,
@@ -307,6 +312,9 @@ impl std::fmt::Display for UsageError {
 impl std::error::Error for UsageError {}
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    if let Command::BenchEgress(args) = &cli.command {
+        return bench_egress::run(args).await;
+    }
     if let Command::Bench(args) = &cli.command {
         return bench::run(args, cli.data_dir.clone(), cli.runtime, cli.tenant.clone()).await;
     }
@@ -459,7 +467,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         | Command::Policy { .. }
         | Command::EgressLog(_)
         | Command::EgressToken(_)
-        | Command::EgressGateway(_) => unreachable!("handled before the runtime"),
+        | Command::EgressGateway(_)
+        | Command::BenchEgress(_) => unreachable!("handled before the runtime"),
         Command::Mcp { .. } => {
             let conv = conversation.expect("mcp names a conversation");
             let state = sessionbox_server::AppState::new(
@@ -578,6 +587,7 @@ fn command_conversation(c: &Command) -> Option<&str> {
         | Command::EgressLog(_)
         | Command::EgressToken(_)
         | Command::EgressGateway(_)
+        | Command::BenchEgress(_)
         | Command::Agent { .. } => None,
     }
 }
@@ -840,6 +850,7 @@ async fn run_on_session(
         | Command::EgressLog(_)
         | Command::EgressToken(_)
         | Command::EgressGateway(_)
+        | Command::BenchEgress(_)
         | Command::Agent { .. } => {
             unreachable!("handled without a session")
         }
