@@ -46,7 +46,14 @@ pub(crate) async fn run(listener: tokio::net::TcpListener, socket: PathBuf) {
         tokio::spawn(async move {
             match tokio::net::UnixStream::connect(&socket).await {
                 Ok(mut gw) => {
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut gw).await;
+                    // Large buffers: a bulk download costs few system calls per MiB.
+                    let _ = tokio::io::copy_bidirectional_with_sizes(
+                        &mut client,
+                        &mut gw,
+                        256 * 1024,
+                        256 * 1024,
+                    )
+                    .await;
                 }
                 Err(e) => tracing::warn!("the egress gateway is unreachable: {e}"),
             }

@@ -129,6 +129,9 @@ struct Inner {
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
+/// Buffer per direction of a tunnel: large enough that a bulk transfer costs few system calls.
+const RELAY_BUF: usize = 256 * 1024;
+
 fn text(status: StatusCode, msg: impl Into<String>) -> Response<Body> {
     let mut msg = msg.into();
     msg.push('\n');
@@ -490,7 +493,12 @@ impl Inner {
                 Ok(up) => {
                     let mut client = TokioIo::new(up);
                     tokio::select! {
-                        r = tokio::io::copy_bidirectional(&mut client, &mut upstream) => match r {
+                        r = tokio::io::copy_bidirectional_with_sizes(
+                            &mut client,
+                            &mut upstream,
+                            RELAY_BUF,
+                            RELAY_BUF,
+                        ) => match r {
                             Ok(_) => "closed".to_owned(),
                             Err(e) => format!("closed: {e}"),
                         },
