@@ -635,3 +635,32 @@ fn bench_egress_measures_both_paths_in_one_run_and_cleans_up() {
         "the benchmark left its namespace"
     );
 }
+
+#[test]
+fn invalid_policies_exit_2_naming_the_rule_and_store_nothing() {
+    let data = Data::new(SocketAddr::from(([127, 0, 0, 1], 9)));
+    for (rule, says) in [
+        ("127.0.0.1", "never be allowed"),
+        ("169.254.169.254", "never be allowed"),
+        ("[::ffff:127.0.0.1]", "never be allowed"),
+        (
+            "evil.example%23.allowed.example",
+            "evil.example%23.allowed.example",
+        ),
+        ("a.*.example", "'*' may only stand alone"),
+        ("example.com:0", "not a port"),
+    ] {
+        let out = data.cli(&["policy", "set", "--allow", rule]);
+        assert_eq!(out.status.code(), Some(2), "{rule}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{rule}: {err}");
+    }
+    let out = data.cli(&["policy", "set", "--none", "--allow", "example.com"]);
+    assert_eq!(out.status.code(), Some(2), "--none with --allow: {out:?}");
+    let shown = data.ok(&["policy", "show", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(v[0]["from"], "default", "{shown}");
+    assert_eq!(v[0]["policy"]["profile"], "none", "{shown}");
+    let log = data.ok(&["egress-log", "--json"]);
+    assert_eq!(log.trim(), "[]");
+}
