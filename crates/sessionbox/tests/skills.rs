@@ -196,4 +196,6 @@ fn host_copies_the_tenants_skills_from_the_config_file_and_skills_lists_them() {
     );
 }
 
+// Shared with the isolated lifecycle and escape tests; this file uses a few of its helpers.
+#[allow(dead_code)]
 mod support;
