@@ -70,6 +70,7 @@ async fn the_skill_tool_lists_and_loads_the_tenants_skills_over_rest_and_mcp() {
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{v}");
+    let loaded = v.clone();
     let key = sessionbox_core::ConversationRef::parse("acme", "c1")
         .unwrap()
         .key;
@@ -125,6 +126,26 @@ async fn the_skill_tool_lists_and_loads_the_tenants_skills_over_rest_and_mcp() {
     .await;
     assert!(doc["paths"]["/v1/skills"]["get"].is_object());
     assert!(doc["paths"]["/v1/conversations/{id}/skills/{name}"]["get"].is_object());
+    // ... and the documented shapes are the served ones.
+    let props = |schema: &str| {
+        let mut p: Vec<String> = doc["components"]["schemas"][schema]["properties"]
+            .as_object()
+            .unwrap_or_else(|| panic!("no schema {schema}"))
+            .keys()
+            .cloned()
+            .collect();
+        p.sort();
+        p
+    };
+    let keys = |v: &serde_json::Value| {
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
+    let (_, listed) = json(get(&acme, "/v1/skills").await.unwrap()).await;
+    assert_eq!(keys(&listed), props("SkillsView"));
+    assert_eq!(keys(&listed["skills"][0]), props("SkillSummary"));
+    assert_eq!(keys(&loaded), props("SkillView"));
 
     // MCP, with the official SDK.
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp_skills_client.py");
