@@ -2,7 +2,8 @@
 //! read-only at `/skills/<name>` (its script runs there; writing fails and the host's skill
 //! directory is unchanged; secrets are not in it) and its bootstrap runs once across resumes,
 //! also across an idle stop; on `host` the skills of `[skills.tenants]` are copied, and
-//! `sessionbox skills` lists them or reports the rule a broken one breaks.
+//! `sessionbox skills` lists them or reports the rule a broken one breaks; on `aio` (against the
+//! AIO test server) they are uploaded through the runtime's API, and a changed copy is restored.
 //!
 //! The isolated test needs root (CI runs it as root); without it, it prints SKIPPED and passes.
 
@@ -194,6 +195,113 @@ fn host_copies_the_tenants_skills_from_the_config_file_and_skills_lists_them() {
         err.contains("hello/SKILL.md") && err.contains("invalid name"),
         "{err}"
     );
+}
+
+/// The AIO test server (`tests/aio-server/server.py`, built from the AIO spec), on a free port;
+/// killed on drop.
+struct AioServer(std::process::Child, String);
+
+impl AioServer {
+    fn start(home: &Path) -> AioServer {
+        use std::io::BufRead;
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut child = std::process::Command::new("python3")
+            .arg(repo.join("tests/aio-server/server.py"))
+            .args(["--listen", "127.0.0.1:0", "--home"])
+            .arg(home)
+            .current_dir(home)
+            .env_remove("AIO_TEST_SERVER_TOKEN")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 runs the AIO test server (scripts/test installs its packages)");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("aio-test-server listening on ")
+            .unwrap_or_else(|| panic!("the AIO test server did not start: {line:?}"))
+            .to_owned();
+        AioServer(child, url)
+    }
+}
+
+impl Drop for AioServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn aio_uploads_skills_only_when_changed_restores_a_changed_copy_and_bootstraps_once() {
+    let d = tempfile::tempdir().unwrap();
+    let skills = skills_dir(d.path());
+    let before = tree(&skills);
+    let home = d.path().join("aio-home");
+    std::fs::create_dir_all(&home).unwrap();
+    let server = AioServer::start(&home);
+    let data = d.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(
+        data.join("sessionbox.toml"),
+        format!(
+            "runtime = \"aio\"\n[aio]\nendpoint = {:?}\nroot = {:?}\n",
+            server.1,
+            home.join("conversations").to_string_lossy()
+        ),
+    )
+    .unwrap();
+    let exec = |cmd: &str| {
+        std::process::Command::new(EXE)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["exec", "-c", "chat", "--", cmd])
+            .env("SESSIONBOX_SKILLS_DIR", &skills)
+            .env_remove("SESSIONBOX_RUNTIME")
+            .env_remove("AIO_SANDBOX_BASE_URL")
+            .env_remove("AIO_SANDBOX_TOKEN")
+            .output()
+            .unwrap()
+    };
+    let o = exec(".skills/hello/scripts/hi.sh && ls -A .skills/hello && cat boot.count");
+    assert_eq!(
+        stdout(&o),
+        "hi from skill\nSKILL.md\nscripts\nboot\n",
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = exec("echo evil > .skills/hello/SKILL.md && chmod 644 .skills/hello/scripts/hi.sh");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = exec(
+        "head -2 .skills/hello/SKILL.md && test -x .skills/hello/scripts/hi.sh && cat boot.count",
+    );
+    assert_eq!(
+        stdout(&o),
+        "---\nname: hello\nboot\n",
+        "restored, bootstrapped once"
+    );
+    assert_eq!(tree(&skills), before, "the source is unchanged");
+    // Uploaded twice in three opens: first, and after the change; the unchanged copy was not.
+    let o = std::process::Command::new(EXE)
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["audit", "-c", "chat", "--json"])
+        .output()
+        .unwrap();
+    let text = stdout(&o);
+    let records: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
+    let uploads = records
+        .iter()
+        .filter(|r| {
+            r["operation"] == "skills"
+                && r["detail"]
+                    .as_str()
+                    .is_some_and(|d| d.contains("copied=hello"))
+        })
+        .count();
+    assert_eq!(uploads, 2, "{text}");
 }
 
 // Shared with the isolated lifecycle and escape tests; this file uses a few of its helpers.
