@@ -56,6 +56,13 @@ pub trait Runtime: Send + Sync {
     /// nothing.
     fn presented_root(&self, key: &ConversationKey) -> String;
 
+    /// Where this runtime presents a conversation's skills itself, read-only (`/skills` for
+    /// `isolated` when skills are configured). `None`, the default, means it does not: skills
+    /// are then copied into the workspace through the [`Session`] (see `sessionbox-skills`).
+    fn mounted_skills(&self) -> Option<String> {
+        None
+    }
+
     /// Where the workspace of `key` lives from the runtime's side (a host directory, a path in a
     /// container). Used by the isolation experiment to aim one conversation at another's files.
     fn workspace_location(&self, key: &ConversationKey) -> String;

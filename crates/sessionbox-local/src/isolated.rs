@@ -76,6 +76,24 @@ impl std::fmt::Debug for EgressWiring {
 /// conversation. The store provides it (unique while the conversation exists).
 pub type UidAllocator = Arc<dyn Fn(&ConversationKey) -> Result<u32> + Send + Sync>;
 
+/// Gives the read-only binds `(host directory, inside path)` that present a conversation's
+/// skills, called with the key of a recorded conversation each time its sandbox is launched
+/// (the skills crate provides them: snapshots bound at `/skills/<name>`).
+pub type SkillBinds =
+    Arc<dyn Fn(&ConversationKey) -> Result<Vec<(PathBuf, PathBuf)>> + Send + Sync>;
+
+/// Where mounted skills appear inside the sandbox.
+pub const SKILLS_ROOT: &str = "/skills";
+
+#[derive(Clone)]
+struct SkillBindsHook(SkillBinds);
+
+impl std::fmt::Debug for SkillBindsHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SkillBinds")
+    }
+}
+
 /// Settings of the `isolated` runtime.
 #[derive(Clone)]
 pub struct IsolatedConfig {
@@ -145,6 +163,8 @@ pub struct IsolatedRuntime {
     instance: String,
     /// The egress wiring, if conversations may reach the network.
     egress: Option<EgressWiring>,
+    /// Skills bound read-only at `/skills/<name>`, when configured.
+    skill_binds: Option<SkillBindsHook>,
 }
 
 impl IsolatedRuntime {
@@ -176,6 +196,7 @@ impl IsolatedRuntime {
             instance,
             config,
             egress: None,
+            skill_binds: None,
         })
     }
 
@@ -184,6 +205,15 @@ impl IsolatedRuntime {
     #[must_use]
     pub fn with_egress(mut self, egress: EgressWiring) -> Self {
         self.egress = Some(egress);
+        self
+    }
+
+    /// Presents each conversation's skills read-only at `/skills/<name>`: `binds` is asked for
+    /// them whenever a sandbox is launched (a running sandbox keeps the binds it started with
+    /// until it stops when idle). Without it nothing is mounted at `/skills`.
+    #[must_use]
+    pub fn with_skill_binds(mut self, binds: SkillBinds) -> Self {
+        self.skill_binds = Some(SkillBindsHook(binds));
         self
     }
 
@@ -261,6 +291,9 @@ impl IsolatedRuntime {
         spec.hostname = format!("sbx-{}", key.short());
         spec.limits = self.config.sandbox.clone();
         spec.ro_binds = vec![(self.config.exe.clone(), PathBuf::from(AGENT_EXE))];
+        if let Some(SkillBindsHook(binds)) = &self.skill_binds {
+            spec.ro_binds.extend(binds(key)?);
+        }
         spec.args = self.config.agent_args.clone();
         spec.args.extend([
             "--listen-fd".to_owned(),
@@ -628,6 +661,10 @@ impl Runtime for IsolatedRuntime {
 
     fn presented_root(&self, _key: &ConversationKey) -> String {
         WORKSPACE.to_owned()
+    }
+
+    fn mounted_skills(&self) -> Option<String> {
+        self.skill_binds.as_ref().map(|_| SKILLS_ROOT.to_owned())
     }
 
     fn workspace_location(&self, key: &ConversationKey) -> String {

@@ -26,6 +26,7 @@
 //! # Ok::<(), sessionbox_core::Error>(())
 //! ```
 
+mod bootstraps;
 mod egress;
 mod keys;
 mod remote;
@@ -43,6 +44,7 @@ use rusqlite::types::Type;
 use rusqlite::{Connection, ErrorCode, OptionalExtension, Row, TransactionBehavior, params};
 use sessionbox_core::{ConversationKey, ConversationRef, Error, Result, TenantId};
 
+pub use bootstraps::{BootstrapRecord, BootstrapState};
 pub use egress::{EgressLogEntry, EgressLogFilter, EgressLogRecord, PolicyScope, StoredPolicy};
 pub use keys::{API_KEY_PREFIX, ApiKeyRecord, NewApiKey};
 pub use remote::RemoteSandbox;
@@ -498,6 +500,10 @@ fn select(conn: &Connection, key: &ConversationKey) -> Result<Option<Conversatio
     )
     .optional()
     .map_err(sql_error("read the conversation record"))
+}
+
+pub(crate) fn not_found_key(key: &ConversationKey) -> Error {
+    not_found(key)
 }
 
 fn not_found(key: &ConversationKey) -> Error {

@@ -89,6 +89,17 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX egress_log_by_key ON egress_log (conversation_key, at);
     CREATE INDEX egress_log_by_tenant ON egress_log (tenant, at);",
+    // 6: skill bootstrap runs, one row per conversation and skill.
+    "CREATE TABLE skill_bootstraps (
+        conversation_key TEXT NOT NULL REFERENCES conversations (key) ON DELETE CASCADE,
+        skill            TEXT NOT NULL,
+        digest           TEXT NOT NULL,
+        state            TEXT NOT NULL CHECK (state IN ('running', 'ok', 'failed')),
+        exit_code        INTEGER,
+        runs             INTEGER NOT NULL DEFAULT 0,
+        updated_at       INTEGER NOT NULL,
+        PRIMARY KEY (conversation_key, skill)
+    );",
 ];
 
 /// The schema version this build writes: the number of migrations.

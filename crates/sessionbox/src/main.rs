@@ -221,6 +221,14 @@ enum Command {
         #[command(flatten)]
         conv: Conv,
     },
+    /// List the tenant's skills (name and description), or print one skill's SKILL.md body.
+    ///
+    /// Skills directories come from `[skills.tenants]` in sessionbox.toml, or for the default
+    /// tenant from SESSIONBOX_SKILLS_DIR; a skill that breaks a rule is reported with the rule.
+    Skills {
+        /// The skill to print.
+        name: Option<String>,
+    },
     /// Print the audit log of the tenant, newest first: operation, outcome, key id and duration
     /// per call; never file contents, commands or secrets.
     Audit(audit::AuditArgs),
@@ -400,6 +408,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         _ => None,
     };
 
+    let skills = file
+        .skills
+        .resolve(std::env::var("SESSIONBOX_SKILLS_DIR").ok().as_deref())?;
     let store = Store::open(&data_dir.join("sessionbox.db"))?;
     let runtime: Arc<dyn Runtime> = match kind {
         RuntimeKind::Isolated => {
@@ -420,20 +431,34 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let uid_store = store.clone();
             let exe = std::env::current_exe().context("cannot find the sessionbox executable")?;
             let wiring = egress::wiring(store.clone(), &data_dir, cli.config.as_deref());
-            Arc::new(
-                IsolatedRuntime::new(IsolatedConfig {
-                    data_dir: data_dir.clone(),
-                    limits: file.limits.unwrap_or_default(),
-                    sandbox,
-                    idle_timeout: Duration::from_secs(iso.idle_timeout_secs.unwrap_or(600)),
-                    exe,
-                    agent_args: vec!["agent".to_owned()],
-                    allocate_uid: Arc::new(move |key| {
-                        uid_store.allocate_uid(key, base..base.saturating_add(count))
-                    }),
-                })?
-                .with_egress(wiring),
-            )
+            let runtime = IsolatedRuntime::new(IsolatedConfig {
+                data_dir: data_dir.clone(),
+                limits: file.limits.unwrap_or_default(),
+                sandbox,
+                idle_timeout: Duration::from_secs(iso.idle_timeout_secs.unwrap_or(600)),
+                exe,
+                agent_args: vec!["agent".to_owned()],
+                allocate_uid: Arc::new(move |key| {
+                    uid_store.allocate_uid(key, base..base.saturating_add(count))
+                }),
+            })?
+            .with_egress(wiring);
+            if skills.is_empty() {
+                Arc::new(runtime)
+            } else {
+                // Skills are bound read-only at /skills/<name>, from snapshots in the data
+                // directory; the tenant comes from the conversation's record.
+                let (skills, store) = (skills.clone(), store.clone());
+                let snapshots = data_dir.join("skills");
+                Arc::new(runtime.with_skill_binds(Arc::new(move |key| {
+                    let record = store
+                        .get(key)?
+                        .ok_or_else(|| Error::NotFound(format!("conversation {}", key.short())))?;
+                    skills
+                        .mount_binds(&record.tenant, &snapshots)
+                        .map_err(sessionbox_skills::to_error)
+                })))
+            }
         }
         RuntimeKind::Host => {
             let mut host = HostConfig::new(&data_dir);
@@ -454,7 +479,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         )?),
     };
     let ctx = App {
-        manager: Manager::new(store, runtime),
+        manager: Manager::new(store, runtime).with_skills(skills),
         tenant,
         runtime_name: kind.name(),
     };
@@ -479,6 +504,27 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Doctor | Command::Agent { .. } => unreachable!("handled before the runtime"),
+        Command::Skills { name } => {
+            let catalog = ctx.manager.skill_catalog(&ctx.tenant).await?;
+            match name {
+                None => {
+                    for s in &catalog.skills {
+                        println!("{}: {}", s.name(), s.doc.description);
+                    }
+                }
+                Some(n) => {
+                    let Some(s) = catalog.get(&n) else {
+                        return Err(Error::NotFound(format!(
+                            "no skill named {n:?} in tenant {}",
+                            ctx.tenant
+                        ))
+                        .into());
+                    };
+                    print!("{}", s.doc.body);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Conversations { all_tenants } => {
             let tenant = (!all_tenants).then_some(&ctx.tenant);
             let records = ctx.manager.list(tenant).await?;
@@ -588,6 +634,7 @@ fn command_conversation(c: &Command) -> Option<&str> {
         | Command::EgressToken(_)
         | Command::EgressGateway(_)
         | Command::BenchEgress(_)
+        | Command::Skills { .. }
         | Command::Agent { .. } => None,
     }
 }
@@ -851,6 +898,7 @@ async fn run_on_session(
         | Command::EgressToken(_)
         | Command::EgressGateway(_)
         | Command::BenchEgress(_)
+        | Command::Skills { .. }
         | Command::Agent { .. } => {
             unreachable!("handled without a session")
         }
