@@ -47,6 +47,13 @@ pub struct Cli {
     /// defaults), e.g. '{"max_file_bytes": 1048576}'.
     #[arg(long, value_name = "JSON")]
     pub limits: Option<String>,
+    /// Relay connections to this loopback address (the proxy commands are given) to the
+    /// egress gateway's Unix socket --egress-socket.
+    #[arg(long, value_name = "HOST:PORT", requires = "egress_socket")]
+    pub egress_listen: Option<std::net::SocketAddr>,
+    /// The egress gateway's Unix socket (see --egress-listen).
+    #[arg(long, value_name = "PATH", requires = "egress_listen")]
+    pub egress_socket: Option<PathBuf>,
 }
 
 impl Cli {
@@ -95,6 +102,17 @@ impl Cli {
         config.token = token.map(AccessToken::new);
         config.idle_timeout =
             (self.idle_timeout > 0).then(|| Duration::from_secs(self.idle_timeout));
+        if let (Some(listen), Some(socket)) = (self.egress_listen, &self.egress_socket) {
+            if !listen.ip().is_loopback() {
+                return Err(Error::InvalidRequest(format!(
+                    "--egress-listen {listen}: the relay listens on loopback only"
+                )));
+            }
+            config.egress_relay = Some(crate::EgressRelay {
+                listen,
+                socket: socket.clone(),
+            });
+        }
         if let Some(json) = &self.limits {
             config.limits = serde_json::from_str(json)
                 .map_err(|e| Error::InvalidRequest(format!("--limits: {e}")))?;

@@ -238,8 +238,12 @@ fn build_exec(
         Some(n) => n as usize,
     };
     let mut exec = ExecRequest::new(text).timeout(timeout).output_limit(cap);
+    if let Some(relay) = &state.config.egress_relay {
+        exec.env.extend(relay.proxy_env());
+    }
     if let Some(envs) = &req.envs {
-        exec.env = envs.clone();
+        exec.env
+            .extend(envs.iter().map(|(k, v)| (k.clone(), v.clone())));
     }
     exec.stdin = req.stdin.clone();
     exec.validate().map_err(ApiError::from)?;

@@ -39,6 +39,7 @@
 
 mod cli;
 mod commands;
+mod egress_relay;
 mod files;
 mod fs_ext;
 mod metrics;
@@ -51,6 +52,7 @@ use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 pub use cli::{Cli, run_cli};
+pub use egress_relay::EgressRelay;
 pub use server::Agent;
 pub use sessionbox_core::Limits;
 use sessionbox_core::{Error, MAX_OUTPUT_LIMIT, Result};
@@ -152,6 +154,9 @@ pub struct AgentConfig {
     pub kill_grace: Duration,
     /// Finished commands remembered for status and logs ([`DEFAULT_MAX_FINISHED_COMMANDS`]).
     pub max_finished_commands: usize,
+    /// The egress relay, when the sandbox may reach the network through a gateway; `None`:
+    /// no proxy (and, in a sandbox, no network).
+    pub egress_relay: Option<EgressRelay>,
 }
 
 impl AgentConfig {
@@ -172,6 +177,7 @@ impl AgentConfig {
             output_cap: DEFAULT_OUTPUT_CAP,
             kill_grace: sessionbox_local::process::DEFAULT_KILL_GRACE,
             max_finished_commands: DEFAULT_MAX_FINISHED_COMMANDS,
+            egress_relay: None,
         }
     }
 

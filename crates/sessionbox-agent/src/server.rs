@@ -75,6 +75,8 @@ impl Activity {
 
 /// A bound agent, ready to [`run`](Agent::run).
 pub struct Agent {
+    /// The egress relay's listener and the gateway socket it relays to.
+    relay: Option<(tokio::net::TcpListener, PathBuf)>,
     listener: AnyListener,
     state: Arc<AppState>,
     local_addr: String,
@@ -118,6 +120,22 @@ impl Agent {
         }
         let ws = Workspace::open(&config.root, &presented_root, config.limits)?;
         let (listener, local_addr, socket_path) = bind_listener(&config.listen)?;
+        let relay = match &config.egress_relay {
+            Some(r) => {
+                let l = std::net::TcpListener::bind(r.listen).map_err(|e| {
+                    Error::Backend(format!(
+                        "cannot listen for the egress relay on {}: {e}",
+                        r.listen
+                    ))
+                })?;
+                l.set_nonblocking(true).map_err(Error::backend)?;
+                Some((
+                    tokio::net::TcpListener::from_std(l).map_err(Error::backend)?,
+                    r.socket.clone(),
+                ))
+            }
+            None => None,
+        };
         let state = Arc::new(AppState {
             ws: Arc::new(ws),
             presented_root,
@@ -128,6 +146,7 @@ impl Agent {
             config,
         });
         Ok(Agent {
+            relay,
             listener,
             state,
             local_addr,
@@ -149,6 +168,7 @@ impl Agent {
     /// [`Error::Backend`] when serving fails.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
         let Agent {
+            relay,
             listener,
             state,
             local_addr,
@@ -156,6 +176,7 @@ impl Agent {
         } = self;
         tracing::info!(listen = %local_addr, root = %state.presented_root, "sessionbox-agent serving");
         let app = router(state.clone());
+        let relay = relay.map(|(l, socket)| tokio::spawn(crate::egress_relay::run(l, socket)));
         let stopper = state.clone();
         let stop = async move {
             tokio::select! {
@@ -170,6 +191,9 @@ impl Agent {
         };
         state.commands.cancel_all("the agent is shutting down");
         state.commands.wait_all(SHUTDOWN_WAIT).await;
+        if let Some(r) = relay {
+            r.abort();
+        }
         if let Some(p) = socket_path {
             let _ = std::fs::remove_file(p);
         }

@@ -56,6 +56,13 @@ pub trait Runtime: Send + Sync {
     /// nothing.
     fn presented_root(&self, key: &ConversationKey) -> String;
 
+    /// Where this runtime presents a conversation's skills itself, read-only (`/skills` for
+    /// `isolated` when skills are configured). `None`, the default, means it does not: skills
+    /// are then copied into the workspace through the [`Session`] (see `sessionbox-skills`).
+    fn mounted_skills(&self) -> Option<String> {
+        None
+    }
+
     /// Where the workspace of `key` lives from the runtime's side (a host directory, a path in a
     /// container). Used by the isolation experiment to aim one conversation at another's files.
     fn workspace_location(&self, key: &ConversationKey) -> String;
@@ -174,8 +181,14 @@ mod tests {
     use super::*;
     use crate::exec::ExitStatus;
 
-    /// A session whose `exec` returns fixed output; everything else is unused.
+    /// A session whose `exec` returns fixed output; every other operation is refused.
     struct Fixed(ConversationKey);
+
+    fn unused<T>() -> Result<T> {
+        Err(crate::error::Error::InvalidRequest(
+            "only exec is used by these tests".into(),
+        ))
+    }
 
     #[async_trait]
     impl Session for Fixed {
@@ -197,31 +210,31 @@ mod tests {
             })
         }
         async fn read(&self, _: &str) -> Result<Vec<u8>> {
-            unimplemented!()
+            unused()
         }
         async fn write(&self, _: &str, _: &[u8]) -> Result<()> {
-            unimplemented!()
+            unused()
         }
         async fn edit(&self, _: &str, _: &EditRequest) -> Result<EditResult> {
-            unimplemented!()
+            unused()
         }
         async fn list(&self, _: &str) -> Result<Vec<DirEntry>> {
-            unimplemented!()
+            unused()
         }
         async fn glob(&self, _: &str) -> Result<Vec<String>> {
-            unimplemented!()
+            unused()
         }
         async fn grep(&self, _: &GrepRequest) -> Result<Vec<GrepMatch>> {
-            unimplemented!()
+            unused()
         }
         async fn stat(&self, _: &str) -> Result<FileStat> {
-            unimplemented!()
+            unused()
         }
         async fn remove(&self, _: &str, _: bool) -> Result<()> {
-            unimplemented!()
+            unused()
         }
         async fn mkdir(&self, _: &str) -> Result<()> {
-            unimplemented!()
+            unused()
         }
         async fn close(self: Box<Self>) -> Result<()> {
             Ok(())

@@ -38,6 +38,39 @@ pub const WORKSPACE: &str = "/workspace";
 const PING_TIMEOUT: Duration = Duration::from_secs(2);
 /// Where the `sessionbox` binary is bound inside the sandbox.
 const AGENT_EXE: &str = "/.sessionbox/sessionbox";
+/// Where the conversation's egress directory (holding the gateway's socket) is bound inside.
+const EGRESS_DIR: &str = "/.sessionbox/egress";
+/// The proxy address commands get, on the sandbox's own loopback (served by the agent's relay).
+pub const EGRESS_PROXY: &str = "127.0.0.1:3128";
+
+/// Tells whether a conversation may reach the network (see [`EgressWiring::network`]).
+pub type NetworkCheck = Arc<dyn Fn(&ConversationKey) -> Result<bool> + Send + Sync>;
+
+/// How the `isolated` runtime lets a conversation reach the network through the egress
+/// gateway. Without it (the default) no sandbox has a route anywhere.
+///
+/// When `network` says yes for a conversation at launch, the runtime binds a Unix socket in the
+/// conversation's run directory (`egress/gateway.sock`, owned by the conversation's uid, the
+/// directory bound read-only into the sandbox), starts `exe gateway_args --listen-fd 3
+/// --conversation-key KEY --watch-pid MONITOR` outside the sandbox with that socket, and starts
+/// the agent with a relay from [`EGRESS_PROXY`] to the socket. The sandbox's network namespace
+/// still has only loopback: the relay is its only way out, and the gateway decides.
+#[derive(Clone)]
+pub struct EgressWiring {
+    /// True when the conversation may reach the network (its profile is an allowlist); asked on
+    /// every open. A sandbox launched the other way is replaced.
+    pub network: NetworkCheck,
+    /// Arguments that make `exe` the gateway (`["egress-gateway"]` for `sessionbox`).
+    pub gateway_args: Vec<String>,
+}
+
+impl std::fmt::Debug for EgressWiring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EgressWiring")
+            .field("gateway_args", &self.gateway_args)
+            .finish_non_exhaustive()
+    }
+}
 
 /// Allocates the host uid (and gid) a conversation runs as; called with the key of a recorded
 /// conversation. The store provides it (unique while the conversation exists).
@@ -46,6 +79,24 @@ pub type UidAllocator = Arc<dyn Fn(&ConversationKey) -> Result<u32> + Send + Syn
 /// The idle timeout of one conversation's sandbox, when it has its own (the store keeps one
 /// per conversation, from its tenant's lifecycle); `None` uses [`IsolatedConfig::idle_timeout`].
 pub type IdleTimeoutLookup = Arc<dyn Fn(&ConversationKey) -> Option<Duration> + Send + Sync>;
+
+/// Gives the read-only binds `(host directory, inside path)` that present a conversation's
+/// skills, called with the key of a recorded conversation each time its sandbox is launched
+/// (the skills crate provides them: snapshots bound at `/skills/<name>`).
+pub type SkillBinds =
+    Arc<dyn Fn(&ConversationKey) -> Result<Vec<(PathBuf, PathBuf)>> + Send + Sync>;
+
+/// Where mounted skills appear inside the sandbox.
+pub const SKILLS_ROOT: &str = "/skills";
+
+#[derive(Clone)]
+struct SkillBindsHook(SkillBinds);
+
+impl std::fmt::Debug for SkillBindsHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SkillBinds")
+    }
+}
 
 /// Settings of the `isolated` runtime.
 #[derive(Clone)]
@@ -90,6 +141,12 @@ struct SandboxRecord {
     /// When it was launched, in milliseconds since the Unix epoch.
     #[serde(default)]
     launched_ms: u64,
+    /// Launched with the egress relay (its profile let it out).
+    #[serde(default)]
+    network: bool,
+    /// The egress gateway serving it, outside the sandbox.
+    #[serde(default)]
+    gateway_pid: Option<u32>,
 }
 
 /// A sandbox launched less than this long ago is starting, not hung: it is given time to answer
@@ -110,6 +167,10 @@ pub struct IsolatedRuntime {
     run: PathBuf,
     /// Distinguishes this data directory's cgroups from another's (cgroup names are global).
     instance: String,
+    /// The egress wiring, if conversations may reach the network.
+    egress: Option<EgressWiring>,
+    /// Skills bound read-only at `/skills/<name>`, when configured.
+    skill_binds: Option<SkillBindsHook>,
 }
 
 impl IsolatedRuntime {
@@ -140,7 +201,26 @@ impl IsolatedRuntime {
             run,
             instance,
             config,
+            egress: None,
+            skill_binds: None,
         })
+    }
+
+    /// Lets conversations whose profile allows it reach the network through the egress
+    /// gateway (see [`EgressWiring`]).
+    #[must_use]
+    pub fn with_egress(mut self, egress: EgressWiring) -> Self {
+        self.egress = Some(egress);
+        self
+    }
+
+    /// Presents each conversation's skills read-only at `/skills/<name>`: `binds` is asked for
+    /// them whenever a sandbox is launched (a running sandbox keeps the binds it started with
+    /// until it stops when idle). Without it nothing is mounted at `/skills`.
+    #[must_use]
+    pub fn with_skill_binds(mut self, binds: SkillBinds) -> Self {
+        self.skill_binds = Some(SkillBindsHook(binds));
+        self
     }
 
     fn workspace_dir(&self, key: &ConversationKey) -> PathBuf {
@@ -177,11 +257,19 @@ impl IsolatedRuntime {
         if resume && !self.workspace_dir(key).is_dir() {
             return Err(destroyed());
         }
+        let network = match &self.egress {
+            Some(e) => (e.network)(key)?,
+            None => false,
+        };
         if agent_answers(&socket) {
-            let starting = read_record(&run).is_some_and(|r| {
+            let record = read_record(&run);
+            let starting = record.as_ref().is_some_and(|r| {
                 now_ms().saturating_sub(r.launched_ms) < STARTING_GRACE.as_millis() as u64
             });
-            if !replace || starting {
+            // A sandbox launched with the other network profile is replaced (between `none`
+            // and an allowlist); changes within an allowlist need no relaunch.
+            let same_network = record.as_ref().is_none_or(|r| r.network == network);
+            if same_network && (!replace || starting) {
                 drop(lock);
                 return Ok((run_dir, starting));
             }
@@ -209,6 +297,9 @@ impl IsolatedRuntime {
         spec.hostname = format!("sbx-{}", key.short());
         spec.limits = self.config.sandbox.clone();
         spec.ro_binds = vec![(self.config.exe.clone(), PathBuf::from(AGENT_EXE))];
+        if let Some(SkillBindsHook(binds)) = &self.skill_binds {
+            spec.ro_binds.extend(binds(key)?);
+        }
         spec.args = self.config.agent_args.clone();
         spec.args.extend([
             "--listen-fd".to_owned(),
@@ -228,6 +319,21 @@ impl IsolatedRuntime {
             serde_json::to_string(&self.config.limits).map_err(Error::backend)?,
         ]);
         spec.env = vec![("SESSIONBOX_LOG".to_owned(), "warn".to_owned())];
+        let gateway_listener = if network {
+            let dir = run.join("egress");
+            let inside = PathBuf::from(EGRESS_DIR);
+            let listener = bind_gateway_socket(&dir, &run_dir, uid)?;
+            spec.ro_binds.push((dir, inside.clone()));
+            spec.args.extend([
+                "--egress-listen".to_owned(),
+                EGRESS_PROXY.to_owned(),
+                "--egress-socket".to_owned(),
+                inside.join("gateway.sock").to_string_lossy().into_owned(),
+            ]);
+            Some(listener)
+        } else {
+            None
+        };
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -240,11 +346,32 @@ impl IsolatedRuntime {
             passed_fd: Some(OwnedFd::from(listener)),
         };
         let handle = sandbox::launch_with(&spec, &self.config.exe, &[], stdio)?;
+        let gateway_pid = match (gateway_listener, &self.egress) {
+            (Some(listener), Some(wiring)) => {
+                match spawn_gateway(
+                    &self.config.exe,
+                    &wiring.gateway_args,
+                    listener,
+                    key,
+                    handle.monitor_pid(),
+                    &run,
+                ) {
+                    Ok(pid) => Some(pid),
+                    Err(e) => {
+                        drop(handle); // kills the sandbox
+                        return Err(e);
+                    }
+                }
+            }
+            _ => None,
+        };
         let record = SandboxRecord {
             monitor_pid: handle.monitor_pid(),
             init_pid: handle.pid(),
             cgroups: handle.cgroup_paths(),
             launched_ms: now_ms(),
+            network,
+            gateway_pid,
         };
         write_atomic(
             &run.join("sandbox.json"),
@@ -336,12 +463,137 @@ fn cgroup_pids(record: &SandboxRecord) -> Vec<u32> {
     pids
 }
 
+/// Binds the conversation's gateway socket: `dir` (root's, 0711, bound read-only into the
+/// sandbox) holds `gateway.sock`, owned by the sandbox's uid with mode 0600, so only that uid
+/// (and root) can connect. The host never connects to anything in it.
+fn bind_gateway_socket(
+    dir: &Path,
+    run_dir: &RunDir,
+    uid: u32,
+) -> Result<std::os::unix::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    create_private_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
+        .map_err(|e| Error::Backend(format!("cannot set up the egress directory: {e}")))?;
+    let path = run_dir
+        .socket()
+        .with_file_name("egress")
+        .join("gateway.sock");
+    let _ = std::fs::remove_file(&path);
+    let listener = std::os::unix::net::UnixListener::bind(&path)
+        .map_err(|e| Error::Backend(format!("cannot bind the egress gateway socket: {e}")))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| Error::Backend(format!("cannot set up the egress gateway socket: {e}")))?;
+    if rustix::process::geteuid().is_root() {
+        let id = rustix::process::Uid::from_raw(uid);
+        let gid = rustix::process::Gid::from_raw(uid);
+        rustix::fs::chown(&path, Some(id), Some(gid)).map_err(|e| {
+            Error::Backend(format!("cannot give the egress socket to uid {uid}: {e}"))
+        })?;
+    }
+    Ok(listener)
+}
+
+/// Starts the conversation's gateway outside the sandbox, in a session of its own, with the
+/// listening socket as descriptor 3; it exits when the sandbox's monitor does. Its stderr goes
+/// to `run/<key>/egress.log`.
+fn spawn_gateway(
+    exe: &Path,
+    args: &[String],
+    listener: std::os::unix::net::UnixListener,
+    key: &ConversationKey,
+    monitor_pid: u32,
+    run: &Path,
+) -> Result<u32> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    // Above 3, so that the dup2 below never replaces its own source.
+    let fd = rustix::io::fcntl_dupfd_cloexec(&listener, 10)
+        .map_err(|e| Error::Backend(format!("cannot pass the egress socket: {e}")))?;
+    let raw = fd.as_raw_fd();
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(run.join("egress.log"))
+        .map_err(|e| Error::Backend(format!("cannot open the egress log: {e}")))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(args)
+        .args([
+            "--listen-fd",
+            "3",
+            "--conversation-key",
+            key.as_str(),
+            "--watch-pid",
+            &monitor_pid.to_string(),
+        ])
+        .env_clear()
+        .env(
+            "SESSIONBOX_LOG",
+            std::env::var("SESSIONBOX_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::from(log));
+    // The gateway reads policies from the same store as this process: the data directory
+    // (and configuration file) are in `args`, a PostgreSQL URL given in the environment is
+    // passed on the same way (never on the command line).
+    for name in ["SESSIONBOX_HOME", "SESSIONBOX_STORE_URL"] {
+        if let Some(v) = std::env::var_os(name) {
+            cmd.env(name, v);
+        }
+    }
+    // SAFETY: runs in the forked child before exec: only async-signal-safe calls (setsid,
+    // dup2) on integers captured by value; `fd` stays open in the parent until spawn returns.
+    // dup2 clears close-on-exec on descriptor 3.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::setsid();
+            if libc::dup2(raw, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd
+        .spawn()
+        .map_err(|e| Error::Backend(format!("cannot start the egress gateway: {e}")))?;
+    drop(fd);
+    drop(listener);
+    let pid = child.id();
+    // Collect it when it exits, so that a long-lived manager keeps no zombie.
+    let _ = std::thread::Builder::new()
+        .name("gateway-reaper".into())
+        .stack_size(64 * 1024)
+        .spawn(move || {
+            let mut child = child;
+            let _ = child.wait();
+        });
+    Ok(pid)
+}
+
+/// Kills the recorded gateway, if it is still the process recorded (its command line names
+/// the conversation's key: a recycled pid is left alone).
+fn kill_gateway(record: &SandboxRecord, run: &Path) {
+    let Some(pid) = record.gateway_pid else {
+        return;
+    };
+    let Some(key) = run.file_name().and_then(|k| k.to_str()) else {
+        return;
+    };
+    let ours = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == key.as_bytes()));
+    if ours && let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+        let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+    }
+}
+
 /// Kills every process of the recorded sandbox and removes its cgroups; returns how many
 /// processes were killed.
 fn kill_recorded(run: &Path) -> usize {
     let Some(record) = read_record(run) else {
         return 0;
     };
+    kill_gateway(&record, run);
     let mut killed = std::collections::BTreeSet::new();
     let until = Instant::now() + Duration::from_secs(5);
     loop {
@@ -427,6 +679,10 @@ impl Runtime for IsolatedRuntime {
 
     fn presented_root(&self, _key: &ConversationKey) -> String {
         WORKSPACE.to_owned()
+    }
+
+    fn mounted_skills(&self) -> Option<String> {
+        self.skill_binds.as_ref().map(|_| SKILLS_ROOT.to_owned())
     }
 
     fn workspace_location(&self, key: &ConversationKey) -> String {

@@ -13,8 +13,14 @@
 //! was destroyed meanwhile (a renew that lost to expiry) removes what the runtime just made, so
 //! no sandbox is left without an owner.
 //!
+//! With skills configured ([`Manager::with_skills`]), every open also delivers the tenant's
+//! skills: a runtime that mounts them ([`Runtime::mounted_skills`]) has done so itself; for any
+//! other the copies in the workspace are checked and brought up to date
+//! ([`sessionbox_skills::sync_copies`]). Then each skill's bootstrap command runs if the store
+//! says it has not run in this conversation (for this version of the skill).
+//!
 //! Architecture invariant: this crate knows no wire format and no runtime in particular; it sees
-//! only the [`Runtime`] and [`Session`] traits and the store.
+//! only the [`Runtime`] and [`Session`] traits, the store and the skills catalog.
 
 pub mod gc;
 
@@ -27,11 +33,16 @@ use sessionbox_core::{
     ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch, GrepRequest, Result, Runtime, Session,
     TenantId, WorkspacePath,
 };
+use sessionbox_skills::{Catalog, Delivery, Skills};
 use sessionbox_store::{
     AuditEntry, ConversationRecord, ConversationState, LifecyclePolicy, OrphanClaim, Store,
 };
 
 pub use gc::{GcItem, GcOptions, GcReport};
+
+/// A bootstrap claimed this long ago whose end was never recorded (its process died) may be
+/// claimed again.
+const BOOTSTRAP_STALE_MINUTES: i64 = 15;
 
 /// Store plus runtime: opens, lists and destroys conversations, and audits what is done to them.
 ///
@@ -41,6 +52,7 @@ pub struct Manager {
     store: Store,
     runtime: Arc<dyn Runtime>,
     lifecycle: Arc<LifecyclePolicy>,
+    skills: Arc<Skills>,
 }
 
 /// What [`Manager::destroy`] removed.
@@ -69,6 +81,7 @@ impl Manager {
             store,
             runtime,
             lifecycle: Arc::default(),
+            skills: Arc::default(),
         }
     }
 
@@ -82,6 +95,42 @@ impl Manager {
     /// The lifecycle policy new conversations get.
     pub fn lifecycle(&self) -> &LifecyclePolicy {
         &self.lifecycle
+    }
+
+    /// Delivers `skills` into every conversation it opens (see the module documentation).
+    #[must_use]
+    pub fn with_skills(mut self, skills: Skills) -> Self {
+        self.skills = Arc::new(skills);
+        self
+    }
+
+    /// The configured skills directories.
+    pub fn skills(&self) -> &Skills {
+        &self.skills
+    }
+
+    /// Discovers `tenant`'s skills now (an empty catalog when it has none).
+    ///
+    /// # Errors
+    /// [`Error::Backend`] naming the skill and the rule it broke (see
+    /// [`sessionbox_skills::SkillError`]).
+    pub async fn skill_catalog(&self, tenant: &TenantId) -> Result<Catalog> {
+        if self.skills.roots(tenant).is_empty() {
+            return Ok(Catalog::default());
+        }
+        let skills = self.skills.clone();
+        let tenant = tenant.clone();
+        blocking(move || skills.catalog(&tenant).map_err(sessionbox_skills::to_error)).await
+    }
+
+    /// How `conversation` receives skills, hence where a skill's base directory is.
+    pub fn skill_delivery(&self, conversation: &ConversationRef) -> Delivery {
+        match self.runtime.mounted_skills() {
+            Some(root) => Delivery::Mounted { root },
+            None => Delivery::Copied {
+                workspace_root: self.runtime.presented_root(&conversation.key),
+            },
+        }
     }
 
     /// The runtime.
@@ -132,6 +181,12 @@ impl Manager {
             }
         }
         let (conv, _) = result?;
+        if !self.skills.roots(&conversation.tenant).is_empty() {
+            let r = self.deliver_skills(conversation, &*conv.session).await;
+            self.audit(conversation, "skills", &r, r.as_ref().ok().cloned())
+                .await;
+            r?;
+        }
         Ok(conv)
     }
 
@@ -266,6 +321,74 @@ impl Manager {
             runtime,
             record_removed,
         })
+    }
+
+    /// Brings the conversation's skills up to date and runs the bootstraps it has not run.
+    /// Returns the audit detail.
+    async fn deliver_skills(
+        &self,
+        conversation: &ConversationRef,
+        session: &dyn Session,
+    ) -> Result<String> {
+        let catalog = self.skill_catalog(&conversation.tenant).await?;
+        let delivery = self.skill_delivery(conversation);
+        let mut detail = format!("skills={}", catalog.skills.len());
+        if matches!(delivery, Delivery::Copied { .. }) {
+            let report = sessionbox_skills::sync_copies(session, &catalog).await?;
+            if !report.copied.is_empty() {
+                detail.push_str(&format!(" copied={}", report.copied.join(",")));
+            }
+            if !report.removed.is_empty() {
+                detail.push_str(&format!(" removed={}", report.removed.join(",")));
+            }
+        }
+        for skill in &catalog.skills {
+            let Some(command) = skill.doc.bootstrap() else {
+                continue;
+            };
+            let store = self.store.clone();
+            let key = conversation.key.clone();
+            let (name, digest) = (skill.doc.name.clone(), skill.digest.clone());
+            let claimed = blocking(move || {
+                store.claim_bootstrap(
+                    &key,
+                    &name,
+                    &digest,
+                    Utc::now(),
+                    chrono::Duration::minutes(BOOTSTRAP_STALE_MINUTES),
+                )
+            })
+            .await?;
+            if !claimed {
+                continue;
+            }
+            let base = delivery.base_path(skill.name());
+            let run = sessionbox_skills::run_bootstrap(session, command, &base).await;
+            // A run that could not start is recorded as failed (exit -1): the next open tries
+            // again, as after a failing command.
+            let code = run.as_ref().map_or(-1, ExecResult::shell_exit_code);
+            let store = self.store.clone();
+            let key = conversation.key.clone();
+            let name = skill.doc.name.clone();
+            blocking(move || store.finish_bootstrap(&key, &name, code, Utc::now())).await?;
+            let outcome = match &run {
+                Ok(r) if r.success() => Ok(()),
+                Ok(r) => Err(Error::Conflict(format!(
+                    "the bootstrap of skill {} exited {}",
+                    skill.name(),
+                    r.shell_exit_code()
+                ))),
+                Err(e) => Err(e.clone()),
+            };
+            let d = format!("skill={} exit={code}", skill.name());
+            self.audit(conversation, "skill.bootstrap", &outcome, Some(d))
+                .await;
+            if let Err(e) = &outcome {
+                // Not fatal: the conversation opens without it, the next open runs it again.
+                tracing::warn!(error = %e, "skill bootstrap failed");
+            }
+        }
+        Ok(detail)
     }
 
     /// Ends `conversation`: its processes, sandbox, workspace and record. Idempotent.

@@ -75,6 +75,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/conversations/{id}/stat", get(stat))
         .route("/v1/conversations/{id}/glob", get(glob))
         .route("/v1/conversations/{id}/grep", post(grep))
+        .route("/v1/skills", get(crate::skills::list_skills))
+        .route(
+            "/v1/conversations/{id}/skills/{name}",
+            get(crate::skills::load_skill),
+        )
         .route("/metrics", get(crate::metrics::metrics))
         .route("/mcp", crate::mcp::route(state.clone()))
         .fallback(not_found)
@@ -129,7 +134,7 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
     }
 }
 
-pub(crate) struct PathArgs<T>(T);
+pub(crate) struct PathArgs<T>(pub(crate) T);
 
 impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for PathArgs<T> {
     type Rejection = ApiError;
@@ -190,7 +195,11 @@ impl Opened {
 }
 
 impl AppState {
-    fn conversation(&self, p: &Principal, id: &str) -> Result<ConversationRef, ApiError> {
+    pub(crate) fn conversation(
+        &self,
+        p: &Principal,
+        id: &str,
+    ) -> Result<ConversationRef, ApiError> {
         let id = ConversationId::new(id)?;
         Ok(ConversationRef::new(p.tenant.clone(), id))
     }
@@ -302,7 +311,7 @@ impl AppState {
     }
 
     /// Audits one API call and turns its result into the response.
-    async fn finish(
+    pub(crate) async fn finish(
         &self,
         p: &Principal,
         operation: &'static str,

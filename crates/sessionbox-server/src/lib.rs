@@ -38,6 +38,7 @@ mod openapi;
 mod output;
 mod queue;
 mod sessions;
+mod skills;
 
 use std::future::Future;
 use std::net::SocketAddr;

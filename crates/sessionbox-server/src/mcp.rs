@@ -1,5 +1,6 @@
 //! MCP over streamable HTTP at `/mcp` (rmcp): the agent tools `bash`, `read`, `write`, `edit`,
-//! `ls`, `glob`, `grep` on one conversation's workspace.
+//! `ls`, `glob`, `grep` on one conversation's workspace, and `skill` (list the tenant's skills,
+//! or load one: its instructions and its base directory in the conversation).
 //!
 //! Every request carries the same API key as the REST API (it names the tenant) and an
 //! `X-Conversation-Id` header naming the conversation; a missing or invalid one is refused with
@@ -252,6 +253,19 @@ fn tools() -> Vec<Tool> {
             })),
         ),
         Tool::new(
+            "skill",
+            "Agent Skills: without `name`, list the available skills (name: description); with \
+             `name`, load that skill: its instructions (SKILL.md) and its base directory in this \
+             conversation, where its scripts and files are (read-only or a managed copy: do not \
+             edit them).",
+            schema(json!({
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "description": "The skill to load (omit to list them)."}
+                }
+            })),
+        ),
+        Tool::new(
             "grep",
             "Search file contents with a regular expression (Rust regex syntax).",
             schema(json!({
@@ -313,6 +327,11 @@ struct GlobArgs {
 }
 
 #[derive(Deserialize)]
+struct SkillArgs {
+    name: Option<String>,
+}
+
+#[derive(Deserialize)]
 struct GrepArgs {
     pattern: String,
     path: Option<String>,
@@ -363,6 +382,10 @@ impl Tools {
         let s = &self.state;
         let conv = &caller.conversation;
         // Parse and check everything before opening: bad input creates nothing.
+        if name == "skill" {
+            // Reads the host's skills catalog: no turn, no conversation opened.
+            return Self::skill(s, conv, args(name, a)?).await;
+        }
         let op = match name {
             "bash" => {
                 let b: BashArgs = args(name, a)?;
@@ -418,7 +441,7 @@ impl Tools {
             }
             other => {
                 return Err(Error::InvalidRequest(format!(
-                    "no tool named {other:?}; the tools are bash, read, write, edit, ls, glob, grep"
+                    "no tool named {other:?}; the tools are bash, read, write, edit, ls, glob, grep, skill"
                 )));
             }
         };
@@ -437,6 +460,29 @@ impl Tools {
         let result = Self::apply(&opened.conv, op).await;
         opened.done().await;
         result
+    }
+
+    async fn skill(s: &AppState, conv: &ConversationRef, a: SkillArgs) -> Result<String, Error> {
+        match a.name {
+            None => {
+                let skills = crate::skills::list(s, &conv.tenant).await?;
+                if skills.is_empty() {
+                    return Ok("No skills are available.".to_owned());
+                }
+                let mut out = String::from("Available skills (load one with `name`):\n");
+                for k in skills {
+                    out.push_str(&format!("- {}: {}\n", k.name, k.description));
+                }
+                Ok(out)
+            }
+            Some(name) => {
+                let k = crate::skills::load(s, conv, &name).await?;
+                Ok(format!(
+                    "Skill: {}\nBase directory: {}\n(Paths in these instructions are relative to it.)\n\n{}",
+                    k.name, k.base_path, k.body
+                ))
+            }
+        }
     }
 
     async fn apply(session: &dyn Session, op: Run) -> Result<String, Error> {

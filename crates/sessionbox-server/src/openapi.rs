@@ -184,6 +184,8 @@ impl Modify for Security {
         api::stat,
         api::glob,
         api::grep,
+        crate::skills::list_skills,
+        crate::skills::load_skill,
         crate::metrics::metrics,
     ),
     components(schemas(

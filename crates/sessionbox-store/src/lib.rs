@@ -34,7 +34,9 @@
 //! # Ok::<(), sessionbox_core::Error>(())
 //! ```
 
+mod bootstraps;
 mod db;
+mod egress;
 mod keys;
 mod pg;
 mod remote;
@@ -54,6 +56,8 @@ use sessionbox_core::{ConversationKey, ConversationRef, Error, Result, TenantId}
 use crate::db::{Db, Lite, Pg, Row, Val};
 use crate::pg::PgBackend;
 
+pub use bootstraps::{BootstrapRecord, BootstrapState};
+pub use egress::{EgressLogEntry, EgressLogFilter, EgressLogRecord, PolicyScope, StoredPolicy};
 pub use keys::{API_KEY_PREFIX, ApiKeyRecord, NewApiKey};
 pub use remote::RemoteSandbox;
 pub use schema::SCHEMA_VERSION;
@@ -1035,6 +1039,10 @@ fn select(db: &mut dyn Db, key: &ConversationKey) -> Result<Option<ConversationR
     .as_ref()
     .map(record)
     .transpose()
+}
+
+pub(crate) fn not_found_key(key: &ConversationKey) -> Error {
+    not_found(key)
 }
 
 fn not_found(key: &ConversationKey) -> Error {

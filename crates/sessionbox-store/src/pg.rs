@@ -106,7 +106,7 @@ impl PgBackend {
             idle: Arc::default(),
             unlocker: Mutex::new(None),
         };
-        let client = backend.new_client()?;
+        let client = off_async(|| backend.new_client())?;
         backend.give_back(client);
         Ok(backend)
     }
@@ -134,14 +134,20 @@ impl PgBackend {
 
     /// Runs `f` on a pooled connection.
     pub(crate) fn with_client<T>(&self, f: impl FnOnce(&mut Client) -> Result<T>) -> Result<T> {
-        let mut client = self.take()?;
-        let out = f(&mut client);
-        self.give_back(client);
-        out
+        off_async(|| {
+            let mut client = self.take()?;
+            let out = f(&mut client);
+            self.give_back(client);
+            out
+        })
     }
 
     /// [`PgBackend::lock`] without waiting: `None` when another session holds it.
     pub(crate) fn try_lock(self: &Arc<Self>, class: i32, id: i32) -> Result<Option<PgLock>> {
+        off_async(|| self.try_lock_now(class, id))
+    }
+
+    fn try_lock_now(self: &Arc<Self>, class: i32, id: i32) -> Result<Option<PgLock>> {
         let mut client = self.take()?;
         let got: bool = client
             .query_one("SELECT pg_try_advisory_lock($1, $2)", &[&class, &id])
@@ -171,6 +177,10 @@ impl PgBackend {
     /// Takes the session-level advisory lock `(class, id)` on a connection of its own; it is
     /// released when the guard drops.
     pub(crate) fn lock(self: &Arc<Self>, class: i32, id: i32) -> Result<PgLock> {
+        off_async(|| self.lock_now(class, id))
+    }
+
+    fn lock_now(self: &Arc<Self>, class: i32, id: i32) -> Result<PgLock> {
         let mut client = self.take()?;
         client
             .execute("SELECT pg_advisory_lock($1, $2)", &[&class, &id])
@@ -242,4 +252,20 @@ impl Drop for PgLock {
 pub(crate) fn key_id(key: &sessionbox_core::ConversationKey) -> i32 {
     let hex = &key.as_str()[..8];
     u32::from_str_radix(hex, 16).unwrap_or(0) as i32
+}
+
+/// Runs `f`, which uses the synchronous PostgreSQL client. That client drives each call on a
+/// runtime of its own, which tokio refuses on a thread that is running async tasks ("cannot
+/// start a runtime from within a runtime"). On a worker of a multi-threaded tokio runtime, `f`
+/// therefore runs under [`tokio::task::block_in_place`], which leaves the runtime's context for
+/// the call and lets the other tasks move to other workers. Anywhere else (plain threads,
+/// `spawn_blocking`) it runs as is. Callers on a current-thread runtime must still move store
+/// calls off it (`spawn_blocking`), as they do for SQLite.
+fn off_async<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
 }

@@ -126,7 +126,83 @@ const MIGRATIONS: &[Step] = &[
     );
     CREATE INDEX remote_sandboxes_by_runtime ON remote_sandboxes (runtime);",
     },
-    // 5: lifecycle. The policy a conversation was created with (idle timeout, time to live
+    // 5: egress: network policies per tenant or conversation, and the gateway's verdicts.
+    Step {
+        sqlite: "CREATE TABLE egress_policies (
+        scope           TEXT PRIMARY KEY NOT NULL,
+        tenant          TEXT NOT NULL,
+        conversation_id TEXT,
+        policy          TEXT NOT NULL,
+        hash            TEXT NOT NULL CHECK (length(hash) = 64),
+        updated_at      INTEGER NOT NULL
+    );
+    CREATE TABLE egress_log (
+        id               INTEGER PRIMARY KEY AUTOINCREMENT,
+        at               INTEGER NOT NULL,
+        tenant           TEXT NOT NULL,
+        conversation_key TEXT NOT NULL,
+        allowed          INTEGER NOT NULL CHECK (allowed IN (0, 1)),
+        method           TEXT NOT NULL,
+        target           TEXT NOT NULL,
+        address          TEXT,
+        rule             TEXT NOT NULL,
+        bytes_up         INTEGER NOT NULL,
+        bytes_down       INTEGER NOT NULL,
+        duration_ms      INTEGER NOT NULL,
+        end_reason       TEXT
+    );
+    CREATE INDEX egress_log_by_key ON egress_log (conversation_key, at);
+    CREATE INDEX egress_log_by_tenant ON egress_log (tenant, at);",
+        postgres: "CREATE TABLE egress_policies (
+        scope           TEXT PRIMARY KEY NOT NULL,
+        tenant          TEXT NOT NULL,
+        conversation_id TEXT,
+        policy          TEXT NOT NULL,
+        hash            TEXT NOT NULL CHECK (length(hash) = 64),
+        updated_at      BIGINT NOT NULL
+    );
+    CREATE TABLE egress_log (
+        id               BIGSERIAL PRIMARY KEY,
+        at               BIGINT NOT NULL,
+        tenant           TEXT NOT NULL,
+        conversation_key TEXT NOT NULL,
+        allowed          BIGINT NOT NULL CHECK (allowed IN (0, 1)),
+        method           TEXT NOT NULL,
+        target           TEXT NOT NULL,
+        address          TEXT,
+        rule             TEXT NOT NULL,
+        bytes_up         BIGINT NOT NULL,
+        bytes_down       BIGINT NOT NULL,
+        duration_ms      BIGINT NOT NULL,
+        end_reason       TEXT
+    );
+    CREATE INDEX egress_log_by_key ON egress_log (conversation_key, at);
+    CREATE INDEX egress_log_by_tenant ON egress_log (tenant, at);",
+    },
+    // 6: skill bootstrap runs, one row per conversation and skill.
+    Step {
+        sqlite: "CREATE TABLE skill_bootstraps (
+        conversation_key TEXT NOT NULL REFERENCES conversations (key) ON DELETE CASCADE,
+        skill            TEXT NOT NULL,
+        digest           TEXT NOT NULL,
+        state            TEXT NOT NULL CHECK (state IN ('running', 'ok', 'failed')),
+        exit_code        INTEGER,
+        runs             INTEGER NOT NULL DEFAULT 0,
+        updated_at       INTEGER NOT NULL,
+        PRIMARY KEY (conversation_key, skill)
+    );",
+        postgres: "CREATE TABLE skill_bootstraps (
+        conversation_key TEXT NOT NULL REFERENCES conversations (key) ON DELETE CASCADE,
+        skill            TEXT NOT NULL,
+        digest           TEXT NOT NULL,
+        state            TEXT NOT NULL CHECK (state IN ('running', 'ok', 'failed')),
+        exit_code        BIGINT,
+        runs             BIGINT NOT NULL DEFAULT 0,
+        updated_at       BIGINT NOT NULL,
+        PRIMARY KEY (conversation_key, skill)
+    );",
+    },
+    // 7: lifecycle. The policy a conversation was created with (idle timeout, time to live
     // renewed on use, maximum lifetime), a generation telling a record from a later one of the
     // same key, when its state last changed (a destroy claimed long ago and not finished is
     // stuck), and the keys garbage collection is clearing (no record may be made meanwhile).

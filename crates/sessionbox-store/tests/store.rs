@@ -14,7 +14,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sessionbox_core::{ConversationRef, TenantId};
 use sessionbox_store::{
-    AuditEntry, AuditFilter, ConversationState, Lifecycle, OrphanClaim, SCHEMA_VERSION, Store,
+    AuditEntry, AuditFilter, BootstrapState, ConversationState, EgressLogEntry, EgressLogFilter,
+    Lifecycle, OrphanClaim, PolicyScope, SCHEMA_VERSION, Store,
 };
 
 const CHILD_DB: &str = "SESSIONBOX_STORE_TEST_CHILD_DB";
@@ -463,6 +464,150 @@ both! {
 
 }
 
+// ---- Egress policies and verdicts, skill bootstraps, on both backends. ----
+
+both! {
+    egress_and_skills;
+    fn a_conversation_policy_wins_over_its_tenant_policy(fx) {
+        let s = fx.open();
+        let conv = ConversationRef::parse("acme", "chat-1").unwrap();
+        let other = ConversationRef::parse("acme", "chat-2").unwrap();
+        let h = |c: char| c.to_string().repeat(64);
+        assert_eq!(s.effective_egress_policy(&conv).unwrap(), None);
+        s.set_egress_policy(
+            &PolicyScope::Tenant(conv.tenant.clone()),
+            "T",
+            &h('a'),
+            Utc::now(),
+        )
+        .unwrap();
+        assert_eq!(
+            s.effective_egress_policy(&conv).unwrap().unwrap().policy,
+            "T"
+        );
+        s.set_egress_policy(
+            &PolicyScope::Conversation(conv.clone()),
+            "C",
+            &h('b'),
+            Utc::now(),
+        )
+        .unwrap();
+        assert_eq!(
+            s.effective_egress_policy(&conv).unwrap().unwrap().policy,
+            "C"
+        );
+        assert_eq!(
+            s.effective_egress_policy(&other).unwrap().unwrap().policy,
+            "T"
+        );
+        s.set_egress_policy(
+            &PolicyScope::Conversation(conv.clone()),
+            "C2",
+            &h('c'),
+            Utc::now(),
+        )
+        .unwrap();
+        assert_eq!(
+            s.effective_egress_policy(&conv).unwrap().unwrap().hash,
+            h('c')
+        );
+        assert_eq!(s.egress_policies(None).unwrap().len(), 2);
+        assert!(
+            s.set_egress_policy(
+                &PolicyScope::Tenant(conv.tenant.clone()),
+                "T",
+                "short",
+                Utc::now()
+            )
+            .is_err()
+        );
+    }
+
+    fn verdicts_are_logged_per_conversation_and_read_newest_first(fx) {
+        let s = fx.open();
+        let a = ConversationRef::parse("acme", "a").unwrap();
+        let b = ConversationRef::parse("acme", "b").unwrap();
+        for (conv, allowed, target) in [
+            (&a, true, "x:443"),
+            (&b, false, "y:443"),
+            (&a, false, "z:80"),
+        ] {
+            s.log_egress(&EgressLogEntry {
+                at: Utc::now(),
+                tenant: conv.tenant.clone(),
+                conversation_key: conv.key.clone(),
+                allowed,
+                method: "CONNECT".into(),
+                target: target.into(),
+                address: allowed.then(|| "203.0.113.1:443".into()),
+                rule: "r".into(),
+                bytes_up: 5,
+                bytes_down: u64::MAX,
+                duration_ms: 1,
+                end: None,
+            })
+            .unwrap();
+        }
+        let log = s
+            .egress_log(&EgressLogFilter {
+                key: Some(a.key.clone()),
+                ..Default::default()
+            })
+            .unwrap();
+        let targets: Vec<&str> = log.iter().map(|r| r.entry.target.as_str()).collect();
+        assert_eq!(targets, ["z:80", "x:443"]);
+        assert_eq!(log[1].entry.bytes_down, i64::MAX as u64);
+        assert_eq!(s.egress_log(&EgressLogFilter::default()).unwrap().len(), 3);
+    }
+
+    fn a_bootstrap_is_claimed_once_per_digest_and_again_after_a_failure_or_when_stale(fx) {
+        let store = fx.open();
+        let conv = ConversationRef::new(TenantId::new("t").unwrap(), "c".parse().unwrap());
+        let now = Utc::now();
+        let stale = chrono::Duration::minutes(15);
+        let k = &conv.key;
+        assert!(
+            store.claim_bootstrap(k, "s", "d1", now, stale).is_err(),
+            "no conversation yet"
+        );
+        store.get_or_create(&conv, "host", now).unwrap();
+        assert!(store.claim_bootstrap(k, "s", "d1", now, stale).unwrap());
+        assert!(
+            !store.claim_bootstrap(k, "s", "d1", now, stale).unwrap(),
+            "running"
+        );
+        store.finish_bootstrap(k, "s", 0, now).unwrap();
+        assert!(
+            !store.claim_bootstrap(k, "s", "d1", now, stale).unwrap(),
+            "done"
+        );
+        assert!(
+            store.claim_bootstrap(k, "s", "d2", now, stale).unwrap(),
+            "skill changed"
+        );
+        store.finish_bootstrap(k, "s", 3, now).unwrap();
+        let r = &store.bootstraps(k).unwrap()[0];
+        assert_eq!(
+            (r.state, r.exit_code, r.runs),
+            (BootstrapState::Failed, Some(3), 2)
+        );
+        assert!(
+            store.claim_bootstrap(k, "s", "d2", now, stale).unwrap(),
+            "failed: again"
+        );
+        let later = now + chrono::Duration::minutes(16);
+        assert!(
+            store.claim_bootstrap(k, "s", "d2", later, stale).unwrap(),
+            "stale claim"
+        );
+        store.delete(k).unwrap();
+        assert!(
+            store.bootstraps(k).unwrap().is_empty(),
+            "rows go with the conversation"
+        );
+    }
+}
+
 // ---- Lifecycle, on both backends. ----
 
 fn policy(ttl_ms: Option<u64>, max_ms: Option<u64>) -> Lifecycle {
@@ -602,6 +747,40 @@ both! {
 }
 
 // ---- PostgreSQL only. ----
+
+/// The synchronous PostgreSQL client cannot run on a thread that drives async tasks; the store
+/// steps off the runtime itself, so a front end calling it from a task (the egress gateway's
+/// policy lookups, a skill bind) does not panic. Eight tasks on a two-worker runtime connect,
+/// write and read at once, then the store is dropped inside the runtime.
+#[test]
+fn a_postgres_store_works_when_called_from_async_tasks() {
+    let Some(fx) = Fx::postgres() else { return };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let inner = fx.clone(); // the test database itself is dropped outside the runtime
+    rt.block_on(async move {
+        let store = inner.open();
+        let tasks: Vec<_> = (0..8)
+            .map(|i| {
+                let s = store.clone();
+                tokio::spawn(async move {
+                    let c = conv("acme", &format!("async-{i}"));
+                    s.get_or_create(&c, "host", Utc::now()).unwrap();
+                    s.audit(&entry(1, &c, "exec", "ok")).unwrap();
+                    s.get(&c.key).unwrap().unwrap().conversation_id
+                })
+            })
+            .collect();
+        for (i, t) in tasks.into_iter().enumerate() {
+            assert_eq!(t.await.unwrap().as_str(), format!("async-{i}"));
+        }
+        assert_eq!(store.list(None).unwrap().len(), 8);
+        drop(store);
+    });
+}
 
 #[test]
 fn postgres_replicas_migrating_at_once_make_one_schema() {

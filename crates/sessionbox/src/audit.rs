@@ -82,17 +82,30 @@ pub fn run(
         println!("{}", serde_json::to_string_pretty(&records)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    // A reader that stops early (`| head`) ends the output, not the program.
+    match print_table(records) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        r => r?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_table(records: Vec<sessionbox_store::AuditRecord>) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
         "{:<24} {:<16} {:<12} {:<14} {:<20} DETAIL",
         "AT", "TENANT", "CONVERSATION", "OPERATION", "OUTCOME"
-    );
+    )?;
     for r in records {
         let e = r.entry;
         let key = e
             .conversation_key
             .as_ref()
             .map_or("-", |k| &k.as_str()[..12]);
-        println!(
+        writeln!(
+            out,
             "{:<24} {:<16} {:<12} {:<14} {:<20} {}",
             e.at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             e.tenant.as_str(),
@@ -100,9 +113,9 @@ pub fn run(
             e.operation,
             e.outcome,
             e.detail.as_deref().unwrap_or("")
-        );
+        )?;
     }
-    Ok(ExitCode::SUCCESS)
+    out.flush()
 }
 
 #[cfg(test)]

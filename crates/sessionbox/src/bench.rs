@@ -1053,8 +1053,16 @@ async fn more_measurements(
     execs: usize,
     created: &mut Vec<ConversationRef>,
 ) -> anyhow::Result<Value> {
-    let throughput =
-        crate::bench_scale::throughput(manager, &b.tenant, &b.id, levels, execs, created).await?;
+    let prefix = format!("bench-{}", b.id);
+    let throughput = crate::bench_scale::throughput(
+        &b.tenant,
+        &prefix,
+        levels,
+        execs,
+        created,
+        |c| async move { Ok(manager.open(&c).await?) },
+    )
+    .await?;
     let conv = b.conversation("mib")?;
     created.push(conv.clone());
     let s = manager.open(&conv).await?;

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use chrono::Utc;
 use serde_json::{Value, json};
 use sessionbox_client::Client;
@@ -45,35 +45,11 @@ pub(crate) struct Load {
     pub clients: usize,
 }
 
-/// Nearest-rank percentile of sorted `v` (ms).
-fn pct(v: &[f64], p: f64) -> f64 {
-    let x = v[((v.len() as f64 - 1.0) * p).round() as usize];
-    (x * 1000.0).round() / 1000.0
-}
+use crate::bench_scale::{check_true as check, percentiles as summary};
 
-fn summary(mut v: Vec<f64>) -> Value {
-    if v.is_empty() {
-        return Value::Null;
-    }
-    v.sort_by(f64::total_cmp);
-    json!({
-        "count": v.len(),
-        "p50_ms": pct(&v, 0.5),
-        "p95_ms": pct(&v, 0.95),
-        "p99_ms": pct(&v, 0.99),
-        "max_ms": pct(&v, 1.0),
-    })
-}
-
-fn check(r: &sessionbox_core::ExecResult) -> anyhow::Result<()> {
-    if !r.success() {
-        bail!(
-            "`true` failed with {} ({})",
-            r.shell_exit_code(),
-            String::from_utf8_lossy(&r.stderr).trim()
-        );
-    }
-    Ok(())
+/// The p50 of `v` (ms, to the microsecond).
+fn p50(v: &[f64]) -> f64 {
+    summary(v.to_vec())["p50_ms"].as_f64().unwrap_or(f64::NAN)
 }
 
 /// Measures round trip and load on `manager`. Conversations it creates are pushed to
@@ -149,12 +125,7 @@ async fn serve_and_measure(
             .await
             .context("over MCP")?;
         Box::new(lib).close().await?;
-        let (lib_p50, http_p50) = {
-            let (mut a, mut b) = (via_lib.clone(), via_http.clone());
-            a.sort_by(f64::total_cmp);
-            b.sort_by(f64::total_cmp);
-            (pct(&a, 0.5), pct(&b, 0.5))
-        };
+        let (lib_p50, http_p50) = (p50(&via_lib), p50(&via_http));
         let added_p50 = ((http_p50 - lib_p50) * 1000.0).round() / 1000.0;
 
         // 2. Load.
@@ -224,46 +195,19 @@ async fn serve_and_measure(
         errors.truncate(20);
 
         // 3. Throughput at each level, as the library's is measured (bench_scale).
-        let mut levels = Vec::new();
-        for &c in &load.levels {
-            let mut convs = Vec::with_capacity(c);
-            for i in 0..c {
-                let conv = ConversationRef::new(
-                    tenant.clone(),
-                    ConversationId::new(format!("bench-{run_id}-hc{c}-{i:04}"))?,
-                );
-                created.push(conv.clone());
-                let r = client.open(&conv.id).await?;
-                check(&r.exec(ExecRequest::new("true")).await?)?;
-                convs.push(r);
-            }
-            let t0 = Instant::now();
-            let mut tasks = Vec::with_capacity(c);
-            for r in convs {
-                let n = load.level_execs;
-                tasks.push(tokio::spawn(async move {
-                    let mut lat = Vec::with_capacity(n);
-                    for _ in 0..n {
-                        let t = Instant::now();
-                        check(&r.exec(ExecRequest::new("true")).await?)?;
-                        lat.push(crate::bench::ms_since(t));
-                    }
-                    Ok::<_, anyhow::Error>(lat)
-                }));
-            }
-            let mut lat = Vec::new();
-            for t in tasks {
-                lat.extend(t.await??);
-            }
-            let wall = t0.elapsed().as_secs_f64();
-            levels.push(json!({
-                "concurrency": c,
-                "execs": lat.len(),
-                "wall_s": (wall * 1000.0).round() / 1000.0,
-                "throughput_execs_per_s": ((lat.len() as f64 / wall) * 10.0).round() / 10.0,
-                "latency": summary(lat),
-            }));
-        }
+        let prefix = format!("bench-{run_id}-h");
+        let levels = crate::bench_scale::throughput(
+            tenant,
+            &prefix,
+            &load.levels,
+            load.level_execs,
+            created,
+            |c| {
+                let client = client.clone();
+                async move { Ok(client.open(&c.id).await?) }
+            },
+        )
+        .await?;
         Ok::<Value, anyhow::Error>(json!({
             "mcp_round_trip": mcp,
             "throughput": levels,

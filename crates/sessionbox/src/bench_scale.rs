@@ -13,7 +13,6 @@ use anyhow::bail;
 use chrono::Utc;
 use serde_json::{Value, json};
 use sessionbox_core::{ConversationId, ConversationRef, ExecRequest, Session, TenantId};
-use sessionbox_manager::Manager;
 use sessionbox_store::{AuditEntry, Store};
 
 use crate::bench::ms_since;
@@ -28,7 +27,8 @@ pub(crate) fn percentiles(mut v: Vec<f64>) -> Value {
     json!({"count": v.len(), "p50_ms": p(0.5), "p95_ms": p(0.95), "p99_ms": p(0.99), "max_ms": p(1.0)})
 }
 
-fn ok(r: &sessionbox_core::ExecResult) -> anyhow::Result<()> {
+/// Fails unless `r` is a successful run of `true`.
+pub(crate) fn check_true(r: &sessionbox_core::ExecResult) -> anyhow::Result<()> {
     if !r.success() {
         bail!(
             "`true` failed with {} ({})",
@@ -39,27 +39,34 @@ fn ok(r: &sessionbox_core::ExecResult) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Throughput at each of `levels` concurrent conversations. Conversations are pushed to
-/// `created` before they are opened, so the caller destroys them whatever happens.
-pub(crate) async fn throughput(
-    manager: &Manager,
+/// Throughput at each of `levels` concurrent conversations, on sessions that `open` makes from
+/// a conversation (through the library or a client). Conversations named `{prefix}-c{level}-{i}`
+/// are pushed to `created` before they are opened, so the caller destroys them whatever
+/// happens.
+pub(crate) async fn throughput<S, F, Fut>(
     tenant: &TenantId,
-    run_id: &str,
+    prefix: &str,
     levels: &[usize],
     execs: usize,
     created: &mut Vec<ConversationRef>,
-) -> anyhow::Result<Value> {
+    open: F,
+) -> anyhow::Result<Value>
+where
+    S: Session + 'static,
+    F: Fn(ConversationRef) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<S>>,
+{
     let mut out = Vec::new();
     for &c in levels {
         let mut sessions = Vec::with_capacity(c);
         for i in 0..c {
             let conv = ConversationRef::new(
                 tenant.clone(),
-                ConversationId::new(format!("bench-{run_id}-c{c}-{i:04}"))?,
+                ConversationId::new(format!("{prefix}-c{c}-{i:04}"))?,
             );
             created.push(conv.clone());
-            let s = manager.open(&conv).await?;
-            ok(&s.exec(ExecRequest::new("true")).await?)?;
+            let s = open(conv).await?;
+            check_true(&s.exec(ExecRequest::new("true")).await?)?;
             sessions.push(Arc::new(s));
         }
         let t0 = Instant::now();
@@ -70,7 +77,7 @@ pub(crate) async fn throughput(
                 let mut lat = Vec::with_capacity(execs);
                 for _ in 0..execs {
                     let t = Instant::now();
-                    ok(&s.exec(ExecRequest::new("true")).await?)?;
+                    check_true(&s.exec(ExecRequest::new("true")).await?)?;
                     lat.push(ms_since(t));
                 }
                 Ok::<_, anyhow::Error>(lat)

@@ -2,6 +2,7 @@
 //! defaults. Secrets are never read from flags or the file; they come from the environment or
 //! from files named there.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
@@ -63,6 +64,12 @@ pub struct FileConfig {
     /// How long conversations live, by default and per tenant.
     #[serde(default)]
     pub lifecycle: LifecycleSection,
+    /// Egress gateway settings.
+    #[serde(default)]
+    pub egress: EgressSection,
+    /// Agent Skills: directories per tenant, limits.
+    #[serde(default)]
+    pub skills: SkillsSection,
 }
 
 /// `[store]` settings.
@@ -143,6 +150,76 @@ impl FileConfig {
             .ok()
             .filter(|u| !u.is_empty())
             .or_else(|| self.store.url.clone())
+    }
+}
+
+/// `[egress]` settings of the gateway. Policies are not here: they live in the store
+/// (`sessionbox policy set`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressSection {
+    /// DNS servers the gateway asks (`"192.0.2.53:53"`); empty for the system's.
+    #[serde(default)]
+    pub nameservers: Vec<std::net::SocketAddr>,
+    /// Close a connection after this many seconds with no byte either way (default 300).
+    pub idle_timeout_secs: Option<u64>,
+    /// Close a connection this many seconds after it was allowed (default 3600).
+    pub total_timeout_secs: Option<u64>,
+    /// Give up connecting to a target after this many seconds (default 10).
+    pub connect_timeout_secs: Option<u64>,
+}
+
+/// `[skills]` settings: `[skills.tenants]` maps a tenant to its skills directories (absolute
+/// paths); `SESSIONBOX_SKILLS_DIR` (`:`-separated) replaces the `default` tenant's.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SkillsSection {
+    /// Tenant name to skills directories.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, Vec<PathBuf>>,
+    /// Most bytes of one skill's delivered files (default 16 MiB).
+    pub max_skill_bytes: Option<u64>,
+    /// Most delivered files in one skill (default 1000).
+    pub max_files: Option<u64>,
+    /// Most bytes of one SKILL.md (default 256 KiB).
+    pub max_skill_md_bytes: Option<u64>,
+}
+
+impl SkillsSection {
+    /// The skills configuration: the file's, with `env_dirs` (the value of
+    /// `SESSIONBOX_SKILLS_DIR`) as the default tenant's directories when set and not empty.
+    pub fn resolve(&self, env_dirs: Option<&str>) -> anyhow::Result<sessionbox_skills::Skills> {
+        let mut tenants = self.tenants.clone();
+        if let Some(v) = env_dirs.filter(|v| !v.is_empty()) {
+            tenants.insert(
+                sessionbox_core::TenantId::DEFAULT.to_owned(),
+                v.split(':')
+                    .filter(|p| !p.is_empty())
+                    .map(PathBuf::from)
+                    .collect(),
+            );
+        }
+        for (tenant, dirs) in &tenants {
+            sessionbox_core::TenantId::new(tenant.clone())
+                .with_context(|| format!("[skills.tenants] names an invalid tenant {tenant:?}"))?;
+            if let Some(d) = dirs.iter().find(|d| !d.is_absolute()) {
+                bail!(
+                    "skills directory {} of tenant {tenant} is not an absolute path; give the full path",
+                    d.display()
+                );
+            }
+        }
+        let mut limits = sessionbox_skills::SkillLimits::default();
+        if let Some(v) = self.max_skill_bytes {
+            limits.max_skill_bytes = v;
+        }
+        if let Some(v) = self.max_files {
+            limits.max_files = v;
+        }
+        if let Some(v) = self.max_skill_md_bytes {
+            limits.max_skill_md_bytes = v;
+        }
+        Ok(sessionbox_skills::Skills::new(tenants, limits))
     }
 }
 
@@ -332,6 +409,32 @@ mod tests {
         assert_eq!(c.store.url.as_deref(), Some("postgres://sb@db:5432/sb"));
         std::fs::write(&p, "[lifecycle.tenants.acme]\nttl = 1\n").unwrap();
         assert!(FileConfig::load(&p, true).is_err());
+    }
+
+    #[test]
+    fn skills_directories_come_from_the_file_and_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sessionbox.toml");
+        std::fs::write(
+            &p,
+            "[skills]\nmax_files = 7\n[skills.tenants]\nacme = [\"/srv/acme\"]\ndefault = [\"/srv/d\"]\n",
+        )
+        .unwrap();
+        let c = FileConfig::load(&p, true).unwrap();
+        let acme = sessionbox_core::TenantId::new("acme").unwrap();
+        let def = sessionbox_core::TenantId::new("default").unwrap();
+        let s = c.skills.resolve(None).unwrap();
+        assert_eq!(s.roots(&acme), [PathBuf::from("/srv/acme")]);
+        assert_eq!(s.roots(&def), [PathBuf::from("/srv/d")]);
+        assert_eq!(s.limits().max_files, 7);
+        let s = c.skills.resolve(Some("/a:/b")).unwrap();
+        assert_eq!(s.roots(&def), [PathBuf::from("/a"), PathBuf::from("/b")]);
+        assert!(c.skills.resolve(Some("rel")).is_err());
+        std::fs::write(&p, "[skills]\ndirs = []\n").unwrap();
+        assert!(
+            FileConfig::load(&p, true).is_err(),
+            "unknown keys are refused"
+        );
     }
 
     #[test]

@@ -6,12 +6,14 @@
 mod audit;
 mod bench;
 mod bench_baselines;
+mod bench_egress;
 mod bench_http;
 mod bench_mcp;
 mod bench_plot;
 mod bench_scale;
 mod config;
 mod doctor;
+mod egress;
 mod experiment;
 mod opensandbox;
 mod serve;
@@ -225,6 +227,10 @@ enum Command {
     /// Exits 0 when a target is missed unless --check. Build with --release: debug numbers are
     /// not meaningful.
     Bench(bench::BenchArgs),
+    /// Measure the egress gateway: latency added per CONNECT and throughput, against direct
+    /// connections to the same target in the same run (needs root: the target runs in a
+    /// network namespace the benchmark creates and removes).
+    BenchEgress(bench_egress::BenchEgressArgs),
     /// Report which sandbox layers this machine enforces; exits 0 only when the default runtime
     /// can run.
     Doctor,
@@ -248,9 +254,31 @@ enum Command {
         #[command(flatten)]
         conv: Conv,
     },
+    /// List the tenant's skills (name and description), or print one skill's SKILL.md body.
+    ///
+    /// Skills directories come from `[skills.tenants]` in sessionbox.toml, or for the default
+    /// tenant from SESSIONBOX_SKILLS_DIR; a skill that breaks a rule is reported with the rule.
+    Skills {
+        /// The skill to print.
+        name: Option<String>,
+    },
     /// Print the audit log of the tenant, newest first: operation, outcome, key id and duration
     /// per call; never file contents, commands or secrets.
     Audit(audit::AuditArgs),
+    /// Set or show network policies (profile `none`, the default, or an allowlist).
+    Policy {
+        #[command(subcommand)]
+        command: egress::PolicyCommand,
+    },
+    /// Print the egress gateway's verdicts, newest first: allowed or denied, target, rule or
+    /// reason, bytes; never URL paths or queries.
+    EgressLog(egress::LogArgs),
+    /// Print a short-lived signed proxy token for a conversation on a remote runtime (give it
+    /// as the password of the proxy URL: `http://sessionbox:TOKEN@GATEWAY:PORT`).
+    EgressToken(egress::TokenArgs),
+    /// Run an egress gateway: for remote runtimes on a TCP address (tokens required), or, as
+    /// the `isolated` runtime starts it, for one conversation on an inherited socket.
+    EgressGateway(egress::GatewayArgs),
     /// Serve the execd API as the in-sandbox agent (see `sessionbox agent --help`). The
     /// `isolated` runtime starts it inside each conversation's sandbox.
     #[command(disable_help_flag = true)]
@@ -325,6 +353,9 @@ impl std::fmt::Display for UsageError {
 impl std::error::Error for UsageError {}
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    if let Command::BenchEgress(args) = &cli.command {
+        return bench_egress::run(args).await;
+    }
     if let Command::Bench(args) = &cli.command {
         return bench::run(args, cli.data_dir.clone(), cli.runtime, cli.tenant.clone()).await;
     }
@@ -381,6 +412,23 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         let given = cli.tenant.is_some().then_some(&tenant);
         return off_runtime(|| serve::keys(command, &data_dir, store_url.as_deref(), given));
     }
+    match &cli.command {
+        Command::Policy { command } => {
+            return off_runtime(|| {
+                egress::policy(command, &data_dir, store_url.as_deref(), &tenant)
+            });
+        }
+        Command::EgressLog(args) => {
+            return off_runtime(|| egress::log(args, &data_dir, store_url.as_deref(), &tenant));
+        }
+        Command::EgressToken(args) => {
+            return off_runtime(|| egress::token(args, &data_dir, store_url.as_deref(), &tenant));
+        }
+        Command::EgressGateway(args) => {
+            return egress::gateway(args, &data_dir, store_url.as_deref(), &file.egress).await;
+        }
+        _ => {}
+    }
     if let Command::Backup { path } | Command::Restore { path } = &cli.command {
         let db = data_dir.join("sessionbox.db");
         return off_runtime(|| {
@@ -434,6 +482,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         _ => None,
     };
 
+    let skills = file
+        .skills
+        .resolve(std::env::var("SESSIONBOX_SKILLS_DIR").ok().as_deref())?;
     let db = data_dir.join("sessionbox.db");
     let store = off_runtime(|| Store::open_configured(store_url.as_deref(), &db))?;
     let runtime: Arc<dyn Runtime> = match kind {
@@ -455,7 +506,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let uid_store = store.clone();
             let idle_store = store.clone();
             let exe = std::env::current_exe().context("cannot find the sessionbox executable")?;
-            Arc::new(IsolatedRuntime::new(IsolatedConfig {
+            let wiring = egress::wiring(store.clone(), &data_dir, cli.config.as_deref());
+            let runtime = IsolatedRuntime::new(IsolatedConfig {
                 data_dir: data_dir.clone(),
                 limits: file.limits.unwrap_or_default(),
                 sandbox,
@@ -468,7 +520,24 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 idle_timeout_of: Some(Arc::new(move |key| {
                     idle_store.get(key).ok().flatten()?.idle_timeout
                 })),
-            })?)
+            })?
+            .with_egress(wiring);
+            if skills.is_empty() {
+                Arc::new(runtime)
+            } else {
+                // Skills are bound read-only at /skills/<name>, from snapshots in the data
+                // directory; the tenant comes from the conversation's record.
+                let (skills, store) = (skills.clone(), store.clone());
+                let snapshots = data_dir.join("skills");
+                Arc::new(runtime.with_skill_binds(Arc::new(move |key| {
+                    let record = store
+                        .get(key)?
+                        .ok_or_else(|| Error::NotFound(format!("conversation {}", key.short())))?;
+                    skills
+                        .mount_binds(&record.tenant, &snapshots)
+                        .map_err(sessionbox_skills::to_error)
+                })))
+            }
         }
         RuntimeKind::Host => {
             let mut host = HostConfig::new(&data_dir);
@@ -489,7 +558,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         )?),
     };
     let ctx = App {
-        manager: Manager::new(store, runtime).with_lifecycle(lifecycle),
+        manager: Manager::new(store, runtime)
+            .with_lifecycle(lifecycle)
+            .with_skills(skills),
         tenant,
         runtime_name: kind.name(),
     };
@@ -497,7 +568,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Verify(args) => verify::run(&verify::Target::Local(&ctx), &ctx.tenant, args).await,
         Command::Serve(args) => serve::run(&ctx, args).await,
-        Command::Keys { .. } | Command::Audit(_) => unreachable!("handled before the runtime"),
+        Command::Keys { .. }
+        | Command::Audit(_)
+        | Command::Policy { .. }
+        | Command::EgressLog(_)
+        | Command::EgressToken(_)
+        | Command::EgressGateway(_)
+        | Command::BenchEgress(_) => unreachable!("handled before the runtime"),
         Command::Mcp { .. } => {
             let conv = conversation.expect("mcp names a conversation");
             let state = sessionbox_server::AppState::new(
@@ -508,6 +585,27 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Doctor | Command::Agent { .. } => unreachable!("handled before the runtime"),
+        Command::Skills { name } => {
+            let catalog = ctx.manager.skill_catalog(&ctx.tenant).await?;
+            match name {
+                None => {
+                    for s in &catalog.skills {
+                        println!("{}: {}", s.name(), s.doc.description);
+                    }
+                }
+                Some(n) => {
+                    let Some(s) = catalog.get(&n) else {
+                        return Err(Error::NotFound(format!(
+                            "no skill named {n:?} in tenant {}",
+                            ctx.tenant
+                        ))
+                        .into());
+                    };
+                    print!("{}", s.doc.body);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Conversations { all_tenants, json } => {
             let tenant = (!all_tenants).then_some(&ctx.tenant);
             let records = ctx.manager.list(tenant).await?;
@@ -620,6 +718,12 @@ fn command_conversation(c: &Command) -> Option<&str> {
         | Command::Serve(_)
         | Command::Keys { .. }
         | Command::Audit(_)
+        | Command::Policy { .. }
+        | Command::EgressLog(_)
+        | Command::EgressToken(_)
+        | Command::EgressGateway(_)
+        | Command::BenchEgress(_)
+        | Command::Skills { .. }
         | Command::Agent { .. } => None,
     }
 }
@@ -887,6 +991,12 @@ async fn run_on_session(
         | Command::Keys { .. }
         | Command::Mcp { .. }
         | Command::Audit(_)
+        | Command::Policy { .. }
+        | Command::EgressLog(_)
+        | Command::EgressToken(_)
+        | Command::EgressGateway(_)
+        | Command::BenchEgress(_)
+        | Command::Skills { .. }
         | Command::Agent { .. } => {
             unreachable!("handled without a session")
         }

@@ -139,10 +139,10 @@ impl Target<'_> {
         }
     }
 
-    fn tenant(&self, fallback: &TenantId) -> String {
+    fn tenant(&self) -> String {
         match self {
             Target::Local(app) => app.tenant.as_str().to_owned(),
-            Target::Http { .. } => format!("{} (the API key's tenant)", fallback.as_str()),
+            Target::Http { .. } => "set by the API key".to_owned(),
         }
     }
 }
@@ -368,7 +368,7 @@ pub async fn run(
             "cleanup": {"ok": cleanup.ok, "leftovers": leftover.len(), "touched": touched.len(), "failures": cleanup.failures},
         },
         "runtime_info": info,
-        "tenant": target.tenant(tenant),
+        "tenant": target.tenant(),
         "run_id": id,
         "started": started.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         "duration_ms": t0.elapsed().as_millis() as u64,

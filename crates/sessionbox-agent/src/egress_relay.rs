@@ -1,0 +1,62 @@
+//! The egress relay: inside a sandbox whose network namespace has only loopback, the agent
+//! listens on a loopback TCP address and relays each connection, byte for byte, over a Unix
+//! socket to the conversation's egress gateway outside. Commands get `HTTP_PROXY`,
+//! `HTTPS_PROXY` and `ALL_PROXY` (both cases) pointing at it.
+//!
+//! The relay decides nothing: the gateway sees every byte and enforces the policy. The relay
+//! only makes the gateway reachable from a namespace that has no route anywhere else.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Where the relay listens and where it relays to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressRelay {
+    /// The loopback address commands use as their proxy.
+    pub listen: SocketAddr,
+    /// The gateway's Unix socket (bound by the runtime, visible read-only in the sandbox).
+    pub socket: PathBuf,
+}
+
+impl EgressRelay {
+    /// The proxy variables every command gets (a request's own variables may override them;
+    /// that gives no way out: the sandbox has no other route).
+    pub fn proxy_env(&self) -> Vec<(String, String)> {
+        let url = format!("http://{}", self.listen);
+        let mut env = Vec::new();
+        for k in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
+            env.push((k.to_owned(), url.clone()));
+            env.push((k.to_ascii_lowercase(), url.clone()));
+        }
+        for k in ["NO_PROXY", "no_proxy"] {
+            env.push((k.to_owned(), "localhost,127.0.0.1,::1".to_owned()));
+        }
+        env
+    }
+}
+
+/// Accepts on `listener` forever, relaying each connection to `socket`.
+pub(crate) async fn run(listener: tokio::net::TcpListener, socket: PathBuf) {
+    loop {
+        let Ok((mut client, _)) = listener.accept().await else {
+            continue;
+        };
+        let _ = client.set_nodelay(true);
+        let socket = socket.clone();
+        tokio::spawn(async move {
+            match tokio::net::UnixStream::connect(&socket).await {
+                Ok(mut gw) => {
+                    // Large buffers: a bulk download costs few system calls per MiB.
+                    let _ = tokio::io::copy_bidirectional_with_sizes(
+                        &mut client,
+                        &mut gw,
+                        256 * 1024,
+                        256 * 1024,
+                    )
+                    .await;
+                }
+                Err(e) => tracing::warn!("the egress gateway is unreachable: {e}"),
+            }
+        });
+    }
+}

@@ -1,0 +1,17 @@
+//! sessionbox's egress gateway. See the crate README for what it enforces.
+//!
+//! - [`policy`]: network profiles, rules, validation, the hash, and the two-step check (name
+//!   before DNS, then every address).
+//! - [`target`]: what a request asks to reach, parsed as a connection would.
+//! - [`gateway`]: the proxy (CONNECT and absolute-form HTTP on hyper).
+//! - [`token`]: signed, short-lived proxy tokens for remote runtimes.
+//! - [`opensandbox`]: the policy as an OpenSandbox `networkPolicy`.
+
+pub mod gateway;
+pub mod opensandbox;
+pub mod policy;
+pub mod target;
+pub mod token;
+
+pub use gateway::{Auth, Control, Gateway, GatewayConfig, LogEntry};
+pub use policy::{Policy, PolicyError, Rule, Verdict};

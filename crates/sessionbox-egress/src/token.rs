@@ -1,0 +1,219 @@
+//! Proxy tokens for remote runtimes: a short-lived, signed statement "conversation K, policy
+//! hash H, valid until T", carried in `Proxy-Authorization` and checked on every request.
+//!
+//! Format: `sbx1.<base64url(JSON payload)>.<base64url(HMAC-SHA256(key, "sbx1." + payload))>`.
+//! The key is 32 random bytes kept in the data directory ([`TokenKey::load_or_create`]); it is
+//! never logged, and a token's text never reaches a log line (only its conversation does).
+//!
+//! ```
+//! use sessionbox_egress::token::TokenKey;
+//! let key = TokenKey::from_bytes([7; 32]);
+//! let t = key.issue("k".repeat(64).as_str(), "h", 1_000, 60);
+//! let claims = key.verify(&t, 1_030).unwrap();
+//! assert_eq!(claims.policy_hash, "h");
+//! assert!(key.verify(&t, 1_061).is_err()); // expired
+//! ```
+
+use std::io::Write;
+use std::path::Path;
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+
+const PREFIX: &str = "sbx1.";
+
+/// What a valid token states.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claims {
+    /// The conversation key (hex SHA-256 of tenant and id).
+    #[serde(rename = "c")]
+    pub conversation: String,
+    /// The hash of the policy it was issued under.
+    #[serde(rename = "h")]
+    pub policy_hash: String,
+    /// Expiry, seconds since the Unix epoch.
+    #[serde(rename = "e")]
+    pub expires: u64,
+}
+
+/// Why a token was refused (never carries the token).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    /// Not a token of this format.
+    #[error("the proxy token is malformed")]
+    Malformed,
+    /// The signature does not match.
+    #[error("the proxy token's signature does not match")]
+    BadSignature,
+    /// It expired.
+    #[error("the proxy token expired; ask for a new one")]
+    Expired,
+}
+
+/// The signing key.
+#[derive(Clone)]
+pub struct TokenKey([u8; 32]);
+
+impl std::fmt::Debug for TokenKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenKey(..)")
+    }
+}
+
+impl TokenKey {
+    /// A key from bytes (tests).
+    pub fn from_bytes(b: [u8; 32]) -> Self {
+        TokenKey(b)
+    }
+
+    /// Reads the key file, or creates it (0600, 32 bytes from `/dev/urandom`) when absent.
+    ///
+    /// # Errors
+    /// An I/O error, or a file that is not 32 bytes.
+    pub fn load_or_create(path: &Path) -> std::io::Result<Self> {
+        match std::fs::read(path) {
+            Ok(b) => <[u8; 32]>::try_from(b.as_slice())
+                .map(TokenKey)
+                .map_err(|_| {
+                    std::io::Error::other(format!("{} is not a 32-byte key", path.display()))
+                }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                use std::io::Read;
+                use std::os::unix::fs::OpenOptionsExt;
+                let mut b = [0u8; 32];
+                std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(path);
+                match &mut f {
+                    Ok(f) => f.write_all(&b)?,
+                    // Another process made it first: use theirs.
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        return Self::load_or_create(path);
+                    }
+                    Err(_) => return f.map(|_| TokenKey(b)),
+                }
+                Ok(TokenKey(b))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn mac(&self, payload: &str) -> Hmac<Sha256> {
+        let mut m = Hmac::<Sha256>::new_from_slice(&self.0).expect("any key length");
+        m.update(PREFIX.as_bytes());
+        m.update(payload.as_bytes());
+        m
+    }
+
+    /// Issues a token for `conversation` under `policy_hash`, valid `ttl_secs` from `now`.
+    pub fn issue(&self, conversation: &str, policy_hash: &str, now: u64, ttl_secs: u64) -> String {
+        let claims = Claims {
+            conversation: conversation.to_owned(),
+            policy_hash: policy_hash.to_owned(),
+            expires: now.saturating_add(ttl_secs),
+        };
+        let payload = B64.encode(serde_json::to_vec(&claims).unwrap_or_default());
+        let sig = B64.encode(self.mac(&payload).finalize().into_bytes());
+        format!("{PREFIX}{payload}.{sig}")
+    }
+
+    /// Checks the signature (in constant time) and the expiry at `now`.
+    ///
+    /// # Errors
+    /// [`TokenError`].
+    pub fn verify(&self, token: &str, now: u64) -> Result<Claims, TokenError> {
+        let rest = token.strip_prefix(PREFIX).ok_or(TokenError::Malformed)?;
+        let (payload, sig) = rest.split_once('.').ok_or(TokenError::Malformed)?;
+        let sig = B64.decode(sig).map_err(|_| TokenError::Malformed)?;
+        self.mac(payload)
+            .verify_slice(&sig)
+            .map_err(|_| TokenError::BadSignature)?;
+        let claims: Claims = B64
+            .decode(payload)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .ok_or(TokenError::Malformed)?;
+        if now >= claims.expires {
+            return Err(TokenError::Expired);
+        }
+        Ok(claims)
+    }
+}
+
+/// The token in a `Proxy-Authorization` value: `Bearer TOKEN`, or `Basic` with the token as the
+/// password (what `http://user:TOKEN@gateway:port` in `HTTPS_PROXY` makes clients send).
+pub fn from_proxy_authorization(value: &str) -> Option<String> {
+    let (scheme, rest) = value.trim().split_once(' ')?;
+    if scheme.eq_ignore_ascii_case("bearer") {
+        return Some(rest.trim().to_owned());
+    }
+    if scheme.eq_ignore_ascii_case("basic") {
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(rest.trim())
+            .ok()?;
+        let text = String::from_utf8(decoded).ok()?;
+        return text.split_once(':').map(|(_, p)| p.to_owned());
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tampered_or_foreign_token_is_refused() {
+        let key = TokenKey::from_bytes([1; 32]);
+        let t = key.issue("conv", "hash", 100, 60);
+        assert!(key.verify(&t, 120).is_ok());
+        // Another key.
+        assert_eq!(
+            TokenKey::from_bytes([2; 32]).verify(&t, 120),
+            Err(TokenError::BadSignature)
+        );
+        // A payload swapped for another conversation's, keeping the signature.
+        let other = key.issue("other", "hash", 100, 60);
+        let (_, sig) = t.rsplit_once('.').unwrap();
+        let (head, _) = other.rsplit_once('.').unwrap();
+        assert_eq!(
+            key.verify(&format!("{head}.{sig}"), 120),
+            Err(TokenError::BadSignature)
+        );
+        assert_eq!(key.verify("nope", 120), Err(TokenError::Malformed));
+        assert_eq!(key.verify(&t, 160), Err(TokenError::Expired));
+    }
+
+    #[test]
+    fn proxy_authorization_carries_the_token_as_bearer_or_basic_password() {
+        assert_eq!(
+            from_proxy_authorization("Bearer abc").as_deref(),
+            Some("abc")
+        );
+        let basic = base64::engine::general_purpose::STANDARD.encode("sessionbox:abc");
+        assert_eq!(
+            from_proxy_authorization(&format!("Basic {basic}")).as_deref(),
+            Some("abc")
+        );
+        assert_eq!(from_proxy_authorization("Digest x"), None);
+    }
+
+    #[test]
+    fn the_key_file_is_created_private_and_reused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("egress.key");
+        let a = TokenKey::load_or_create(&p).unwrap();
+        let b = TokenKey::load_or_create(&p).unwrap();
+        assert_eq!(a.0, b.0);
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
+}

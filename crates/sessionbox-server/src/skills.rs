@@ -1,0 +1,123 @@
+//! The `skill` tool over REST: `GET /v1/skills` lists the key's tenant's skills (name and
+//! description); `GET /v1/conversations/{id}/skills/{name}` loads one: its SKILL.md body and
+//! its base directory as that conversation's commands see it (`/skills/<name>` where the runtime
+//! mounts skills, `<workspace>/.skills/<name>` where they are copied). MCP's `skill` tool runs
+//! the same two functions.
+//!
+//! Neither opens a conversation: the catalog is the host's skills directories, and the base
+//! path follows from the runtime. The skills are in place once the conversation is opened (by
+//! any call that opens it).
+
+use std::time::Instant;
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use sessionbox_core::{ConversationRef, Error, TenantId};
+
+use crate::AppState;
+use crate::api::PathArgs;
+use crate::auth::Principal;
+use crate::error::ApiError;
+use crate::openapi::ErrorBody;
+
+/// A skill as listed.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct SkillSummary {
+    /// The skill's name (lowercase letters, digits, hyphens).
+    pub name: String,
+    /// What it does and when to use it.
+    pub description: String,
+}
+
+/// The tenant's skills, by name.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct SkillsView {
+    skills: Vec<SkillSummary>,
+}
+
+/// One skill, loaded.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct SkillView {
+    /// The skill's name.
+    pub name: String,
+    /// What it does and when to use it.
+    pub description: String,
+    /// SKILL.md after its front matter: the instructions.
+    pub body: String,
+    /// The skill's directory as the conversation's commands see it; the paths in the body are
+    /// relative to it.
+    pub base_path: String,
+}
+
+/// The skills of `tenant`.
+pub(crate) async fn list(s: &AppState, tenant: &TenantId) -> Result<Vec<SkillSummary>, Error> {
+    let catalog = s.manager.skill_catalog(tenant).await?;
+    Ok(catalog
+        .skills
+        .into_iter()
+        .map(|k| SkillSummary {
+            name: k.doc.name,
+            description: k.doc.description,
+        })
+        .collect())
+}
+
+/// The skill `name` for `conversation`.
+pub(crate) async fn load(
+    s: &AppState,
+    conversation: &ConversationRef,
+    name: &str,
+) -> Result<SkillView, Error> {
+    sessionbox_skills::check_name(name).map_err(Error::InvalidRequest)?;
+    let catalog = s.manager.skill_catalog(&conversation.tenant).await?;
+    let Some(skill) = catalog.get(name) else {
+        return Err(Error::NotFound(format!(
+            "no skill named {name:?}; list the skills to see their names"
+        )));
+    };
+    Ok(SkillView {
+        name: skill.doc.name.clone(),
+        description: skill.doc.description.clone(),
+        body: skill.doc.body.clone(),
+        base_path: s.manager.skill_delivery(conversation).base_path(name),
+    })
+}
+
+/// This tenant's skills: name and description of each.
+#[utoipa::path(get, path = "/v1/skills", tag = "skills",
+    responses((status = 200, body = SkillsView),
+              (status = 401, description = "no valid API key", body = ErrorBody),
+              (status = 500, description = "a skill breaks a rule (the message names it)", body = ErrorBody)))]
+pub(crate) async fn list_skills(State(s): State<AppState>, p: Principal) -> Response {
+    let started = Instant::now();
+    let result = list(&s, &p.tenant)
+        .await
+        .map(|skills| Json(SkillsView { skills }).into_response())
+        .map_err(ApiError::from);
+    s.finish(&p, "skills", None, started, result).await
+}
+
+/// Loads one skill for a conversation: its instructions and its base directory there.
+#[utoipa::path(get, path = "/v1/conversations/{id}/skills/{name}", tag = "skills",
+    params(("id" = String, Path, description = "conversation id"), ("name" = String, Path, description = "skill name")),
+    responses((status = 200, body = SkillView), (status = 400, description = "invalid input", body = ErrorBody),
+              (status = 401, description = "no valid API key", body = ErrorBody),
+              (status = 404, description = "no such skill", body = ErrorBody),
+              (status = 500, description = "a skill breaks a rule (the message names it)", body = ErrorBody)))]
+pub(crate) async fn load_skill(
+    State(s): State<AppState>,
+    p: Principal,
+    PathArgs((id, name)): PathArgs<(String, String)>,
+) -> Response {
+    let started = Instant::now();
+    let conv = s.conversation(&p, &id);
+    let key = conv.as_ref().ok().map(|c| c.key.clone());
+    let result = async {
+        let conv = conv?;
+        Ok(Json(load(&s, &conv, &name).await?).into_response())
+    }
+    .await;
+    s.finish(&p, "skill", key, started, result).await
+}

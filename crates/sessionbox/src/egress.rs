@@ -1,0 +1,509 @@
+//! Egress commands: `policy set|show`, `egress-log`, `egress-token`, and `egress-gateway` (the
+//! per-conversation gateway the `isolated` runtime starts, or a token-checking gateway for
+//! remote runtimes). Also the store-backed [`Control`] the gateway runs with, and the wiring
+//! the `isolated` runtime gets.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use chrono::Utc;
+use sessionbox_core::{ConversationId, ConversationKey, ConversationRef, Error, TenantId};
+use sessionbox_egress::token::TokenKey;
+use sessionbox_egress::{Auth, Control, Gateway, GatewayConfig, LogEntry, Policy};
+use sessionbox_local::isolated::EgressWiring;
+use sessionbox_store::{EgressLogFilter, PolicyScope, Store, StoredPolicy};
+
+use crate::UsageError;
+use crate::config::EgressSection;
+
+/// `sessionbox policy ...`.
+#[derive(Debug, clap::Subcommand)]
+pub enum PolicyCommand {
+    /// Set the network policy of the tenant (--tenant, or SESSIONBOX_TENANT, or the default
+    /// tenant) or, with --conversation, of one conversation (which then wins over the
+    /// tenant's).
+    ///
+    /// Rules: `example.com` (exactly), `*.example.com` (any name beneath, on a dot boundary),
+    /// `203.0.113.0/24` or `2001:db8::/32` (a CIDR; an address is a /32 or /128), each
+    /// optionally with ports: `:443`, `:8000-8100`, `:80,443` (IPv6 in brackets:
+    /// `[2001:db8::/32]:443`). Deny rules win. Private ranges (10/8, 172.16/12, 192.168/16,
+    /// 100.64/10, fc00::/7) need an allow rule inside them. Loopback, unspecified, link-local
+    /// (169.254.169.254), multicast and broadcast can never be allowed.
+    #[command(group(clap::ArgGroup::new("profile").required(true).args(["none", "allow"])))]
+    Set {
+        /// One conversation of the tenant.
+        #[arg(long, short = 'c', value_name = "ID")]
+        conversation: Option<String>,
+        /// No network at all (the default profile).
+        #[arg(long, conflicts_with_all = ["allow", "deny"])]
+        none: bool,
+        /// Allow a rule (repeatable).
+        #[arg(long, value_name = "RULE", num_args = 1..)]
+        allow: Vec<String>,
+        /// Deny a rule (repeatable); deny rules win over allow rules.
+        #[arg(long, value_name = "RULE", num_args = 1.., requires = "allow")]
+        deny: Vec<String>,
+    },
+    /// Show the policy in force for a conversation (and where it comes from), or the tenant's
+    /// policy and every conversation policy of the tenant.
+    Show {
+        /// One conversation of the tenant.
+        #[arg(long, short = 'c', value_name = "ID")]
+        conversation: Option<String>,
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Arguments of `sessionbox egress-log`.
+#[derive(Debug, clap::Args)]
+pub struct LogArgs {
+    /// Only this conversation of the tenant.
+    #[arg(long, short = 'c', value_name = "ID")]
+    conversation: Option<String>,
+    /// Only entries at or after TIME: RFC 3339 or an age such as `15m`, `2h`.
+    #[arg(long, value_name = "TIME")]
+    since: Option<String>,
+    /// Every tenant's entries (not with --conversation).
+    #[arg(long, conflicts_with = "conversation")]
+    all_tenants: bool,
+    /// At most this many entries (the newest).
+    #[arg(long, default_value_t = 1000)]
+    limit: usize,
+    /// As a JSON array.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of `sessionbox egress-token`.
+#[derive(Debug, clap::Args)]
+pub struct TokenArgs {
+    /// The conversation the token speaks for.
+    #[arg(long, short = 'c', value_name = "ID")]
+    conversation: String,
+    /// How long it is valid, in seconds (at most a day).
+    #[arg(long, default_value_t = 900)]
+    ttl: u64,
+}
+
+/// Arguments of `sessionbox egress-gateway`.
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("listener").required(true).args(["listen", "listen_fd"])))]
+pub struct GatewayArgs {
+    /// Serve remote runtimes on this TCP address; every request must carry a token from
+    /// `sessionbox egress-token` in Proxy-Authorization.
+    #[arg(long, value_name = "HOST:PORT")]
+    listen: Option<std::net::SocketAddr>,
+    /// Serve one conversation on this inherited listening Unix socket (the `isolated` runtime
+    /// starts the gateway so).
+    #[arg(long, value_name = "N", requires = "conversation_key")]
+    listen_fd: Option<i32>,
+    /// The conversation key that --listen-fd serves.
+    #[arg(long, value_name = "KEY")]
+    conversation_key: Option<String>,
+    /// Exit when this process (the sandbox's monitor) exits.
+    #[arg(long, value_name = "PID")]
+    watch_pid: Option<i32>,
+}
+
+/// The store behind a gateway: the policy in force, read per request, and the verdict log.
+pub struct StoreControl {
+    store: Store,
+}
+
+fn decode(stored: Option<StoredPolicy>) -> Result<Policy, String> {
+    match stored {
+        None => Ok(Policy::None),
+        Some(s) => {
+            let p: Policy = serde_json::from_str(&s.policy)
+                .map_err(|e| format!("a stored policy does not parse: {e}"))?;
+            p.validate().map_err(|e| e.to_string())?;
+            Ok(p)
+        }
+    }
+}
+
+impl StoreControl {
+    fn conversation(&self, key: &str) -> Result<Option<ConversationRef>, String> {
+        let key = ConversationKey::parse(key).map_err(|e| e.to_string())?;
+        let Some(rec) = self.store.get(&key).map_err(|e| e.to_string())? else {
+            return Ok(None);
+        };
+        Ok(Some(ConversationRef::new(rec.tenant, rec.conversation_id)))
+    }
+}
+
+impl Control for StoreControl {
+    fn policy(&self, conversation: &str) -> Result<Policy, String> {
+        match self.conversation(conversation)? {
+            // A conversation that no longer exists has no network.
+            None => Ok(Policy::None),
+            Some(conv) => decode(
+                self.store
+                    .effective_egress_policy(&conv)
+                    .map_err(|e| e.to_string())?,
+            ),
+        }
+    }
+
+    fn record(&self, e: LogEntry) {
+        let Ok(Some(conv)) = self.conversation(&e.conversation) else {
+            tracing::warn!("egress verdict for an unknown conversation: {}", e.target);
+            return;
+        };
+        let entry = sessionbox_store::EgressLogEntry {
+            at: Utc::now(),
+            tenant: conv.tenant,
+            conversation_key: conv.key,
+            allowed: e.allowed,
+            method: e.method,
+            target: e.target,
+            address: e.address,
+            rule: e.rule,
+            bytes_up: e.bytes_up,
+            bytes_down: e.bytes_down,
+            duration_ms: e.duration_ms,
+            end: e.end,
+        };
+        if let Err(err) = self.store.log_egress(&entry) {
+            tracing::error!("cannot log an egress verdict: {err}");
+        }
+    }
+}
+
+/// The `isolated` runtime's egress wiring: a conversation gets the relay and a gateway when its
+/// policy in force is an allowlist; the gateway is this binary (`egress-gateway`) with the same
+/// data directory and configuration.
+pub fn wiring(store: Store, data_dir: &Path, config: Option<&Path>) -> EgressWiring {
+    let control = StoreControl { store };
+    let mut gateway_args = vec![
+        "--data-dir".to_owned(),
+        data_dir.to_string_lossy().into_owned(),
+    ];
+    if let Some(c) = config {
+        gateway_args.extend(["--config".to_owned(), c.to_string_lossy().into_owned()]);
+    }
+    gateway_args.push("egress-gateway".to_owned());
+    EgressWiring {
+        network: Arc::new(move |key| {
+            control
+                .policy(key.as_str())
+                .map(|p| !p.is_none())
+                .map_err(Error::Backend)
+        }),
+        gateway_args,
+    }
+}
+
+fn key_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("egress.key")
+}
+
+fn gateway_config(section: &EgressSection) -> GatewayConfig {
+    let mut c = GatewayConfig::default();
+    if !section.nameservers.is_empty() {
+        c.nameservers = Some(section.nameservers.clone());
+    }
+    if let Some(s) = section.idle_timeout_secs {
+        c.idle_timeout = Duration::from_secs(s.max(1));
+    }
+    if let Some(s) = section.total_timeout_secs {
+        c.total_timeout = Duration::from_secs(s.max(1));
+    }
+    if let Some(s) = section.connect_timeout_secs {
+        c.connect_timeout = Duration::from_secs(s.max(1));
+    }
+    c
+}
+
+/// `sessionbox egress-gateway`.
+pub async fn gateway(
+    args: &GatewayArgs,
+    data_dir: &Path,
+    store_url: Option<&str>,
+    section: &EgressSection,
+) -> anyhow::Result<ExitCode> {
+    let (url, db) = (store_url.map(str::to_owned), data_dir.join("sessionbox.db"));
+    let store =
+        tokio::task::spawn_blocking(move || Store::open_configured(url.as_deref(), &db)).await??;
+    let control = Arc::new(StoreControl { store });
+    let config = gateway_config(section);
+    if let Some(addr) = args.listen {
+        let key = TokenKey::load_or_create(&key_path(data_dir))
+            .context("cannot read or create the egress token key")?;
+        let gw = Gateway::new(config, control, Auth::Token(key))?;
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        println!("sessionbox egress gateway listening on {}", l.local_addr()?);
+        tokio::select! {
+            r = gw.serve_tcp(l) => r?,
+            _ = sessionbox_agent::termination_signal() => {}
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let fd = args
+        .listen_fd
+        .expect("clap requires --listen or --listen-fd");
+    let key = args
+        .conversation_key
+        .clone()
+        .expect("clap requires --conversation-key");
+    ConversationKey::parse(&key)?;
+    if fd < 3 {
+        return Err(UsageError(format!("--listen-fd {fd} is a standard stream")).into());
+    }
+    // SAFETY: the runtime hands this descriptor over (its listening socket, at 3); nothing else
+    // in this process uses it. It is checked to be a Unix socket before use.
+    let owned = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let addr = rustix::net::getsockname(&owned).context("--listen-fd is not a socket")?;
+    anyhow::ensure!(
+        addr.address_family() == rustix::net::AddressFamily::UNIX,
+        "--listen-fd is not a Unix socket"
+    );
+    let std_listener = std::os::unix::net::UnixListener::from(owned);
+    std_listener.set_nonblocking(true)?;
+    let listener = tokio::net::UnixListener::from_std(std_listener)?;
+    let gw = Gateway::new(config, control, Auth::Conversation(key))?;
+    let watched = async {
+        match args.watch_pid {
+            Some(pid) => watch(pid).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        r = gw.serve_unix(listener) => r?,
+        () = watched => {}
+        _ = sessionbox_agent::termination_signal() => {}
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Completes when process `pid` exits (at once if it is gone).
+async fn watch(pid: i32) {
+    let Some(p) = rustix::process::Pid::from_raw(pid) else {
+        return;
+    };
+    let Ok(fd) = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::NONBLOCK) else {
+        return;
+    };
+    // One blocking thread waits on the pidfd: it becomes readable when the process exits.
+    let _ = tokio::task::spawn_blocking(move || {
+        let mut fds = [rustix::event::PollFd::new(
+            &fd,
+            rustix::event::PollFlags::IN,
+        )];
+        while let Err(rustix::io::Errno::INTR) = rustix::event::poll(&mut fds, None) {}
+    })
+    .await;
+}
+
+/// The store to read from: the PostgreSQL one when a URL is given, else the SQLite file when it
+/// exists (`None`: nothing was ever recorded, so there is nothing to show).
+fn existing_store(data_dir: &Path, store_url: Option<&str>) -> anyhow::Result<Option<Store>> {
+    let db = data_dir.join("sessionbox.db");
+    Ok(if store_url.is_some() || db.exists() {
+        Some(Store::open_configured(store_url, &db)?)
+    } else {
+        None
+    })
+}
+
+fn short(hash: &str) -> &str {
+    &hash[..16.min(hash.len())]
+}
+
+/// `sessionbox policy set|show`.
+pub fn policy(
+    command: &PolicyCommand,
+    data_dir: &Path,
+    store_url: Option<&str>,
+    tenant: &TenantId,
+) -> anyhow::Result<ExitCode> {
+    let conv = |id: &Option<String>| -> anyhow::Result<Option<ConversationRef>> {
+        Ok(match id {
+            Some(id) => Some(ConversationRef::new(
+                tenant.clone(),
+                ConversationId::new(id)?,
+            )),
+            None => None,
+        })
+    };
+    match command {
+        PolicyCommand::Set {
+            conversation,
+            none,
+            allow,
+            deny,
+        } => {
+            let policy = if *none {
+                Policy::None
+            } else {
+                let a: Vec<&str> = allow.iter().map(String::as_str).collect();
+                let d: Vec<&str> = deny.iter().map(String::as_str).collect();
+                Policy::allowlist(&a, &d).map_err(|e| UsageError(e.to_string()))?
+            };
+            let scope = match conv(conversation)? {
+                Some(c) => PolicyScope::Conversation(c),
+                None => PolicyScope::Tenant(tenant.clone()),
+            };
+            let store = Store::open_configured(store_url, &data_dir.join("sessionbox.db"))?;
+            store.set_egress_policy(&scope, &policy.to_json(), &policy.hash(), Utc::now())?;
+            let whose = match &scope {
+                PolicyScope::Tenant(t) => format!("tenant {t}"),
+                PolicyScope::Conversation(c) => {
+                    format!("conversation {} of tenant {}", c.id, c.tenant)
+                }
+            };
+            println!("policy of {whose} set (hash {})", short(&policy.hash()));
+            println!("{}", policy.describe());
+            Ok(ExitCode::SUCCESS)
+        }
+        PolicyCommand::Show { conversation, json } => {
+            let store = existing_store(data_dir, store_url)?;
+            let mut shown = Vec::new();
+            match conv(conversation)? {
+                Some(c) => {
+                    let stored = match &store {
+                        Some(s) => s.effective_egress_policy(&c)?,
+                        None => None,
+                    };
+                    let from = match &stored {
+                        None => "default".to_owned(),
+                        Some(s) if s.conversation_id.is_some() => "conversation".to_owned(),
+                        Some(_) => format!("tenant {}", c.tenant),
+                    };
+                    let p = decode(stored).map_err(Error::Backend)?;
+                    shown.push((format!("conversation {}", c.id), from, p));
+                }
+                None => {
+                    let all = match &store {
+                        Some(s) => s.egress_policies(Some(tenant))?,
+                        None => Vec::new(),
+                    };
+                    if !all.iter().any(|s| s.conversation_id.is_none()) {
+                        shown.push((format!("tenant {tenant}"), "default".into(), Policy::None));
+                    }
+                    for s in all {
+                        let who = match &s.conversation_id {
+                            Some(id) => format!("conversation {id}"),
+                            None => format!("tenant {tenant}"),
+                        };
+                        shown.push((who, "set".into(), decode(Some(s)).map_err(Error::Backend)?));
+                    }
+                }
+            }
+            if *json {
+                let v: Vec<serde_json::Value> = shown
+                    .iter()
+                    .map(|(who, from, p)| {
+                        serde_json::json!({"scope": who, "from": from, "hash": p.hash(), "policy": p})
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                for (who, from, p) in shown {
+                    println!("{who} ({from}, hash {}):", short(&p.hash()));
+                    for line in p.describe().lines() {
+                        println!("  {line}");
+                    }
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// `sessionbox egress-log`.
+pub fn log(
+    args: &LogArgs,
+    data_dir: &Path,
+    store_url: Option<&str>,
+    tenant: &TenantId,
+) -> anyhow::Result<ExitCode> {
+    let key = match &args.conversation {
+        Some(id) => Some(ConversationKey::derive(tenant, &ConversationId::new(id)?)),
+        None => None,
+    };
+    let since = match &args.since {
+        Some(s) => Some(crate::audit::parse_since(s, Utc::now())?),
+        None => None,
+    };
+    let records = if let Some(store) = existing_store(data_dir, store_url)? {
+        store.egress_log(&EgressLogFilter {
+            tenant: (!args.all_tenants).then(|| tenant.clone()),
+            key,
+            since,
+            limit: Some(args.limit),
+        })?
+    } else {
+        Vec::new()
+    };
+    if args.json {
+        let v: Vec<serde_json::Value> = records
+            .iter()
+            .map(|r| {
+                let e = &r.entry;
+                serde_json::json!({
+                    "id": r.id, "at": e.at, "tenant": e.tenant.as_str(),
+                    "conversation_key": e.conversation_key.as_str(),
+                    "verdict": if e.allowed { "allowed" } else { "denied" },
+                    "method": e.method, "target": e.target, "address": e.address,
+                    "rule": e.rule, "bytes_up": e.bytes_up, "bytes_down": e.bytes_down,
+                    "duration_ms": e.duration_ms, "end": e.end,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:<20} {:<8} {:<8} {:<32} {:>10} {:>10}  RULE / REASON",
+        "AT", "VERDICT", "METHOD", "TARGET", "UP", "DOWN"
+    );
+    for r in records {
+        let e = &r.entry;
+        let mut why = e.rule.clone();
+        if let Some(end) = &e.end {
+            why.push_str(&format!(" [{end}]"));
+        }
+        println!(
+            "{:<20} {:<8} {:<8} {:<32} {:>10} {:>10}  {}",
+            e.at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            if e.allowed { "allowed" } else { "denied" },
+            e.method,
+            e.target,
+            e.bytes_up,
+            e.bytes_down,
+            why
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `sessionbox egress-token`: prints a signed token for a remote runtime's proxy settings.
+pub fn token(
+    args: &TokenArgs,
+    data_dir: &Path,
+    store_url: Option<&str>,
+    tenant: &TenantId,
+) -> anyhow::Result<ExitCode> {
+    if args.ttl == 0 || args.ttl > 86_400 {
+        return Err(UsageError("--ttl: give 1 to 86400 seconds".into()).into());
+    }
+    let conv = ConversationRef::new(tenant.clone(), ConversationId::new(&args.conversation)?);
+    let store = Store::open_configured(store_url, &data_dir.join("sessionbox.db"))?;
+    let policy = decode(store.effective_egress_policy(&conv)?).map_err(Error::Backend)?;
+    let key = TokenKey::load_or_create(&key_path(data_dir))
+        .context("cannot read or create the egress token key")?;
+    let now = Utc::now().timestamp().max(0) as u64;
+    println!(
+        "{}",
+        key.issue(conv.key.as_str(), &policy.hash(), now, args.ttl)
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,666 @@
+//! The egress gateway wired into the `isolated` runtime, through the real `sessionbox` binary:
+//! `policy set`, `exec` in a sandbox, `egress-log`. Targets are servers this test starts: HTTP
+//! and HTTPS (a test CA made with rcgen) on a private address in a network namespace the test
+//! creates (allowed explicitly), a server on this host's loopback (which must stay unreached),
+//! and a DNS server that counts the questions it gets.
+//!
+//! Needs root, `ip` (iproute2), `curl` and `python3`; fails, never skips, without them.
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+const EXE: &str = env!("CARGO_BIN_EXE_sessionbox");
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run ip (install iproute2): {e}"));
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A network namespace joined to this one by a veth pair (a /30 of 10.212.0.0/16).
+struct TestNet {
+    name: String,
+    peer: Ipv4Addr,
+    cidr: String,
+}
+
+impl TestNet {
+    fn new(n: usize) -> TestNet {
+        let pid = std::process::id();
+        let v = ((pid as usize) * 8 + n) % 16384;
+        let (a, b) = ((v >> 6) as u8, ((v & 63) << 2) as u8);
+        let name = format!("sbegc-{pid}-{n}");
+        let (h, p) = (
+            format!("sbc{:x}h{n}", pid % 0xfffff),
+            format!("sbc{:x}p{n}", pid % 0xfffff),
+        );
+        ip(&["netns", "add", &name]);
+        let net = TestNet {
+            name: name.clone(),
+            peer: Ipv4Addr::new(10, 212, a, b + 2),
+            cidr: format!("10.212.{a}.{b}/30"),
+        };
+        ip(&[
+            "link", "add", &h, "type", "veth", "peer", "name", &p, "netns", &name,
+        ]);
+        ip(&[
+            "addr",
+            "add",
+            &format!("10.212.{a}.{}/30", b + 1),
+            "dev",
+            &h,
+        ]);
+        ip(&["link", "set", &h, "up"]);
+        ip(&[
+            "-n",
+            &name,
+            "addr",
+            "add",
+            &format!("{}/30", net.peer),
+            "dev",
+            &p,
+        ]);
+        ip(&["-n", &name, "link", "set", &p, "up"]);
+        net
+    }
+
+    fn listen(&self) -> tokio::net::TcpListener {
+        let path = format!("/run/netns/{}", self.name);
+        let addr = SocketAddr::from((self.peer, 0));
+        let l = std::thread::spawn(move || {
+            use std::os::fd::AsFd;
+            let f = std::fs::File::open(path).unwrap();
+            rustix::thread::move_into_link_name_space(
+                f.as_fd(),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )
+            .unwrap();
+            std::net::TcpListener::bind(addr).unwrap()
+        })
+        .join()
+        .unwrap();
+        l.set_nonblocking(true).unwrap();
+        tokio::net::TcpListener::from_std(l).unwrap()
+    }
+}
+
+impl Drop for TestNet {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// An HTTP/1.1 server answering `hello from PATH`; counts connections.
+fn serve_http<S>(s: S, accepts: Arc<AtomicUsize>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    accepts.fetch_add(1, Ordering::SeqCst);
+    tokio::spawn(async move {
+        let mut r = BufReader::new(s);
+        loop {
+            let mut path = None;
+            loop {
+                let mut line = String::new();
+                if r.read_line(&mut line).await.unwrap_or(0) == 0 {
+                    return;
+                }
+                if line == "\r\n" {
+                    break;
+                }
+                if path.is_none() {
+                    path = line.split_whitespace().nth(1).map(str::to_owned);
+                }
+            }
+            let body = format!("hello from {}\n", path.unwrap_or_default());
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            if r.get_mut().write_all(resp.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    });
+}
+
+fn http_on(l: tokio::net::TcpListener) -> Arc<AtomicUsize> {
+    let accepts = Arc::new(AtomicUsize::new(0));
+    let a = accepts.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            serve_http(s, a.clone());
+        }
+    });
+    accepts
+}
+
+/// A tiny DNS server on 127.0.0.1 (UDP): A questions for names in its table get their address,
+/// everything else an empty answer; every question is counted by name.
+struct Dns {
+    addr: SocketAddr,
+    asked: Arc<Mutex<Vec<String>>>,
+}
+
+fn dns_name(msg: &[u8]) -> Option<(String, usize)> {
+    let mut i = 12;
+    let mut labels = Vec::new();
+    loop {
+        let len = *msg.get(i)? as usize;
+        i += 1;
+        if len == 0 {
+            break;
+        }
+        labels.push(String::from_utf8_lossy(msg.get(i..i + len)?).to_ascii_lowercase());
+        i += len;
+    }
+    Some((labels.join("."), i))
+}
+
+async fn dns(table: HashMap<String, Ipv4Addr>) -> Dns {
+    let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = sock.local_addr().unwrap();
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let a = asked.clone();
+    tokio::spawn(async move {
+        let mut buf = [0u8; 1500];
+        loop {
+            let Ok((n, from)) = sock.recv_from(&mut buf).await else {
+                return;
+            };
+            let q = &buf[..n];
+            let Some((name, end)) = dns_name(q) else {
+                continue;
+            };
+            let Some(qtype) = q
+                .get(end..end + 2)
+                .map(|t| u16::from_be_bytes([t[0], t[1]]))
+            else {
+                continue;
+            };
+            a.lock().unwrap().push(name.clone());
+            let mut resp = q[..end + 4].to_vec();
+            resp[2] = 0x81; // response, recursion desired
+            resp[3] = 0x80; // recursion available, no error
+            resp[6..12].copy_from_slice(&[0, 0, 0, 0, 0, 0]); // no answer, authority, additional
+            if let (Some(ip), 1) = (table.get(&name), qtype) {
+                resp[7] = 1;
+                resp.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 5, 0, 4]);
+                resp.extend_from_slice(&ip.octets());
+            }
+            let _ = sock.send_to(&resp, from).await;
+        }
+    });
+    Dns { addr, asked }
+}
+
+/// A data directory whose configuration gives this test its own uid range and DNS server.
+struct Data {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    conversations: Mutex<Vec<String>>,
+}
+
+impl Data {
+    fn new(dns: SocketAddr) -> Data {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data");
+        std::fs::create_dir_all(&path).unwrap();
+        let base = 40_000_000 + (std::process::id() % 50_000) * 64;
+        std::fs::write(
+            path.join("sessionbox.toml"),
+            format!(
+                "[isolated]\nidle_timeout_secs = 60\nuid_base = {base}\nuid_count = 64\n\
+                 [egress]\nnameservers = [\"{dns}\"]\nidle_timeout_secs = 30\n"
+            ),
+        )
+        .unwrap();
+        Data {
+            _dir: dir,
+            path,
+            conversations: Mutex::default(),
+        }
+    }
+
+    fn cli(&self, args: &[&str]) -> Output {
+        if let Some(i) = args.iter().position(|a| *a == "-c") {
+            self.conversations
+                .lock()
+                .unwrap()
+                .push(args[i + 1].to_owned());
+        }
+        Command::new(EXE)
+            .arg("--data-dir")
+            .arg(&self.path)
+            .args(args)
+            .env_remove("SESSIONBOX_RUNTIME")
+            .env_remove("SESSIONBOX_TENANT")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert!(
+            out.status.success(),
+            "sessionbox {args:?}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs `cmd` in the conversation's sandbox; returns (exit code, stdout + stderr).
+    async fn sh(self: &Arc<Self>, conv: &str, cmd: &str) -> (i32, String) {
+        let (this, conv, cmd) = (self.clone(), conv.to_owned(), cmd.to_owned());
+        tokio::task::spawn_blocking(move || {
+            let out = this.cli(&["exec", "-c", &conv, "--timeout", "30", "--", &cmd]);
+            (
+                out.status.code().unwrap_or(-1),
+                format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            )
+        })
+        .await
+        .unwrap()
+    }
+
+    fn gateways(&self) -> usize {
+        let needle = self.path.to_string_lossy().into_owned();
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+            .filter(|c| {
+                let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
+                args.contains(&b"egress-gateway".as_slice()) && args.contains(&needle.as_bytes())
+            })
+            .count()
+    }
+}
+
+impl Drop for Data {
+    fn drop(&mut self) {
+        let convs = self.conversations.lock().unwrap().clone();
+        for c in convs {
+            let _ = Command::new(EXE)
+                .arg("--data-dir")
+                .arg(&self.path)
+                .args(["destroy", "-c", &c])
+                .output();
+        }
+    }
+}
+
+fn write_file(dir: &Path, name: &str, data: &[u8]) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, data).unwrap();
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_isolated_sandbox_reaches_allowed_targets_only_through_the_gateway() {
+    use std::os::unix::fs::PermissionsExt;
+    let net = TestNet::new(0);
+    let http = net.listen();
+    let https = net.listen();
+    let (hp, sp) = (
+        http.local_addr().unwrap().port(),
+        https.local_addr().unwrap().port(),
+    );
+    let http_accepts = http_on(http);
+    // HTTPS with a test CA.
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(vec![]).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    // Distinct names: a leaf whose issuer equals its subject looks self-signed to OpenSSL.
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "sessionbox egress test CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let mut leaf_params =
+        rcgen::CertificateParams::new(vec!["secure.allowed.test".into()]).unwrap();
+    leaf_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "secure.allowed.test");
+    let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
+    let tls = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![leaf.der().clone()],
+        rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
+    )
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let https_accepts = Arc::new(AtomicUsize::new(0));
+    let ha = https_accepts.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = https.accept().await {
+            let (acceptor, ha) = (acceptor.clone(), ha.clone());
+            tokio::spawn(async move {
+                if let Ok(t) = acceptor.accept(s).await {
+                    serve_http(t, ha);
+                }
+            });
+        }
+    });
+    // A server on this host's loopback: nothing in the sandbox may reach it.
+    let host_lo = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let lo_port = host_lo.local_addr().unwrap().port();
+    let lo_accepts = http_on(host_lo);
+    let dns = dns(HashMap::from([
+        ("www.allowed.test".to_owned(), net.peer),
+        ("secure.allowed.test".to_owned(), net.peer),
+        ("rebind.allowed.test".to_owned(), Ipv4Addr::LOCALHOST),
+        ("denied.test".to_owned(), net.peer),
+    ]))
+    .await;
+    let data = Arc::new(Data::new(dns.addr));
+    let conv = "egress-a";
+    data.ok(&[
+        "policy",
+        "set",
+        "-c",
+        conv,
+        "--allow",
+        "*.allowed.test",
+        "--allow",
+        &net.cidr,
+        "--deny",
+        "blocked.allowed.test",
+    ]);
+    let shown = data.ok(&["policy", "show", "-c", conv]);
+    assert!(
+        shown.contains("allow *.allowed.test") && shown.contains("(conversation, hash "),
+        "{shown}"
+    );
+    // The CA for curl, in the workspace.
+    let ca_dir = tempfile::tempdir().unwrap();
+    let ca_pem = write_file(ca_dir.path(), "ca.pem", ca.pem().as_bytes());
+    std::fs::set_permissions(&ca_pem, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = Command::new(EXE)
+        .arg("--data-dir")
+        .arg(&data.path)
+        .args(["write", "-c", conv, "ca.pem"])
+        .stdin(std::fs::File::open(&ca_pem).unwrap())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+
+    // Allowed, from curl (absolute-form HTTP and CONNECT for HTTPS) and from Python.
+    let (code, out) = data
+        .sh(
+            conv,
+            &format!("curl -sS -m 10 http://www.allowed.test:{hp}/curl"),
+        )
+        .await;
+    assert_eq!((code, out.as_str()), (0, "hello from /curl\n"));
+    let (code, out) = data
+        .sh(
+            conv,
+            &format!("curl -sS -m 10 --cacert ca.pem https://secure.allowed.test:{sp}/tls"),
+        )
+        .await;
+    assert_eq!((code, out.as_str()), (0, "hello from /tls\n"), "{out}");
+    let py = format!(
+        "python3 -c 'import urllib.request; print(urllib.request.urlopen(\"http://www.allowed.test:{hp}/py\", timeout=10).read().decode(), end=\"\")'"
+    );
+    let (code, out) = data.sh(conv, &py).await;
+    assert_eq!((code, out.as_str()), (0, "hello from /py\n"), "{out}");
+    assert_eq!(http_accepts.load(Ordering::SeqCst), 2);
+    assert_eq!(https_accepts.load(Ordering::SeqCst), 1);
+
+    // Attack: bypass the proxy and connect directly. The sandbox has no route: it fails, and
+    // the target sees nothing.
+    let (code, out) = data
+        .sh(
+            conv,
+            &format!(
+                "curl -sS -m 5 --noproxy '*' http://{}:{hp}/direct",
+                net.peer
+            ),
+        )
+        .await;
+    assert_ne!(code, 0, "{out}");
+    let (code, _) = data
+        .sh(
+            conv,
+            &format!(
+                "python3 -c 'import socket; socket.create_connection((\"{}\", {hp}), timeout=5)'",
+                net.peer
+            ),
+        )
+        .await;
+    assert_ne!(code, 0);
+    assert_eq!(
+        http_accepts.load(Ordering::SeqCst),
+        2,
+        "a direct connection got through"
+    );
+
+    // Refused through the gateway: a denied name, a name with no rule, a DNS answer pointing
+    // at loopback, host loopback and metadata by address, a private address without a rule.
+    for (what, url) in [
+        ("deny rule", format!("http://blocked.allowed.test:{hp}/")),
+        ("no rule", format!("http://denied.test:{hp}/log?t=SECRET")),
+        (
+            "rebinding",
+            format!("http://rebind.allowed.test:{lo_port}/"),
+        ),
+        ("host loopback", format!("http://127.1:{lo_port}/")),
+        (
+            "metadata",
+            "http://169.254.169.254/latest/meta-data/".to_owned(),
+        ),
+        (
+            "private without a rule",
+            format!("http://192.168.1.10:{hp}/"),
+        ),
+    ] {
+        let (code, out) = data
+            .sh(
+                conv,
+                &format!("curl -sS -m 10 --noproxy '' -o /dev/null -w '%{{http_code}}' '{url}'"),
+            )
+            .await;
+        assert_eq!(out, "403", "{what}: {code} {out}");
+    }
+    for (what, url) in [
+        (
+            "CONNECT to a denied name",
+            format!("https://denied.test:{sp}/"),
+        ),
+        (
+            "CONNECT to host loopback",
+            format!("https://[::1]:{lo_port}/"),
+        ),
+    ] {
+        let (code, out) = data
+            .sh(conv, &format!("curl -sS -m 10 --noproxy '' '{url}'"))
+            .await;
+        assert_ne!(code, 0, "{what}: {out}");
+        assert!(out.contains("403"), "{what}: {out}");
+    }
+    assert_eq!(
+        lo_accepts.load(Ordering::SeqCst),
+        0,
+        "the host's loopback was reached"
+    );
+    assert!(
+        dns.asked
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|n| n != "denied.test" && n != "blocked.allowed.test")
+    );
+
+    // The log, per conversation, queryable.
+    let log = data.ok(&["egress-log", "-c", conv, "--json"]);
+    let entries: Vec<serde_json::Value> = serde_json::from_str(&log).unwrap();
+    let allowed = entries.iter().filter(|e| e["verdict"] == "allowed").count();
+    let denied = entries.iter().filter(|e| e["verdict"] == "denied").count();
+    assert_eq!((allowed, denied), (3, 8), "{log}");
+    assert!(!log.contains("SECRET"), "a query string reached the log");
+    assert!(
+        entries
+            .iter()
+            .any(|e| e["verdict"] == "allowed" && e["bytes_down"].as_u64() > Some(0))
+    );
+
+    // A policy change applies to the next connection, with no restart of the sandbox.
+    data.ok(&[
+        "policy",
+        "set",
+        "-c",
+        conv,
+        "--allow",
+        "*.allowed.test",
+        "--allow",
+        &net.cidr,
+        "--deny",
+        "www.allowed.test",
+    ]);
+    let (_, out) = data
+        .sh(
+            conv,
+            &format!(
+                "curl -sS -m 10 -o /dev/null -w '%{{http_code}}' http://www.allowed.test:{hp}/"
+            ),
+        )
+        .await;
+    assert_eq!(out, "403");
+    assert_eq!(data.gateways(), 1);
+    data.ok(&["destroy", "-c", conv]);
+    assert_eq!(data.gateways(), 0, "the gateway outlived its sandbox");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn profile_none_has_no_route_no_proxy_and_no_gateway() {
+    let net = TestNet::new(1);
+    let l = net.listen();
+    let port = l.local_addr().unwrap().port();
+    let accepts = http_on(l);
+    let dns = dns(HashMap::new()).await;
+    let data = Arc::new(Data::new(dns.addr));
+    // Even with the tenant's allowlist, a conversation set to none is cut off.
+    data.ok(&["policy", "set", "--allow", &net.cidr]);
+    data.ok(&["policy", "set", "-c", "egress-none", "--none"]);
+    let (code, out) = data
+        .sh(
+            "egress-none",
+            &format!(
+                "env | grep -ci proxy; tail -n +2 /proc/net/route | wc -l; ls /.sessionbox; \
+                 curl -sS -m 5 http://{}:{port}/ || echo unreachable",
+                net.peer
+            ),
+        )
+        .await;
+    assert_eq!(code, 0, "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(&lines[..3], ["0", "0", "sessionbox"], "{out}");
+    assert_eq!(lines[3], "unreachable", "{out}");
+    assert_eq!(data.gateways(), 0);
+    // The tenant's allowlist applies to a conversation of its own: switching replaces the
+    // sandbox on its next use, with the relay.
+    let (code, out) = data
+        .sh(
+            "egress-tenant",
+            &format!("curl -sS -m 10 http://{}:{port}/t", net.peer),
+        )
+        .await;
+    assert_eq!((code, out.as_str()), (0, "hello from /t\n"));
+    assert_eq!(accepts.load(Ordering::SeqCst), 1);
+    data.ok(&["policy", "set", "-c", "egress-tenant", "--none"]);
+    let (_, out) = data
+        .sh(
+            "egress-tenant",
+            "env | grep -ci proxy; tail -n +2 /proc/net/route | wc -l",
+        )
+        .await;
+    assert_eq!(out, "0\n0\n");
+}
+
+#[test]
+fn bench_egress_measures_both_paths_in_one_run_and_cleans_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("egress.json");
+    let out = Command::new(EXE)
+        .args([
+            "bench-egress",
+            "--connections",
+            "20",
+            "--mib",
+            "4",
+            "--report-json",
+        ])
+        .arg(&report)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    for k in ["connect_direct", "connect_gateway"] {
+        assert!(r[k]["p50_ms"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    assert!(r["throughput_direct_mib_s"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(r["throughput_gateway_mib_s"].as_f64().unwrap() > 0.0, "{r}");
+    assert_eq!(r["added_p50_target_ms"], 1.0);
+    // Its namespace is gone.
+    let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&ns.stdout).contains("sbbench-"),
+        "the benchmark left its namespace"
+    );
+}
+
+#[test]
+fn invalid_policies_exit_2_naming_the_rule_and_store_nothing() {
+    let data = Data::new(SocketAddr::from(([127, 0, 0, 1], 9)));
+    for (rule, says) in [
+        ("127.0.0.1", "never be allowed"),
+        ("169.254.169.254", "never be allowed"),
+        ("[::ffff:127.0.0.1]", "never be allowed"),
+        (
+            "evil.example%23.allowed.example",
+            "evil.example%23.allowed.example",
+        ),
+        ("a.*.example", "'*' may only stand alone"),
+        ("example.com:0", "not a port"),
+    ] {
+        let out = data.cli(&["policy", "set", "--allow", rule]);
+        assert_eq!(out.status.code(), Some(2), "{rule}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{rule}: {err}");
+    }
+    let out = data.cli(&["policy", "set", "--none", "--allow", "example.com"]);
+    assert_eq!(out.status.code(), Some(2), "--none with --allow: {out:?}");
+    let shown = data.ok(&["policy", "show", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(v[0]["from"], "default", "{shown}");
+    assert_eq!(v[0]["policy"]["profile"], "none", "{shown}");
+    let log = data.ok(&["egress-log", "--json"]);
+    assert_eq!(log.trim(), "[]");
+}

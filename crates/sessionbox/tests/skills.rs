@@ -1,0 +1,309 @@
+//! Agent Skills through the real `sessionbox` binary: on `isolated` a skill is mounted
+//! read-only at `/skills/<name>` (its script runs there; writing fails and the host's skill
+//! directory is unchanged; secrets are not in it) and its bootstrap runs once across resumes,
+//! also across an idle stop; on `host` the skills of `[skills.tenants]` are copied, and
+//! `sessionbox skills` lists them or reports the rule a broken one breaks; on `aio` (against the
+//! AIO test server) they are uploaded through the runtime's API, and a changed copy is restored.
+//!
+//! The isolated test needs root (CI runs it as root); without it, it prints SKIPPED and passes.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use support::*;
+
+/// A skills directory (a 0700 temporary directory, as an operator's may be) with `hello`: a
+/// script, a secret, a bootstrap that counts its runs in the workspace.
+fn skills_dir(root: &Path) -> PathBuf {
+    let skills = root.join("skills");
+    let hello = skills.join("hello");
+    std::fs::create_dir_all(hello.join("scripts")).unwrap();
+    std::fs::set_permissions(&skills, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(
+        hello.join("SKILL.md"),
+        "---\nname: hello\ndescription: Greets from a script.\nmetadata:\n  sessionbox-bootstrap: echo boot >> boot.count\n---\nRun scripts/hi.sh.\n",
+    )
+    .unwrap();
+    std::fs::write(
+        hello.join("scripts/hi.sh"),
+        "#!/bin/sh\necho hi from skill\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        hello.join("scripts/hi.sh"),
+        std::fs::Permissions::from_mode(0o700),
+    )
+    .unwrap();
+    std::fs::write(hello.join(".env"), "TOKEN=secret\n").unwrap();
+    skills
+}
+
+fn tree(dir: &Path) -> BTreeMap<PathBuf, (Vec<u8>, u32)> {
+    let mut out = BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let mode = std::fs::symlink_metadata(&p).unwrap().permissions().mode();
+        if p.is_dir() {
+            out.insert(p.clone(), (Vec::new(), mode));
+            out.extend(tree(&p));
+        } else {
+            out.insert(p.clone(), (std::fs::read(&p).unwrap(), mode));
+        }
+    }
+    out
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn isolated_mounts_skills_read_only_runs_their_scripts_and_bootstraps_once_across_resumes() {
+    if !is_root() {
+        eprintln!("SKIPPED: isolated runtime tests need root (CI runs them as root)");
+        return;
+    }
+    let env = Env::new(1);
+    let holder = tempfile::tempdir().unwrap();
+    let skills = skills_dir(holder.path());
+    let before = tree(&skills);
+    let dirs = skills.to_string_lossy().into_owned();
+    let vars = [("SESSIONBOX_SKILLS_DIR", dirs.as_str())];
+    let exec = |cmd: &str| env.cli(&["exec", "-c", "chat", "--", cmd], &vars);
+
+    let o = exec(
+        "sh /skills/hello/scripts/hi.sh && /skills/hello/scripts/hi.sh && ls -A /skills/hello",
+    );
+    assert_eq!(
+        stdout(&o),
+        "hi from skill\nhi from skill\nSKILL.md\nscripts\n",
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+
+    // Every way of changing the skill from inside fails with a read-only or permission error.
+    for attack in [
+        "touch /skills/hello/new",
+        "echo evil > /skills/hello/SKILL.md",
+        "rm -f /skills/hello/SKILL.md",
+        "rm -rf /skills/hello/scripts",
+        "mv /skills/hello/SKILL.md /skills/hello/x",
+        "chmod 777 /skills/hello/scripts/hi.sh",
+        "mkdir /skills/other",
+        "ln -s /workspace /skills/hello/w",
+    ] {
+        let o = exec(&format!("( {attack} ) 2>&1; echo \"exit=$?\""));
+        let out = stdout(&o);
+        assert!(
+            !out.ends_with("exit=0\n")
+                && (out.contains("Read-only file system")
+                    || out.contains("Permission denied")
+                    || out.contains("Operation not permitted")),
+            "{attack}: {out}"
+        );
+    }
+    assert_eq!(
+        tree(&skills),
+        before,
+        "the host's skill directory is unchanged"
+    );
+
+    // Resumes, one after an idle stop: the bootstrap ran once.
+    let o = exec("cat boot.count");
+    assert_eq!(stdout(&o), "boot\n");
+    let key = sessionbox_core::ConversationRef::parse("default", "chat")
+        .unwrap()
+        .key;
+    let first = Record::read(&env.run_dir(&key)).expect("a sandbox record");
+    std::thread::sleep(std::time::Duration::from_millis(3000));
+    let o = exec("cat boot.count; cat /skills/hello/SKILL.md | head -2");
+    assert_eq!(stdout(&o), "boot\n---\nname: hello\n");
+    let second = Record::read(&env.run_dir(&key)).expect("a sandbox record");
+    assert_ne!(
+        first.init, second.init,
+        "the sandbox stopped when idle and was launched again"
+    );
+
+    let o = env.cli(&["destroy", "-c", "chat"], &vars);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(tree(&skills), before);
+}
+
+#[test]
+fn host_copies_the_tenants_skills_from_the_config_file_and_skills_lists_them() {
+    let d = tempfile::tempdir().unwrap();
+    let skills = skills_dir(d.path());
+    let data = d.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(
+        data.join("sessionbox.toml"),
+        format!(
+            "[skills.tenants]\nacme = [{:?}]\n",
+            skills.to_string_lossy()
+        ),
+    )
+    .unwrap();
+    let cli = |args: &[&str]| {
+        std::process::Command::new(EXE)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--runtime", "host", "--tenant", "acme"])
+            .args(args)
+            .env_remove("SESSIONBOX_SKILLS_DIR")
+            .env_remove("SESSIONBOX_RUNTIME")
+            .output()
+            .unwrap()
+    };
+    let o = cli(&["skills"]);
+    assert_eq!(stdout(&o), "hello: Greets from a script.\n");
+    let o = cli(&["skills", "hello"]);
+    assert_eq!(stdout(&o), "Run scripts/hi.sh.\n");
+    let o = cli(&[
+        "exec",
+        "-c",
+        "c",
+        "--",
+        ".skills/hello/scripts/hi.sh; cat boot.count",
+    ]);
+    assert_eq!(
+        stdout(&o),
+        "hi from skill\nboot\n",
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = cli(&[
+        "exec",
+        "-c",
+        "c",
+        "--",
+        "ls -A .skills/hello; cat boot.count",
+    ]);
+    assert_eq!(stdout(&o), "SKILL.md\nscripts\nboot\n");
+
+    // A broken skill: the error names it and the rule.
+    std::fs::write(
+        skills.join("hello/SKILL.md"),
+        "---\nname: Hello\ndescription: d\n---\n",
+    )
+    .unwrap();
+    let o = cli(&["skills"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("hello/SKILL.md") && err.contains("invalid name"),
+        "{err}"
+    );
+}
+
+/// The AIO test server (`tests/aio-server/server.py`, built from the AIO spec), on a free port;
+/// killed on drop.
+struct AioServer(std::process::Child, String);
+
+impl AioServer {
+    fn start(home: &Path) -> AioServer {
+        use std::io::BufRead;
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut child = std::process::Command::new("python3")
+            .arg(repo.join("tests/aio-server/server.py"))
+            .args(["--listen", "127.0.0.1:0", "--home"])
+            .arg(home)
+            .current_dir(home)
+            .env_remove("AIO_TEST_SERVER_TOKEN")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 runs the AIO test server (scripts/test installs its packages)");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("aio-test-server listening on ")
+            .unwrap_or_else(|| panic!("the AIO test server did not start: {line:?}"))
+            .to_owned();
+        AioServer(child, url)
+    }
+}
+
+impl Drop for AioServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn aio_uploads_skills_only_when_changed_restores_a_changed_copy_and_bootstraps_once() {
+    let d = tempfile::tempdir().unwrap();
+    let skills = skills_dir(d.path());
+    let before = tree(&skills);
+    let home = d.path().join("aio-home");
+    std::fs::create_dir_all(&home).unwrap();
+    let server = AioServer::start(&home);
+    let data = d.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(
+        data.join("sessionbox.toml"),
+        format!(
+            "runtime = \"aio\"\n[aio]\nendpoint = {:?}\nroot = {:?}\n",
+            server.1,
+            home.join("conversations").to_string_lossy()
+        ),
+    )
+    .unwrap();
+    let exec = |cmd: &str| {
+        std::process::Command::new(EXE)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["exec", "-c", "chat", "--", cmd])
+            .env("SESSIONBOX_SKILLS_DIR", &skills)
+            .env_remove("SESSIONBOX_RUNTIME")
+            .env_remove("AIO_SANDBOX_BASE_URL")
+            .env_remove("AIO_SANDBOX_TOKEN")
+            .output()
+            .unwrap()
+    };
+    let o = exec(".skills/hello/scripts/hi.sh && ls -A .skills/hello && cat boot.count");
+    assert_eq!(
+        stdout(&o),
+        "hi from skill\nSKILL.md\nscripts\nboot\n",
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = exec("echo evil > .skills/hello/SKILL.md && chmod 644 .skills/hello/scripts/hi.sh");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = exec(
+        "head -2 .skills/hello/SKILL.md && test -x .skills/hello/scripts/hi.sh && cat boot.count",
+    );
+    assert_eq!(
+        stdout(&o),
+        "---\nname: hello\nboot\n",
+        "restored, bootstrapped once"
+    );
+    assert_eq!(tree(&skills), before, "the source is unchanged");
+    // Uploaded twice in three opens: first, and after the change; the unchanged copy was not.
+    let o = std::process::Command::new(EXE)
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["audit", "-c", "chat", "--json"])
+        .output()
+        .unwrap();
+    let text = stdout(&o);
+    let records: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
+    let uploads = records
+        .iter()
+        .filter(|r| {
+            r["operation"] == "skills"
+                && r["detail"]
+                    .as_str()
+                    .is_some_and(|d| d.contains("copied=hello"))
+        })
+        .count();
+    assert_eq!(uploads, 2, "{text}");
+}
+
+// Shared with the isolated lifecycle and escape tests; this file uses a few of its helpers.
+#[allow(dead_code)]
+mod support;
