@@ -336,6 +336,127 @@ fn two_replicas_sharing_postgres_pass_verify_with_requests_alternating_between_t
     assert_eq!(found(&gc(&data, Some(&db.url), true)), 0);
 }
 
+/// The scale-out the isolated runtime cannot give: two replicas, as on two nodes (each its own
+/// data directory), share one PostgreSQL store and one real OpenSandbox server (one instance
+/// name). `verify --via A --via B` passes with every conversation's requests alternating between
+/// them; a conversation opened at both at once gets one sandbox on the server; one replica
+/// destroys what the other created; nothing is left on the server.
+#[test]
+fn two_replicas_on_opensandbox_sharing_postgres_pass_verify_with_one_sandbox_per_conversation() {
+    let Some(db) = pg::database() else { return };
+    let (Ok(domain), Ok(_)) = (
+        std::env::var("OPEN_SANDBOX_DOMAIN"),
+        std::env::var("OPEN_SANDBOX_API_KEY"),
+    ) else {
+        let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+        assert!(
+            !ci,
+            "under CI the OpenSandbox server must be configured (scripts/opensandbox-up)"
+        );
+        eprintln!("SKIPPED: no OpenSandbox server configured");
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let instance = format!("replicas-{}", std::process::id());
+    let nodes: Vec<PathBuf> = ["node-a", "node-b"]
+        .iter()
+        .map(|n| {
+            let data = d.path().join(n);
+            std::fs::create_dir_all(&data).unwrap();
+            std::fs::write(
+                data.join("sessionbox.toml"),
+                format!(
+                    "runtime = \"opensandbox\"\n[opensandbox]\nendpoint = \"{domain}\"\n\
+                     instance = \"{instance}\"\n"
+                ),
+            )
+            .unwrap();
+            data
+        })
+        .collect();
+    let a = Served::start(&nodes[0], Some(&db.url), &[]);
+    let b = Served::start(&nodes[1], Some(&db.url), &[]);
+
+    let report = d.path().join("verify.json");
+    let out = Command::new(EXE)
+        .args(["verify", "--via", &a.base, "--via", &b.base])
+        .args(["--conversations", "4", "--rounds", "3", "--report-json"])
+        .arg(&report)
+        .env_remove("SESSIONBOX_API_KEY")
+        .env_remove("SESSIONBOX_TENANT")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(r["ok"], true, "{r:#}");
+    assert_eq!(r["runtime"], "opensandbox");
+    assert_eq!(r["checks"]["concurrency"]["rounds_verified"], 12);
+    assert_eq!(r["checks"]["cleanup"]["leftovers"], 0);
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let http = http();
+        let exec_route = "/v1/conversations/{id}/exec";
+        let (ea, eb) = (
+            served(&http, &a.base, exec_route).await,
+            served(&http, &b.base, exec_route).await,
+        );
+        eprintln!("exec requests: replica A {ea}, replica B {eb}");
+        assert!(ea >= 6 && eb >= 6, "A served {ea}, B served {eb}");
+
+        // Eight first opens of one conversation, half at each replica, at once: one record,
+        // one sandbox on the server.
+        let opens: Vec<_> = (0..8)
+            .map(|i| {
+                let (http, base) = (http.clone(), if i % 2 == 0 { &a.base } else { &b.base });
+                let u = url(base, "shared", "");
+                tokio::spawn(async move { http.post(u).send().await.unwrap().status() })
+            })
+            .collect();
+        let mut created = 0;
+        for o in opens {
+            let st = o.await.unwrap();
+            assert!(st.is_success(), "{st}");
+            created += usize::from(st == StatusCode::CREATED);
+        }
+        assert_eq!(created, 1, "more than one replica created the conversation");
+        // Written through A, read through B: the same sandbox.
+        let (st, v) = exec(&http, &a.base, "shared", "echo from-a > f; hostname").await;
+        assert_eq!(st, StatusCode::OK, "{v}");
+        let host_a = v["stdout"].as_str().unwrap().to_owned();
+        let (_, v) = exec(&http, &b.base, "shared", "cat f; hostname").await;
+        assert_eq!(v["stdout"], format!("from-a\n{host_a}"), "{v}");
+    });
+    // Each node's garbage collection lists the server's sandboxes of this instance: none is an
+    // orphan (no second sandbox leaked from the concurrent opens) and no record dangles.
+    for node in &nodes {
+        assert_eq!(found(&gc(node, Some(&db.url), true)), 0);
+    }
+    // Destroyed through B (which did not necessarily create it), then nothing is left.
+    let out = cli(&nodes[1], Some(&db.url), &["destroy", "-c", "shared"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("destroyed"),
+        "{}",
+        text(&out.stdout)
+    );
+    drop((a, b));
+    assert!(records(&nodes[0], Some(&db.url)).is_empty());
+    let listed = cli(
+        &nodes[0],
+        Some(&db.url),
+        &["gc", "--dry-run", "--json", "--grace-secs", "0"],
+    );
+    let report: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(found(&report), 0, "{report:#}");
+}
+
 /// Kills `serve` with SIGKILL under a load of concurrent writes and execs on 8 conversations,
 /// restarts it, and checks what the issue asks: every acknowledged write is present, no record
 /// points at nothing, and garbage collection leaves zero orphans. `store_url` picks the store.
