@@ -79,7 +79,7 @@ pub fn run(
         Vec::new()
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&records)?);
+        outln!("{}", serde_json::to_string_pretty(&records)?);
         return Ok(ExitCode::SUCCESS);
     }
     // A reader that stops early (`| head`) ends the output, not the program.

@@ -554,7 +554,7 @@ pub async fn run(
         std::fs::write(dir.join("report.md"), &md)
             .with_context(|| format!("cannot write {}", dir.display()))?;
     }
-    print!("{md}");
+    out!("{md}");
     if let Some(t) = temp {
         t.close()
             .context("cannot remove the temporary data directory")?;

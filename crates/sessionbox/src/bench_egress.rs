@@ -301,20 +301,20 @@ pub async fn run(args: &BenchEgressArgs) -> anyhow::Result<ExitCode> {
         ok,
     };
     let mark = |pass: bool| if pass { "ok" } else { "MISSED" };
-    println!("egress gateway (target in a test namespace over veth; same run, interleaved)");
-    println!(
+    outln!("egress gateway (target in a test namespace over veth; same run, interleaved)");
+    outln!(
         "  connect + 1-byte echo, p50/p95: direct {:.3}/{:.3} ms, through the gateway {:.3}/{:.3} ms",
         report.connect_direct.p50_ms,
         report.connect_direct.p95_ms,
         report.connect_gateway.p50_ms,
         report.connect_gateway.p95_ms
     );
-    println!(
+    outln!(
         "  added per CONNECT (p50): {:.3} ms (target <= {ADDED_P50_MS} ms) {}",
         added,
         mark(added <= ADDED_P50_MS)
     );
-    println!(
+    outln!(
         "  throughput ({} MiB, best of 3): direct {:.1} MiB/s, through the gateway {:.1} MiB/s = {:.0}% (target >= {:.0}%) {}",
         args.mib,
         best_direct,

@@ -16,7 +16,7 @@ pub async fn run(
 ) -> ExitCode {
     let layers = sandbox::probe();
     let width = layers.iter().map(|l| l.layer.len()).max().unwrap_or(10);
-    println!("sandbox layers (needed by the isolated runtime):");
+    outln!("sandbox layers (needed by the isolated runtime):");
     let mut missing = 0;
     for l in &layers {
         let state = match l.state {
@@ -26,16 +26,16 @@ pub async fn run(
                 "MISSING"
             }
         };
-        println!("  {:<width$}  {state:<8}  {}", l.layer, l.detail);
+        outln!("  {:<width$}  {state:<8}  {}", l.layer, l.detail);
         if let Some(hint) = &l.hint
             && l.state == LayerState::Missing
         {
-            println!("  {:<width$}            fix: {hint}", "");
+            outln!("  {:<width$}            fix: {hint}", "");
         }
     }
-    println!();
+    outln!();
     let isolated_ok = missing == 0;
-    println!(
+    outln!(
         "isolated runtime: {}",
         if isolated_ok {
             "can run (every layer enforced)".to_owned()
@@ -43,25 +43,25 @@ pub async fn run(
             format!("cannot run: {missing} layer(s) missing; see the fixes above")
         }
     );
-    println!("host runtime: can run (not a security boundary: directory separation only)");
-    println!(
+    outln!("host runtime: can run (not a security boundary: directory separation only)");
+    outln!(
         "aio runtime: needs a reachable AIO Sandbox server (--endpoint); one shared container, trusted users only"
     );
     let opensandbox_ok = match opensandbox {
         None => {
-            println!(
+            outln!(
                 "opensandbox runtime: not configured (--endpoint, OPEN_SANDBOX_DOMAIN or \
                  [opensandbox] endpoint; scripts/opensandbox-up starts a local server)"
             );
             false
         }
         Some(Err(e)) => {
-            println!("opensandbox runtime: cannot run: {e:#}");
+            outln!("opensandbox runtime: cannot run: {e:#}");
             false
         }
         Some(Ok(config)) => probe_opensandbox(config).await,
     };
-    println!("default runtime: {}", default.name());
+    outln!("default runtime: {}", default.name());
     let ok = match default {
         RuntimeKind::Isolated => isolated_ok,
         RuntimeKind::Host | RuntimeKind::Aio => true,
@@ -79,14 +79,14 @@ async fn probe_opensandbox(config: sessionbox_opensandbox::ClientConfig) -> bool
     let client = match sessionbox_opensandbox::OpenSandboxClient::new(config) {
         Ok(c) => c,
         Err(e) => {
-            println!("opensandbox runtime: cannot run: {e}");
+            outln!("opensandbox runtime: cannot run: {e}");
             return false;
         }
     };
     let server = client.origin().as_str().trim_end_matches('/').to_owned();
     match client.probe().await {
         Ok(h) => {
-            println!(
+            outln!(
                 "opensandbox runtime: can run: {server} is a healthy OpenSandbox server \
                  (version {}), the API key is accepted ({} sandbox(es) visible)",
                 h.version.as_deref().unwrap_or("unknown"),
@@ -95,11 +95,11 @@ async fn probe_opensandbox(config: sessionbox_opensandbox::ClientConfig) -> bool
             true
         }
         Err(e @ sessionbox_opensandbox::OpenSandboxError::Unauthorized { .. }) => {
-            println!("opensandbox runtime: cannot run: wrong or missing API key: {e}");
+            outln!("opensandbox runtime: cannot run: wrong or missing API key: {e}");
             false
         }
         Err(e) => {
-            println!("opensandbox runtime: cannot run: {e}");
+            outln!("opensandbox runtime: cannot run: {e}");
             false
         }
     }

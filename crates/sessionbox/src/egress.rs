@@ -239,7 +239,7 @@ pub async fn gateway(
         let l = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
-        println!("sessionbox egress gateway listening on {}", l.local_addr()?);
+        outln!("sessionbox egress gateway listening on {}", l.local_addr()?);
         tokio::select! {
             r = gw.serve_tcp(l) => r?,
             _ = sessionbox_agent::termination_signal() => {}
@@ -359,8 +359,8 @@ pub fn policy(
                     format!("conversation {} of tenant {}", c.id, c.tenant)
                 }
             };
-            println!("policy of {whose} set (hash {})", short(&policy.hash()));
-            println!("{}", policy.describe());
+            outln!("policy of {whose} set (hash {})", short(&policy.hash()));
+            outln!("{}", policy.describe());
             Ok(ExitCode::SUCCESS)
         }
         PolicyCommand::Show { conversation, json } => {
@@ -404,12 +404,12 @@ pub fn policy(
                         serde_json::json!({"scope": who, "from": from, "hash": p.hash(), "policy": p})
                     })
                     .collect();
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                outln!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 for (who, from, p) in shown {
-                    println!("{who} ({from}, hash {}):", short(&p.hash()));
+                    outln!("{who} ({from}, hash {}):", short(&p.hash()));
                     for line in p.describe().lines() {
-                        println!("  {line}");
+                        outln!("  {line}");
                     }
                 }
             }
@@ -458,12 +458,17 @@ pub fn log(
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    outln!(
         "{:<20} {:<8} {:<8} {:<32} {:>10} {:>10}  RULE / REASON",
-        "AT", "VERDICT", "METHOD", "TARGET", "UP", "DOWN"
+        "AT",
+        "VERDICT",
+        "METHOD",
+        "TARGET",
+        "UP",
+        "DOWN"
     );
     for r in records {
         let e = &r.entry;
@@ -471,7 +476,7 @@ pub fn log(
         if let Some(end) = &e.end {
             why.push_str(&format!(" [{end}]"));
         }
-        println!(
+        outln!(
             "{:<20} {:<8} {:<8} {:<32} {:>10} {:>10}  {}",
             e.at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             if e.allowed { "allowed" } else { "denied" },
@@ -501,7 +506,7 @@ pub fn token(
     let key = TokenKey::load_or_create(&key_path(data_dir))
         .context("cannot read or create the egress token key")?;
     let now = Utc::now().timestamp().max(0) as u64;
-    println!(
+    outln!(
         "{}",
         key.issue(conv.key.as_str(), &policy.hash(), now, args.ttl)
     );

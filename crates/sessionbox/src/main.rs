@@ -3,6 +3,23 @@
 //! This binary is wiring: it reads settings, builds the store, runtime and manager, and maps
 //! each subcommand onto [`sessionbox_manager::Manager`] and [`sessionbox_core::Session`].
 
+/// `println!` for a command's results: see [`print_out`].
+macro_rules! outln {
+    () => {
+        $crate::print_out(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::print_out(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `print!` for a command's results: see [`print_out`].
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::print_out(format_args!($($arg)*))
+    };
+}
+
 mod audit;
 mod bench;
 mod bench_baselines;
@@ -329,6 +346,7 @@ fn main() -> ExitCode {
     };
     match rt.block_on(run(cli)) {
         Ok(code) => code,
+        Err(e) if is_broken_pipe(&e) => ExitCode::from(EXIT_BROKEN_PIPE),
         Err(e) => {
             eprintln!("error: {e:#}");
             let invalid = e
@@ -338,6 +356,31 @@ fn main() -> ExitCode {
             ExitCode::from(if invalid { 2 } else { 1 })
         }
     }
+}
+
+/// The exit status of a command whose reader went away (`sessionbox ... | head`): 141, what a
+/// shell reports for a process ended by SIGPIPE, the way other Unix tools end there.
+const EXIT_BROKEN_PIPE: u8 = 141;
+
+/// Writes a command's result to standard output. When the reader has gone away (a broken
+/// pipe), the program ends quietly with [`EXIT_BROKEN_PIPE`] instead of panicking as
+/// `println!` does; any other write error ends it with status 1 and says so.
+pub(crate) fn print_out(args: std::fmt::Arguments<'_>) {
+    if let Err(e) = std::io::stdout().lock().write_fmt(args) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(EXIT_BROKEN_PIPE.into());
+        }
+        eprintln!("error: cannot write to standard output: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// True when `e` is, or was caused by, a write to a reader that went away.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// A usage error found after parsing (exit code 2).
@@ -447,10 +490,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let store = Store::open(&db)?;
             if matches!(cli.command, Command::Backup { .. }) {
                 store.backup(path)?;
-                println!("backed up {} to {}", db.display(), path.display());
+                outln!("backed up {} to {}", db.display(), path.display());
             } else {
                 store.restore(path)?;
-                println!(
+                outln!(
                     "restored {} from {}; run `sessionbox gc` to remove workspaces it has no \
                      record of",
                     db.display(),
@@ -590,7 +633,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             match name {
                 None => {
                     for s in &catalog.skills {
-                        println!("{}: {}", s.name(), s.doc.description);
+                        outln!("{}: {}", s.name(), s.doc.description);
                     }
                 }
                 Some(n) => {
@@ -601,7 +644,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         ))
                         .into());
                     };
-                    print!("{}", s.doc.body);
+                    out!("{}", s.doc.body);
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -635,9 +678,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let _held = hold(&ctx, &conv).await?;
             let out = ctx.manager.destroy(&conv).await?;
             if out.nothing_removed() {
-                println!("conversation {} did not exist; nothing removed", conv.id);
+                outln!("conversation {} did not exist; nothing removed", conv.id);
             } else {
-                println!(
+                outln!(
                     "destroyed conversation {}: {} process(es) killed, workspace {}, record {}",
                     conv.id,
                     out.runtime.processes_killed,
@@ -1044,12 +1087,12 @@ fn print_conversations(
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     let dur =
         |d: Option<Duration>| d.map_or_else(|| "-".to_owned(), |d| format!("{}s", d.as_secs()));
-    println!(
+    outln!(
         "{:<16} {:<28} {:<9} {:<10} {:<20} {:<20} {:<20} {:>7} {:>9} {:>9}",
         "TENANT",
         "CONVERSATION",
@@ -1063,7 +1106,7 @@ fn print_conversations(
         "MAX LIFE"
     );
     for r in records {
-        println!(
+        outln!(
             "{:<16} {:<28} {:<9} {:<10} {:<20} {:<20} {:<20} {:>7} {:>9} {:>9}",
             r.tenant.as_str(),
             r.conversation_id.as_str(),
@@ -1082,11 +1125,11 @@ fn print_conversations(
 
 fn print_gc(report: &sessionbox_manager::GcReport, json: bool) -> anyhow::Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(report)?);
+        outln!("{}", serde_json::to_string_pretty(report)?);
         return Ok(());
     }
     let verb = if report.dry_run { "found" } else { "removed" };
-    println!(
+    outln!(
         "garbage collection on the {} runtime{}: {} expired, {} stuck, {} orphan(s), {} dangling \
          record(s); {} {verb}",
         report.runtime,
@@ -1108,7 +1151,7 @@ fn print_gc(report: &sessionbox_manager::GcReport, json: bool) -> anyhow::Result
         ("dangling", &report.dangling),
     ] {
         for i in items {
-            println!(
+            outln!(
                 "  {kind:<8} {} {}{} processes={}{}",
                 &i.key[..16],
                 i.tenant

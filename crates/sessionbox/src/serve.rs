@@ -86,7 +86,7 @@ pub async fn run(ctx: &App, args: ServeArgs) -> anyhow::Result<ExitCode> {
     let addr = listener
         .local_addr()
         .context("cannot read the listen address")?;
-    println!("listening on http://{addr}");
+    outln!("listening on http://{addr}");
     eprintln!(
         "sessionbox: serving the HTTP API on http://{addr} with the {} runtime; {}",
         ctx.runtime_name,
@@ -172,7 +172,7 @@ pub fn keys(
             k.record.id,
             tenant.as_str()
         );
-        println!("{}", k.key);
+        outln!("{}", k.key);
         return Ok(ExitCode::SUCCESS);
     }
     let store = Store::open_configured(store_url, &data_dir.join("sessionbox.db"))?;
@@ -181,16 +181,20 @@ pub fn keys(
         KeysCommand::List { json } => {
             let keys = store.list_api_keys()?;
             if *json {
-                println!("{}", serde_json::to_string_pretty(&keys)?);
+                outln!("{}", serde_json::to_string_pretty(&keys)?);
             } else {
-                println!(
+                outln!(
                     "{:<16} {:<20} {:<24} {:<20} {:<20}",
-                    "ID", "TENANT", "LABEL", "CREATED", "REVOKED"
+                    "ID",
+                    "TENANT",
+                    "LABEL",
+                    "CREATED",
+                    "REVOKED"
                 );
                 let t =
                     |d: chrono::DateTime<Utc>| d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
                 for k in keys {
-                    println!(
+                    outln!(
                         "{:<16} {:<20} {:<24} {:<20} {:<20}",
                         k.id,
                         k.tenant.as_str(),
@@ -203,7 +207,7 @@ pub fn keys(
         }
         KeysCommand::Revoke { id } => {
             store.revoke_api_key(id, Utc::now())?;
-            println!("revoked API key {id}");
+            outln!("revoked API key {id}");
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -384,7 +384,7 @@ pub async fn run(
     if let Some(p) = &args.report_md {
         std::fs::write(p, &md).with_context(|| format!("cannot write {}", p.display()))?;
     }
-    print!("{md}");
+    out!("{md}");
     Ok(if ok {
         ExitCode::SUCCESS
     } else {

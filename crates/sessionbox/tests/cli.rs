@@ -511,3 +511,60 @@ fn reading_a_conversation_that_does_not_exist_creates_nothing() {
     assert!(workspaces(d.path()).is_empty());
     assert!(conversation_lines(d.path()).is_empty());
 }
+
+/// `sessionbox ... | head`: a reader that stops early ends the program quietly with status 141
+/// (as SIGPIPE ends other Unix tools), both for printed lines (`ls` of many files) and for
+/// written bytes (`exec` output), never with a panic or an error message. The output is larger
+/// than a pipe's buffer, so the write must meet the closed pipe.
+#[test]
+fn a_reader_that_stops_early_ends_the_program_quietly() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    let out = sessionbox(
+        &data,
+        &[
+            "--runtime",
+            "host",
+            "exec",
+            "-c",
+            "pipes",
+            "--",
+            "sh",
+            "-c",
+            "for i in $(seq 1 3000); do : > file-with-a-long-name-$i; done",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for args in [
+        &["--runtime", "host", "ls", "-c", "pipes", "."][..],
+        &[
+            "--runtime",
+            "host",
+            "exec",
+            "-c",
+            "pipes",
+            "--",
+            "seq",
+            "1",
+            "200000",
+        ][..],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sessionbox"))
+            .arg("--data-dir")
+            .arg(&data)
+            .args(args)
+            .env_remove("SESSIONBOX_RUNTIME")
+            .env_remove("SESSIONBOX_TENANT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take()); // the reader goes away before reading anything
+        let out = child.wait_with_output().unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(141), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(!err.contains("error"), "{args:?}: {err}");
+    }
+}
