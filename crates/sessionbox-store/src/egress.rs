@@ -281,6 +281,23 @@ impl Store {
         rows.collect::<rusqlite::Result<_>>()
             .map_err(sql_error("read the egress log"))
     }
+
+    /// Removes the policy set for exactly `scope`; returns whether there was one. A
+    /// conversation without its own policy falls back to its tenant's, a tenant without one to
+    /// the profile `none`.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when SQLite fails.
+    pub fn clear_egress_policy(&self, scope: &PolicyScope) -> Result<bool> {
+        let n = self
+            .conn()
+            .execute(
+                "DELETE FROM egress_policies WHERE scope = ?1",
+                [scope.key()],
+            )
+            .map_err(sql_error("clear the egress policy"))?;
+        Ok(n > 0)
+    }
 }
 
 #[cfg(test)]
