@@ -75,6 +75,23 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/conversations/{id}/stat", get(stat))
         .route("/v1/conversations/{id}/glob", get(glob))
         .route("/v1/conversations/{id}/grep", post(grep))
+        .route(
+            "/v1/policy",
+            get(crate::policy::get_tenant_policy)
+                .put(crate::policy::put_tenant_policy)
+                .delete(crate::policy::delete_tenant_policy),
+        )
+        .route(
+            "/v1/conversations/{id}/policy",
+            get(crate::policy::get_conversation_policy)
+                .put(crate::policy::put_conversation_policy)
+                .delete(crate::policy::delete_conversation_policy),
+        )
+        .route("/v1/egress-log", get(crate::policy::tenant_egress_log))
+        .route(
+            "/v1/conversations/{id}/egress-log",
+            get(crate::policy::conversation_egress_log),
+        )
         .route("/v1/skills", get(crate::skills::list_skills))
         .route(
             "/v1/conversations/{id}/skills/{name}",
@@ -106,7 +123,7 @@ async fn method_not_allowed() -> ApiError {
 
 // ---- Extractors whose rejections are the JSON error body. ----
 
-pub(crate) struct JsonBody<T>(T);
+pub(crate) struct JsonBody<T>(pub(crate) T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
@@ -146,7 +163,7 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for PathArg
     }
 }
 
-pub(crate) struct QueryArgs<T>(T);
+pub(crate) struct QueryArgs<T>(pub(crate) T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for QueryArgs<T> {
     type Rejection = ApiError;
@@ -167,6 +184,8 @@ pub(crate) struct Opened {
     created: bool,
     touched: Instant,
     sessions: Arc<crate::sessions::Sessions>,
+    /// The session cache's generation before this session was opened or taken.
+    generation: u64,
     _turn: Turn,
 }
 
@@ -178,6 +197,7 @@ impl Opened {
             conv,
             touched,
             sessions,
+            generation,
             _turn,
             ..
         } = self;
@@ -187,7 +207,7 @@ impl Opened {
             used: Instant::now(),
             touched,
         };
-        crate::sessions::close_all(sessions.put(key, cached)).await;
+        crate::sessions::close_all(sessions.put(key, cached, generation)).await;
     }
 }
 
@@ -231,6 +251,7 @@ impl AppState {
         create: bool,
     ) -> Result<Opened, ApiError> {
         let turn = self.turn(&conv.key).await?;
+        let generation = self.sessions.generation();
         if let Some(c) = self.sessions.take(&conv.key) {
             // Kept from an earlier request: the conversation exists and its session is open.
             let mut touched = c.touched;
@@ -245,6 +266,7 @@ impl AppState {
                 created: false,
                 touched,
                 sessions: self.sessions.clone(),
+                generation,
                 _turn: turn,
             });
         }
@@ -257,6 +279,7 @@ impl AppState {
             conv: opened,
             touched: Instant::now(),
             sessions: self.sessions.clone(),
+            generation,
             _turn: turn,
         })
     }

@@ -36,6 +36,7 @@ mod mcp;
 mod metrics;
 mod openapi;
 mod output;
+mod policy;
 mod queue;
 mod sessions;
 mod skills;

@@ -664,3 +664,192 @@ fn invalid_policies_exit_2_naming_the_rule_and_store_nothing() {
     let log = data.ok(&["egress-log", "--json"]);
     assert_eq!(log.trim(), "[]");
 }
+
+async fn json_of(r: reqwest::Response) -> serde_json::Value {
+    let b = r.bytes().await.unwrap();
+    serde_json::from_slice(&b)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&b)))
+}
+
+/// A running `sessionbox serve` on the data directory, killed when dropped.
+struct Served {
+    child: std::process::Child,
+    base: String,
+}
+
+impl Served {
+    fn start(data: &Data) -> Served {
+        use std::io::BufRead;
+        let mut child = Command::new(EXE)
+            .arg("--data-dir")
+            .arg(&data.path)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env_remove("SESSIONBOX_RUNTIME")
+            .env_remove("SESSIONBOX_TENANT")
+            .env_remove("SESSIONBOX_LISTEN")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let base = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_owned();
+        Served { child, base }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The whole path of a policy set over REST: `sessionbox serve` (isolated runtime), `PUT
+/// .../policy`, then commands in the sandbox through REST exec, and the verdicts through
+/// REST. The conversation's session is kept warm by the server between calls, so this also
+/// shows that a profile switch made over REST reaches the runtime (the sandbox is relaunched
+/// with its gateway) and that a rule change reaches the gateway on the next connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_policy_set_over_rest_applies_to_the_next_connection_of_a_warm_conversation() {
+    let net = TestNet::new(2);
+    let http = net.listen();
+    let port = http.local_addr().unwrap().port();
+    let accepts = http_on(http);
+    let dns = dns(HashMap::from([("www.allowed.test".to_owned(), net.peer)])).await;
+    let data = Arc::new(Data::new(dns.addr));
+    let key = data
+        .ok(&["--tenant", "acme", "keys", "create"])
+        .trim()
+        .to_owned();
+    let served = Served::start(&data);
+    let http = reqwest::Client::new();
+    let base = format!("{}/v1/conversations/rest-a", served.base);
+    let exec = |cmd: String| {
+        let (http, base, key) = (http.clone(), base.clone(), key.clone());
+        async move {
+            let r = http
+                .post(format!("{base}/exec"))
+                .bearer_auth(&key)
+                .header("content-type", "application/json")
+                .body(serde_json::json!({"command": cmd, "timeout_ms": 30000}).to_string())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let v = json_of(r).await;
+            (
+                v["exit_code"].as_i64().unwrap(),
+                format!(
+                    "{}{}",
+                    v["stdout"].as_str().unwrap(),
+                    v["stderr"].as_str().unwrap()
+                ),
+            )
+        }
+    };
+    let put = |path: String, body: serde_json::Value| {
+        let (http, key) = (http.clone(), key.clone());
+        async move {
+            let r = http
+                .put(path)
+                .bearer_auth(&key)
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            json_of(r).await
+        }
+    };
+    let curl = format!(
+        "curl -sS -m 10 -o /dev/null -w '%{{http_code}}' 'http://www.allowed.test:{port}/r?t=SECRET'"
+    );
+
+    // Warm, with the default profile: no proxy, no route.
+    let (code, out) = exec("env | grep -ci proxy; true".into()).await;
+    assert_eq!((code, out.as_str()), (0, "0\n"));
+    assert_eq!(data.gateways(), 0);
+
+    // Allowlist over REST: the next command reaches the target through the gateway.
+    let v = put(
+        format!("{base}/policy"),
+        serde_json::json!({"profile": "allowlist", "allow": ["*.allowed.test", net.cidr]}),
+    )
+    .await;
+    assert_eq!(v["source"], "conversation");
+    let (code, out) = exec(curl.clone()).await;
+    assert_eq!((code, out.as_str()), (0, "200"), "{out}");
+    assert_eq!(accepts.load(Ordering::SeqCst), 1);
+    assert_eq!(data.gateways(), 1);
+
+    // A deny rule over REST: refused at the gateway on the next connection, same sandbox.
+    put(
+        format!("{base}/policy"),
+        serde_json::json!({"profile": "allowlist", "allow": ["*.allowed.test", net.cidr], "deny": ["www.allowed.test"]}),
+    )
+    .await;
+    let (_, out) = exec(curl.clone()).await;
+    assert_eq!(out, "403");
+    assert_eq!(accepts.load(Ordering::SeqCst), 1);
+    assert_eq!(data.gateways(), 1);
+
+    // The verdicts over REST, newest first, without the query string.
+    let r = http
+        .get(format!("{base}/egress-log"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    let log = json_of(r).await;
+    let entries = log["entries"].as_array().unwrap();
+    let verdicts: Vec<&str> = entries
+        .iter()
+        .map(|e| e["verdict"].as_str().unwrap())
+        .collect();
+    assert_eq!(verdicts, ["denied", "allowed"], "{log}");
+    assert_eq!(entries[0]["rule"], "deny rule www.allowed.test", "{log}");
+    assert_eq!(entries[0]["target"], format!("www.allowed.test:{port}"));
+    assert_eq!(entries[1]["conversation_id"], "rest-a");
+    assert!(!log.to_string().contains("SECRET"));
+
+    // Without its own policy the conversation falls back to the tenant's `none`: the sandbox
+    // is relaunched without a gateway.
+    let r = http
+        .delete(format!("{base}/policy"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    let v = json_of(r).await;
+    assert_eq!(v["source"], "default");
+    let (_, out) = exec(format!("env | grep -ci proxy; {curl} || echo unreachable")).await;
+    assert!(
+        out.starts_with("0\n000unreachable\n"),
+        "no proxy variable, no way out: {out}"
+    );
+    // The tenant's allowlist over REST applies to it.
+    put(
+        format!("{}/v1/policy", served.base),
+        serde_json::json!({"profile": "allowlist", "allow": [net.cidr]}),
+    )
+    .await;
+    let (code, out) = exec(format!("curl -sS -m 10 http://{}:{port}/tenant", net.peer)).await;
+    assert_eq!((code, out.as_str()), (0, "hello from /tenant\n"));
+    let r = http.delete(&base).bearer_auth(&key).send().await.unwrap();
+    assert_eq!(r.status(), 204);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while data.gateways() > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(data.gateways(), 0, "the gateway outlived its sandbox");
+    drop(served);
+}
