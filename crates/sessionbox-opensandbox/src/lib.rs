@@ -39,4 +39,4 @@ pub use lifecycle::{
     OpenSandboxClient, Sandbox, SandboxState, SandboxStatus,
 };
 pub use metadata::{MAX_VALUE_LEN, Metadata, is_valid_key, is_valid_value};
-pub use runtime::{OpenSandboxConfig, OpenSandboxRuntime};
+pub use runtime::{EgressOptions, GatewayAccess, OpenSandboxConfig, OpenSandboxRuntime};
