@@ -960,7 +960,8 @@ async fn an_opensandbox_sandbox_reaches_allowed_targets_through_the_token_gatewa
     let gateway = GatewayProcess::start(&data, SocketAddr::from((bridge, 0)));
     let mut config = std::fs::read_to_string(data.path.join("sessionbox.toml")).unwrap();
     config.push_str(&format!(
-        "[opensandbox]\nmemory = \"256Mi\"\ninstance = \"t{}-egress\"\negress_gateway = \"{}\"\n",
+        "[opensandbox]\nmemory = \"256Mi\"\ntimeout_secs = 300\ninstance = \"t{}-egress\"\n\
+         egress_gateway = \"{}\"\n",
         std::process::id(),
         gateway.addr
     ));
