@@ -31,6 +31,12 @@ pub struct Mapping {
     pub not_expressible: Vec<String>,
 }
 
+/// Deny everything: no rule, `defaultAction: deny` (what [`gateway_only`] gives for
+/// `Policy::None`, and what a sandbox with no gateway to reach gets).
+pub fn deny_all() -> Value {
+    json!({"defaultAction": "deny", "egress": []})
+}
+
 /// Deny everything but the gateway at `gateway_host` (a host name: the sidecar matches names
 /// only). `Policy::None` gives deny-all with no rule.
 ///
@@ -39,7 +45,7 @@ pub struct Mapping {
 pub fn gateway_only(policy: &Policy, gateway_host: &str) -> Result<Value, crate::PolicyError> {
     let host = crate::policy::normalize_domain(gateway_host)?;
     Ok(match policy {
-        Policy::None => json!({"defaultAction": "deny", "egress": []}),
+        Policy::None => deny_all(),
         Policy::Allowlist { .. } => json!({
             "defaultAction": "deny",
             "egress": [{"action": "allow", "target": host}],
@@ -87,9 +93,11 @@ mod tests {
             json!({"defaultAction": "deny", "egress": [{"action": "allow", "target": "egress.internal.example"}]})
         );
         assert_eq!(
-            gateway_only(&Policy::None, "egress.internal.example").unwrap()["egress"],
-            json!([])
+            gateway_only(&Policy::None, "egress.internal.example").unwrap(),
+            deny_all()
         );
+        assert_eq!(deny_all()["egress"], json!([]));
+        assert_eq!(deny_all()["defaultAction"], "deny");
         assert!(
             gateway_only(&p, "10.0.0.1").is_err(),
             "the sidecar matches names only"

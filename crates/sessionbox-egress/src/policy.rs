@@ -352,6 +352,38 @@ impl Policy {
         matches!(self, Policy::None)
     }
 
+    /// The profile's name: `none` or `allowlist`.
+    pub fn profile(&self) -> &'static str {
+        match self {
+            Policy::None => "none",
+            Policy::Allowlist { .. } => "allowlist",
+        }
+    }
+
+    /// The allow and deny rules as written (`*.pypi.org:443`), which [`Policy::allowlist`]
+    /// reads back to the same policy; both empty for `none`.
+    pub fn rule_strings(&self) -> (Vec<String>, Vec<String>) {
+        match self {
+            Policy::None => (Vec::new(), Vec::new()),
+            Policy::Allowlist { allow, deny } => (
+                allow.iter().map(ToString::to_string).collect(),
+                deny.iter().map(ToString::to_string).collect(),
+            ),
+        }
+    }
+
+    /// A policy from its canonical JSON ([`Policy::to_json`], as stored), validated as a new
+    /// one would be.
+    ///
+    /// # Errors
+    /// [`PolicyError`] when the text does not parse or the policy breaks a rule.
+    pub fn from_json(text: &str) -> Result<Policy, PolicyError> {
+        let p: Policy = serde_json::from_str(text)
+            .map_err(|e| PolicyError(format!("a stored policy does not parse: {e}")))?;
+        p.validate()?;
+        Ok(p)
+    }
+
     /// The canonical JSON form (what is stored and hashed).
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_default()
@@ -763,5 +795,26 @@ mod tests {
         assert_eq!(a.hash().len(), 64);
         let back: Policy = serde_json::from_str(&a.to_json()).unwrap();
         assert_eq!(back, a);
+    }
+
+    #[test]
+    fn rules_print_back_to_the_same_policy_and_stored_text_is_validated() {
+        let p = Policy::allowlist(
+            &["*.pypi.org:443", "10.1.0.0/16", "[2001:db8::/32]:80,443"],
+            &["evil.pypi.org"],
+        )
+        .unwrap();
+        let (allow, deny) = p.rule_strings();
+        let a: Vec<&str> = allow.iter().map(String::as_str).collect();
+        let d: Vec<&str> = deny.iter().map(String::as_str).collect();
+        assert_eq!(Policy::allowlist(&a, &d).unwrap(), p);
+        assert_eq!(p.profile(), "allowlist");
+        assert_eq!(Policy::None.profile(), "none");
+        assert_eq!(Policy::None.rule_strings(), (vec![], vec![]));
+        assert_eq!(Policy::from_json(&p.to_json()).unwrap(), p);
+        // Text that parses but would never pass validation is refused, not trusted.
+        let blocked = r#"{"profile":"allowlist","allow":[{"host":{"kind":"cidr","value":"127.0.0.0/8"}}],"deny":[]}"#;
+        assert!(Policy::from_json(blocked).is_err());
+        assert!(Policy::from_json("{").is_err());
     }
 }

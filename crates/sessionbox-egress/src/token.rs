@@ -146,6 +146,30 @@ impl TokenKey {
     }
 }
 
+/// The proxy URL a remote sandbox's commands use: `http://sessionbox:TOKEN@GATEWAY`, where
+/// `gateway` is `host:port` as the sandbox reaches it. Clients send the token as the password
+/// of `Proxy-Authorization: Basic` (read back by [`from_proxy_authorization`]). A token is
+/// `sbx1.` and base64url text, so it needs no escaping in a URL.
+pub fn proxy_url(gateway: &str, token: &str) -> String {
+    format!("http://sessionbox:{token}@{gateway}")
+}
+
+/// The environment that points a command at `proxy_url`: `HTTP_PROXY`, `HTTPS_PROXY` and
+/// `ALL_PROXY` in both cases, and `NO_PROXY` (both cases) for loopback only. The values carry
+/// a token: they go into a command's environment and nowhere else (never a log line, an
+/// error or the audit).
+pub fn proxy_env(proxy_url: &str) -> Vec<(String, String)> {
+    let mut env = Vec::new();
+    for k in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
+        env.push((k.to_owned(), proxy_url.to_owned()));
+        env.push((k.to_ascii_lowercase(), proxy_url.to_owned()));
+    }
+    for k in ["NO_PROXY", "no_proxy"] {
+        env.push((k.to_owned(), "localhost,127.0.0.1,::1".to_owned()));
+    }
+    env
+}
+
 /// The token in a `Proxy-Authorization` value: `Bearer TOKEN`, or `Basic` with the token as the
 /// password (what `http://user:TOKEN@gateway:port` in `HTTPS_PROXY` makes clients send).
 pub fn from_proxy_authorization(value: &str) -> Option<String> {
@@ -201,6 +225,31 @@ mod tests {
             Some("abc")
         );
         assert_eq!(from_proxy_authorization("Digest x"), None);
+    }
+
+    #[test]
+    fn the_proxy_url_carries_the_token_as_the_basic_password() {
+        let key = TokenKey::from_bytes([3; 32]);
+        let t = key.issue("conv", "hash", 100, 60);
+        let url = proxy_url("egress.internal.example:3128", &t);
+        let parsed = url::Url::parse(&url).unwrap();
+        assert_eq!(parsed.username(), "sessionbox");
+        assert_eq!(
+            parsed.password(),
+            Some(t.as_str()),
+            "no escaping changed it"
+        );
+        assert_eq!(parsed.host_str(), Some("egress.internal.example"));
+        assert_eq!(parsed.port(), Some(3128));
+        // What a client sends for that URL is read back to the same, valid token.
+        let basic = base64::engine::general_purpose::STANDARD.encode(format!("sessionbox:{t}"));
+        let back = from_proxy_authorization(&format!("Basic {basic}")).unwrap();
+        assert_eq!(key.verify(&back, 120).unwrap().conversation, "conv");
+        let env = proxy_env(&url);
+        for k in ["HTTP_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"] {
+            assert!(env.iter().any(|(n, v)| n == k && *v == url), "{k}");
+        }
+        assert!(env.iter().any(|(n, _)| n == "NO_PROXY"));
     }
 
     #[test]

@@ -100,6 +100,27 @@ pub enum OpenSandboxError {
         /// The rule it broke.
         reason: String,
     },
+    /// A create that carried a `networkPolicy` was refused because the server cannot enforce
+    /// one: the 1.1.1 server answers 400 `SANDBOX::INVALID_PARAMETER` "egress.image must be
+    /// configured when networkPolicy is provided." without an egress sidecar image in its
+    /// configuration, and 500 `DOCKER::SANDBOX_IMAGE_PULL_FAILED` when that image is
+    /// configured but cannot be had. No sandbox is left behind either way.
+    #[error(
+        "the OpenSandbox server cannot enforce a network policy (it answered {status} {code}: \
+         {message}); install OpenSandbox's egress sidecar image on the server and name it in \
+         the server's configuration ([egress] image, with the Docker runtime's network_mode = \
+         \"bridge\"), or set network_policy = false in [opensandbox] of sessionbox.toml (then \
+         sandboxes get the server's network as it is and sessionbox's policy does not bind \
+         them)"
+    )]
+    NetworkPolicyUnsupported {
+        /// The HTTP status.
+        status: u16,
+        /// The server's error code.
+        code: String,
+        /// The server's message.
+        message: String,
+    },
     /// `/health` did not say `{"status":"healthy"}`.
     #[error("{server} is not a healthy OpenSandbox server: {reason}")]
     Unhealthy {

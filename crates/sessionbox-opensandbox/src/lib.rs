@@ -10,7 +10,10 @@
 //! - [`Metadata`]: metadata the real server accepts (63-character values).
 //! - [`OpenSandboxRuntime`] ([`runtime`]): one sandbox per conversation, running sessionbox's
 //!   agent as execd, reached through the server proxy with `sessionbox-execd`'s client; the
-//!   conversation-to-sandbox map and each sandbox's expiry live in the store.
+//!   conversation-to-sandbox map and each sandbox's expiry live in the store. Network
+//!   ([`EgressOptions`]): an optional `networkPolicy` allowing only the egress gateway, and
+//!   per-command proxy variables with a short-lived token; by default sessionbox's policy
+//!   does not bind these sandboxes (see the crate README).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), sessionbox_opensandbox::OpenSandboxError> {
@@ -39,4 +42,4 @@ pub use lifecycle::{
     OpenSandboxClient, Sandbox, SandboxState, SandboxStatus,
 };
 pub use metadata::{MAX_VALUE_LEN, Metadata, is_valid_key, is_valid_value};
-pub use runtime::{OpenSandboxConfig, OpenSandboxRuntime};
+pub use runtime::{EgressOptions, GatewayAccess, OpenSandboxConfig, OpenSandboxRuntime};

@@ -253,6 +253,11 @@ pub struct CreateSandbox {
     pub resource_limits: BTreeMap<String, String>,
     /// Environment variables of the sandbox.
     pub env: BTreeMap<String, String>,
+    /// The `networkPolicy` object (`{"defaultAction": ..., "egress": [...]}`), enforced by the
+    /// server's egress sidecar; `None` sends none (the sandbox gets the server's network as
+    /// it is). A server that cannot enforce it refuses the create with
+    /// [`OpenSandboxError::NetworkPolicyUnsupported`].
+    pub network_policy: Option<serde_json::Value>,
 }
 
 impl CreateSandbox {
@@ -265,6 +270,7 @@ impl CreateSandbox {
             metadata: Metadata::new(),
             resource_limits: BTreeMap::new(),
             env: BTreeMap::new(),
+            network_policy: None,
         }
     }
 }
@@ -494,6 +500,9 @@ impl OpenSandboxClient {
         if !request.env.is_empty() {
             body["env"] = serde_json::to_value(&request.env).expect("a string map serializes");
         }
+        if let Some(policy) = &request.network_policy {
+            body["networkPolicy"] = policy.clone();
+        }
         let created: Sandbox = self
             .call_json(
                 "create sandbox",
@@ -503,7 +512,11 @@ impl OpenSandboxClient {
                 Some(body),
                 self.config.create_timeout,
             )
-            .await?;
+            .await
+            .map_err(|e| match &request.network_policy {
+                Some(_) => network_policy_refusal(e, &request.image),
+                None => e,
+            })?;
         check_id(&created.id)?;
         Ok(created)
     }
@@ -821,6 +834,42 @@ struct Pagination {
     has_next_page: bool,
 }
 
+/// A create with a `networkPolicy` that failed because the server cannot enforce one becomes
+/// [`OpenSandboxError::NetworkPolicyUnsupported`]: a 400 or 422 that names the network policy
+/// or the egress sidecar, or a failed pull of an image other than the sandbox's own (the
+/// sidecar's). Every other failure is left as it was.
+fn network_policy_refusal(e: OpenSandboxError, sandbox_image: &str) -> OpenSandboxError {
+    let names_egress = |m: &str| {
+        let m = m.to_ascii_lowercase();
+        m.contains("networkpolicy") || m.contains("network policy") || m.contains("egress")
+    };
+    match e {
+        OpenSandboxError::Api {
+            status,
+            code,
+            message,
+            ..
+        } if (status == 400 && names_egress(&message))
+            || (code.ends_with("IMAGE_PULL_FAILED")
+                && !message.contains(&format!("image {sandbox_image}:"))) =>
+        {
+            OpenSandboxError::NetworkPolicyUnsupported {
+                status,
+                code,
+                message,
+            }
+        }
+        OpenSandboxError::Validation { message, .. } if names_egress(&message) => {
+            OpenSandboxError::NetworkPolicyUnsupported {
+                status: 422,
+                code: String::new(),
+                message,
+            }
+        }
+        e => e,
+    }
+}
+
 /// Turns an error answer into a typed error. Reads both shapes the server uses: FastAPI's
 /// `{"detail": [...]}` for request validation (422), and `{"code", "message"}` (also nested as
 /// `{"detail": {"code", "message"}}`).
@@ -1037,6 +1086,64 @@ mod tests {
             b"<html>boom</html>",
         );
         assert!(e.to_string().contains("500"), "{e}");
+    }
+
+    #[test]
+    fn a_server_that_cannot_enforce_a_network_policy_is_told_apart() {
+        // The two answers of a real 1.1.1 server on Docker (see the crate README).
+        let no_sidecar = status_error(
+            "create sandbox",
+            StatusCode::BAD_REQUEST,
+            br#"{"code":"SANDBOX::INVALID_PARAMETER","message":"egress.image must be configured when networkPolicy is provided."}"#,
+        );
+        let e = network_policy_refusal(no_sidecar, "sessionbox/sandbox:local");
+        match &e {
+            OpenSandboxError::NetworkPolicyUnsupported {
+                status,
+                code,
+                message,
+            } => {
+                assert_eq!(*status, 400);
+                assert_eq!(code, "SANDBOX::INVALID_PARAMETER");
+                assert_eq!(
+                    message,
+                    "egress.image must be configured when networkPolicy is provided."
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let text = e.to_string();
+        assert!(text.contains("network_policy = false"), "{text}");
+        assert!(text.contains("[egress] image"), "{text}");
+        let pull = |image: &str| {
+            status_error(
+                "create sandbox",
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!(
+                    r#"{{"code":"DOCKER::SANDBOX_IMAGE_PULL_FAILED","message":"Failed to pull image {image}: 500 Server Error"}}"#
+                )
+                .as_bytes(),
+            )
+        };
+        assert!(matches!(
+            network_policy_refusal(pull("opensandbox/egress:v1"), "sessionbox/sandbox:local"),
+            OpenSandboxError::NetworkPolicyUnsupported { status: 500, .. }
+        ));
+        // The sandbox's own image missing is not the sidecar's fault.
+        assert!(matches!(
+            network_policy_refusal(pull("sessionbox/sandbox:local"), "sessionbox/sandbox:local"),
+            OpenSandboxError::Api { status: 500, .. }
+        ));
+        // Unrelated refusals stay what they were.
+        let other = status_error(
+            "create sandbox",
+            StatusCode::BAD_REQUEST,
+            br#"{"code":"SANDBOX::INVALID_METADATA_LABEL","message":"bad label"}"#,
+        );
+        assert!(matches!(
+            network_policy_refusal(other, "x"),
+            OpenSandboxError::Api { status: 400, .. }
+        ));
     }
 
     #[test]

@@ -16,6 +16,18 @@
 //!
 //! A sandbox that vanished (expired, deleted elsewhere, failed) is found on the next open and
 //! replaced by a fresh one; [`Session::state_lost`] tells the caller that the files are gone.
+//!
+//! Network ([`EgressOptions`]): by default a sandbox's network is whatever the server's
+//! container network gives it, and sessionbox's policy does not bind it. With
+//! [`EgressOptions::network_policy`], each sandbox is created with a `networkPolicy` derived
+//! from the conversation's policy in force (an allowlist: only the gateway's host; `none`:
+//! nothing), for the server's egress sidecar to enforce; a server that cannot enforce it
+//! refuses the create, and the conversation fails with a typed error rather than run open.
+//! With [`EgressOptions::gateway`], every command of a conversation whose policy is an
+//! allowlist gets `HTTP_PROXY`/`HTTPS_PROXY`/`ALL_PROXY` pointing at the gateway with a token
+//! signed for this conversation and policy hash, issued for that command alone and valid for
+//! its timeout plus [`TOKEN_MARGIN`]. The token travels only in the command's environment
+//! (execd's per-command `envs`): never a log line, an error or the audit.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -28,6 +40,9 @@ use sessionbox_core::{
     ExecRequest, ExecResult, ExitStatus, FileStat, GrepMatch, GrepRequest, Result, Runtime,
     RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
 };
+use sessionbox_egress::Policy;
+use sessionbox_egress::target::{Host, parse_authority};
+use sessionbox_egress::token::{TokenKey, proxy_env, proxy_url};
 use sessionbox_execd::fs_ext::{FsRequest, FsResponse};
 use sessionbox_execd::{Endpoint, ExecdClient, RunCommandRequest};
 use sessionbox_store::Store;
@@ -52,6 +67,81 @@ pub const DEFAULT_IMAGE: &str = "sessionbox/sandbox:local";
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// How long a new sandbox's execd has to answer `/ping` by default.
 pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Metadata key recording the `networkPolicy` a sandbox was created with: `gateway` (only the
+/// gateway) or `none` (nothing). Absent when none was sent.
+pub const LABEL_NETWORK: &str = "sessionbox.network";
+/// How much longer than its command's timeout a proxy token is valid. A command's process
+/// group ends with it, so nothing of it needs the token later.
+pub const TOKEN_MARGIN: Duration = Duration::from_secs(60);
+
+/// Where sandboxes reach the egress gateway (`sessionbox egress-gateway --listen`), and the
+/// key that signs its tokens (the gateway's data directory's `egress.key`).
+#[derive(Debug, Clone)]
+pub struct GatewayAccess {
+    host: Host,
+    port: u16,
+    key: TokenKey,
+}
+
+impl GatewayAccess {
+    /// `address` is `HOST:PORT` as the sandboxes reach the gateway (a name, an IPv4 address,
+    /// or an IPv6 address in brackets).
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] naming the address when it is not `HOST:PORT`.
+    pub fn new(address: &str, key: TokenKey) -> Result<Self> {
+        let target = parse_authority(address).map_err(|e| {
+            Error::InvalidRequest(format!(
+                "the egress gateway address {address:?} is not HOST:PORT: {e}"
+            ))
+        })?;
+        Ok(GatewayAccess {
+            host: target.host,
+            port: target.port,
+            key,
+        })
+    }
+
+    /// `host:port`, as commands get it in their proxy URL.
+    pub fn address(&self) -> String {
+        sessionbox_egress::target::Target {
+            host: self.host.clone(),
+            port: self.port,
+        }
+        .to_string()
+    }
+
+    /// The gateway's host name; `None` for an address.
+    pub fn host_name(&self) -> Option<&str> {
+        match &self.host {
+            Host::Name(n) => Some(n),
+            Host::Ip(_) => None,
+        }
+    }
+
+    /// A fresh token for `key` under `policy`, valid `ttl` from now.
+    fn token(&self, key: &ConversationKey, policy: &Policy, ttl: Duration) -> String {
+        let now = Utc::now().timestamp().max(0) as u64;
+        self.key
+            .issue(key.as_str(), &policy.hash(), now, ttl.as_secs().max(1))
+    }
+}
+
+/// How the runtime's sandboxes reach the network. The default sends no `networkPolicy` and
+/// gives commands no proxy: the sandbox's network is the server's, unrestricted by
+/// sessionbox.
+#[derive(Debug, Clone, Default)]
+pub struct EgressOptions {
+    /// Create each sandbox with a `networkPolicy` from the conversation's policy in force:
+    /// only the gateway's host for an allowlist (the gateway must then be named by a host
+    /// name: the sidecar matches names), nothing for `none` or without a gateway. Needs a
+    /// server with OpenSandbox's egress sidecar; one without it refuses the create, which
+    /// fails with [`Error::RuntimeUnavailable`].
+    pub network_policy: bool,
+    /// The egress gateway: with it, commands of a conversation whose policy is an allowlist
+    /// get the proxy variables with a fresh token.
+    pub gateway: Option<GatewayAccess>,
+}
 
 /// Settings of the `opensandbox` runtime.
 #[derive(Debug, Clone)]
@@ -71,6 +161,8 @@ pub struct OpenSandboxConfig {
     /// Names this sessionbox installation in sandbox metadata (`[A-Za-z0-9._-]`, 1-63), so
     /// that two installations sharing a server never touch each other's sandboxes.
     pub instance: String,
+    /// Network: `networkPolicy` on create, and the egress gateway's proxy for commands.
+    pub egress: EgressOptions,
 }
 
 impl OpenSandboxConfig {
@@ -89,6 +181,7 @@ impl OpenSandboxConfig {
                 ("memory".to_owned(), "2Gi".to_owned()),
             ]),
             instance: instance.into(),
+            egress: EgressOptions::default(),
         }
     }
 }
@@ -116,6 +209,23 @@ pub fn to_core_error(e: OpenSandboxError) -> Error {
             }
         }
         e @ OpenSandboxError::Unauthorized { .. } => Error::Unauthorized(e.to_string()),
+        OpenSandboxError::NetworkPolicyUnsupported {
+            status,
+            code,
+            message,
+        } => Error::RuntimeUnavailable {
+            runtime: RUNTIME_NAME.into(),
+            reason: format!(
+                "the server cannot enforce the sandbox's network policy (it answered {status} \
+                 {code}: {message})"
+            ),
+            hint: "install OpenSandbox's egress sidecar image on the server and name it in the \
+                   server's configuration ([egress] image; Docker runtime with network_mode = \
+                   \"bridge\"), or set network_policy = false in [opensandbox] of \
+                   sessionbox.toml (then sandboxes get the server's network as it is and \
+                   sessionbox's policy does not bind them)"
+                .into(),
+        },
         e @ OpenSandboxError::NotFound { .. } => Error::NotFound(e.to_string()),
         e => Error::Backend(e.to_string()),
     }
@@ -158,6 +268,16 @@ impl OpenSandboxRuntime {
             return Err(Error::InvalidRequest(format!(
                 "the OpenSandbox sandbox timeout must be at least {} s",
                 crate::lifecycle::MIN_TIMEOUT_SECS
+            )));
+        }
+        if let (true, Some(g)) = (config.egress.network_policy, &config.egress.gateway)
+            && g.host_name().is_none()
+        {
+            return Err(Error::InvalidRequest(format!(
+                "network_policy needs the egress gateway named by a host name, not the \
+                 address {}: OpenSandbox's egress sidecar matches names only; give the \
+                 gateway a name the sandboxes resolve, or set network_policy = false",
+                g.address()
             )));
         }
         Ok(OpenSandboxRuntime {
@@ -223,11 +343,50 @@ impl OpenSandboxRuntime {
         DateTime::from_timestamp_millis(t.timestamp_millis()).unwrap_or(t)
     }
 
-    async fn create_sandbox(&self, key: &ConversationKey) -> Result<(String, DateTime<Utc>)> {
+    /// The `networkPolicy` a new sandbox of `conversation` gets, with its [`LABEL_NETWORK`]
+    /// value; `None` when the option is off.
+    async fn network_policy(
+        &self,
+        conversation: &ConversationRef,
+    ) -> Result<Option<(serde_json::Value, &'static str)>> {
+        if !self.config.egress.network_policy {
+            return Ok(None);
+        }
+        let policy = policy_in_force(&self.store, conversation).await?;
+        let gateway = self
+            .config
+            .egress
+            .gateway
+            .as_ref()
+            .and_then(GatewayAccess::host_name);
+        Ok(Some(match gateway {
+            Some(host) if !policy.is_none() => (
+                sessionbox_egress::opensandbox::gateway_only(&policy, host)
+                    .map_err(|e| Error::InvalidRequest(e.to_string()))?,
+                "gateway",
+            ),
+            _ => (sessionbox_egress::opensandbox::deny_all(), "none"),
+        }))
+    }
+
+    async fn create_sandbox(
+        &self,
+        conversation: &ConversationRef,
+    ) -> Result<(String, DateTime<Utc>)> {
+        let key = &conversation.key;
         let mut metadata = self.instance_metadata();
         metadata
             .insert(LABEL_CONVERSATION, &conversation_label(key))
             .map_err(to_core_error)?;
+        let network_policy = match self.network_policy(conversation).await? {
+            Some((policy, label)) => {
+                metadata
+                    .insert(LABEL_NETWORK, label)
+                    .map_err(to_core_error)?;
+                Some(policy)
+            }
+            None => None,
+        };
         let request = CreateSandbox {
             image: self.config.image.clone(),
             entrypoint: self.config.entrypoint.clone(),
@@ -235,6 +394,7 @@ impl OpenSandboxRuntime {
             metadata,
             resource_limits: self.config.resource_limits.clone(),
             env: BTreeMap::new(),
+            network_policy,
         };
         let expires = self.expiry_from_now();
         match self.client.create(&request).await {
@@ -302,13 +462,14 @@ impl OpenSandboxRuntime {
 
     /// Finds or makes the conversation's sandbox: `(sandbox id, whether a vanished one was
     /// replaced)`.
-    async fn ensure_sandbox(&self, key: &ConversationKey) -> Result<(String, bool)> {
+    async fn ensure_sandbox(&self, conversation: &ConversationRef) -> Result<(String, bool)> {
+        let key = &conversation.key;
         let mut lost = false;
         for _ in 0..5 {
             let k = key.clone();
             let recorded = blocking_store(&self.store, move |s| s.remote_sandbox(&k)).await?;
             let Some(record) = recorded else {
-                let (id, expires) = self.create_sandbox(key).await?;
+                let (id, expires) = self.create_sandbox(conversation).await?;
                 let (k, i) = (key.clone(), id.clone());
                 let inserted = blocking_store(&self.store, move |s| {
                     s.insert_remote_sandbox(&k, RUNTIME_NAME, &i, Some(expires), Utc::now())
@@ -330,6 +491,7 @@ impl OpenSandboxRuntime {
             };
             match self.client.get(&record.sandbox_id).await {
                 Ok(s) if !s.status.state.is_final() => {
+                    self.check_network_label(conversation, &s).await;
                     if matches!(
                         s.status.state,
                         crate::SandboxState::Paused | crate::SandboxState::Pausing
@@ -347,7 +509,7 @@ impl OpenSandboxRuntime {
                         "the conversation's sandbox vanished; starting a fresh one (its files are lost)"
                     );
                     let _ = self.client.delete(&record.sandbox_id).await;
-                    let (id, expires) = self.create_sandbox(key).await?;
+                    let (id, expires) = self.create_sandbox(conversation).await?;
                     let (k, old, new) = (key.clone(), record.sandbox_id.clone(), id.clone());
                     let replaced = blocking_store(&self.store, move |s| {
                         s.replace_remote_sandbox(&k, &old, &new, Some(expires), Utc::now())
@@ -372,6 +534,28 @@ impl OpenSandboxRuntime {
         Err(Error::Backend(
             "the conversation's sandbox kept changing under concurrent opens; retry".into(),
         ))
+    }
+
+    /// A sandbox keeps the `networkPolicy` it was created with. When the conversation's
+    /// profile has since switched (its label no longer matches), this says so in the log: a
+    /// switch to `none` is still enforced by the gateway (which refuses everything under
+    /// `none`), a switch to an allowlist reaches a sandbox made afterwards (destroy the
+    /// conversation to get one).
+    async fn check_network_label(&self, conversation: &ConversationRef, s: &crate::Sandbox) {
+        let Some(have) = s.metadata.get(LABEL_NETWORK) else {
+            return;
+        };
+        if let Ok(Some((_, want))) = self.network_policy(conversation).await
+            && have != want
+        {
+            tracing::warn!(
+                sandbox = %s.id,
+                created_with = %have,
+                now = %want,
+                "the conversation's network profile changed since its sandbox was created; \
+                 the sandbox keeps its networkPolicy until it is replaced"
+            );
+        }
     }
 
     /// Renews the sandbox to `now + timeout` when half the timeout has passed since the last
@@ -484,16 +668,19 @@ impl Runtime for OpenSandboxRuntime {
 
     async fn open(&self, conversation: &ConversationRef) -> Result<Box<dyn Session>> {
         let key = conversation.key.clone();
-        let (id, state_lost) = self.ensure_sandbox(&key).await?;
+        let (id, state_lost) = self.ensure_sandbox(conversation).await?;
         let client = match self.connect(&id).await {
             Ok(c) => c,
             Err(e) => return Err(e),
         };
         Ok(Box::new(OpenSandboxSession {
             key,
+            conversation: conversation.clone(),
             sandbox_id: id,
             client,
             state_lost,
+            store: self.store.clone(),
+            gateway: self.config.egress.gateway.clone(),
         }))
     }
 
@@ -523,13 +710,30 @@ impl Runtime for OpenSandboxRuntime {
     }
 }
 
+/// The policy in force for `conversation`, from the store (as the gateway reads it).
+async fn policy_in_force(store: &Store, conversation: &ConversationRef) -> Result<Policy> {
+    let conv = conversation.clone();
+    let stored = blocking_store(store, move |s| s.effective_egress_policy(&conv)).await?;
+    match stored {
+        None => Ok(Policy::None),
+        Some(row) => Policy::from_json(&row.policy).map_err(|e| {
+            Error::Backend(format!(
+                "the stored network policy of this conversation cannot be used: {e}; set it again"
+            ))
+        }),
+    }
+}
+
 /// An open `opensandbox` conversation: an execd client of its sandbox, through the server
 /// proxy.
 struct OpenSandboxSession {
     key: ConversationKey,
+    conversation: ConversationRef,
     sandbox_id: String,
     client: ExecdClient,
     state_lost: bool,
+    store: Store,
+    gateway: Option<GatewayAccess>,
 }
 
 impl OpenSandboxSession {
@@ -568,6 +772,17 @@ impl Session for OpenSandboxSession {
             .cwd(cwd)
             .timeout(request.timeout)
             .max_output_bytes(request.output_limit as u64);
+        if let Some(gateway) = &self.gateway {
+            // The policy in force now; a fresh token for this command alone.
+            let policy = policy_in_force(&self.store, &self.conversation).await?;
+            if !policy.is_none() {
+                let token = gateway.token(&self.key, &policy, request.timeout + TOKEN_MARGIN);
+                for (k, v) in proxy_env(&proxy_url(&gateway.address(), &token)) {
+                    run = run.env(k, v);
+                }
+            }
+        }
+        // The caller's own variables come last and win (as on the isolated runtime).
         for (k, v) in &request.env {
             run = run.env(k, v);
         }

@@ -75,6 +75,23 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/conversations/{id}/stat", get(stat))
         .route("/v1/conversations/{id}/glob", get(glob))
         .route("/v1/conversations/{id}/grep", post(grep))
+        .route(
+            "/v1/policy",
+            get(crate::policy::get_tenant_policy)
+                .put(crate::policy::put_tenant_policy)
+                .delete(crate::policy::delete_tenant_policy),
+        )
+        .route(
+            "/v1/conversations/{id}/policy",
+            get(crate::policy::get_conversation_policy)
+                .put(crate::policy::put_conversation_policy)
+                .delete(crate::policy::delete_conversation_policy),
+        )
+        .route("/v1/egress-log", get(crate::policy::tenant_egress_log))
+        .route(
+            "/v1/conversations/{id}/egress-log",
+            get(crate::policy::conversation_egress_log),
+        )
         .route("/v1/skills", get(crate::skills::list_skills))
         .route(
             "/v1/conversations/{id}/skills/{name}",
@@ -106,7 +123,7 @@ async fn method_not_allowed() -> ApiError {
 
 // ---- Extractors whose rejections are the JSON error body. ----
 
-pub(crate) struct JsonBody<T>(T);
+pub(crate) struct JsonBody<T>(pub(crate) T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
@@ -146,7 +163,7 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for PathArg
     }
 }
 
-pub(crate) struct QueryArgs<T>(T);
+pub(crate) struct QueryArgs<T>(pub(crate) T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for QueryArgs<T> {
     type Rejection = ApiError;
@@ -169,6 +186,8 @@ pub(crate) struct Opened {
     sessions: Arc<crate::sessions::Sessions>,
     /// The conversation held across processes and replicas (see `AppState::hold`).
     _held: ConversationLock,
+    /// The session cache's generation before this session was opened or taken.
+    generation: u64,
     _turn: Turn,
 }
 
@@ -181,6 +200,7 @@ impl Opened {
             touched,
             sessions,
             _held,
+            generation,
             _turn,
             ..
         } = self;
@@ -190,7 +210,7 @@ impl Opened {
             used: Instant::now(),
             touched,
         };
-        crate::sessions::close_all(sessions.put(key, cached)).await;
+        crate::sessions::close_all(sessions.put(key, cached, generation)).await;
     }
 }
 
@@ -270,6 +290,7 @@ impl AppState {
     ) -> Result<Opened, ApiError> {
         let turn = self.turn(&conv.key).await?;
         let held = self.hold(&conv.key).await?;
+        let generation = self.sessions.generation();
         if let Some(c) = self.sessions.take(&conv.key) {
             // Kept from an earlier request: used only while its record is still the one it
             // opened (another process or replica may have destroyed it, or it expired).
@@ -281,6 +302,7 @@ impl AppState {
                         touched,
                         sessions: self.sessions.clone(),
                         _held: held,
+                        generation,
                         _turn: turn,
                     });
                 }
@@ -306,6 +328,7 @@ impl AppState {
             touched: Instant::now(),
             sessions: self.sessions.clone(),
             _held: held,
+            generation,
             _turn: turn,
         })
     }

@@ -21,6 +21,9 @@
 //!   commands do not hold the conversation's turn and end when it is destroyed.
 //! - `POST .../files` takes a multipart upload of several files; `GET /metrics` serves
 //!   Prometheus metrics (with a key, like every route but `/healthz` and `/readyz`).
+//! - Network policies (`/v1/policy`, `.../policy`) and the egress log are read and written
+//!   over REST for the key's tenant; MCP only reads them (the `network` tool): no MCP tool
+//!   changes a policy.
 //! - Every call is audited twice: by the [`Manager`] per operation, and here as one `http.*`
 //!   record with the key id, the status and the duration (never bodies, commands or keys).
 //!
@@ -36,6 +39,7 @@ mod mcp;
 mod metrics;
 mod openapi;
 mod output;
+mod policy;
 mod queue;
 mod sessions;
 mod skills;

@@ -1,6 +1,11 @@
 //! MCP over streamable HTTP at `/mcp` (rmcp): the agent tools `bash`, `read`, `write`, `edit`,
-//! `ls`, `glob`, `grep` on one conversation's workspace, and `skill` (list the tenant's skills,
-//! or load one: its instructions and its base directory in the conversation).
+//! `ls`, `glob`, `grep` on one conversation's workspace, `skill` (list the tenant's skills,
+//! or load one: its instructions and its base directory in the conversation), and `network`
+//! (the conversation's network policy and its recent egress verdicts).
+//!
+//! `network` is read-only, and no tool changes a network policy: the model is the party a
+//! policy restrains, and a prompt-injected model that could widen its own allowlist would make
+//! the policy worthless. Policies are set by the operator (REST with an API key, or the CLI).
 //!
 //! Every request carries the same API key as the REST API (it names the tenant) and an
 //! `X-Conversation-Id` header naming the conversation; a missing or invalid one is refused with
@@ -47,6 +52,9 @@ const MAX_OUTPUT_CHARS: usize = 30_000;
 const DEFAULT_READ_LINES: usize = 2000;
 /// Characters of one line `read` returns.
 const MAX_LINE_CHARS: usize = 2000;
+/// Verdicts `network` shows by default, and at most.
+const DEFAULT_NETWORK_VERDICTS: usize = 20;
+const MAX_NETWORK_VERDICTS: usize = 100;
 
 /// The `/mcp` route: authentication and the conversation header, then rmcp's service.
 pub fn route(state: AppState) -> MethodRouter<AppState> {
@@ -266,6 +274,23 @@ fn tools() -> Vec<Tool> {
             })),
         ),
         Tool::new(
+            "network",
+            "Show this conversation's network policy (read-only): the profile (`none`: no \
+             network at all; `allowlist`: only the listed hosts, through the egress proxy that \
+             commands get in HTTP_PROXY/HTTPS_PROXY), its rules and hash, and the most recent \
+             connections the egress gateway allowed or refused, with the rule or reason. The \
+             policy is set by the operator; no tool can change it, so do not try to work around \
+             a refusal: report it.",
+            schema(json!({
+                "type": "object",
+                "properties": {
+                    "limit": {"type": "integer", "minimum": 1, "maximum": MAX_NETWORK_VERDICTS,
+                              "description": "How many recent verdicts to show (default 20, max 100)."}
+                },
+                "additionalProperties": false
+            })),
+        ),
+        Tool::new(
             "grep",
             "Search file contents with a regular expression (Rust regex syntax).",
             schema(json!({
@@ -332,6 +357,12 @@ struct SkillArgs {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NetworkArgs {
+    limit: Option<usize>,
+}
+
+#[derive(Deserialize)]
 struct GrepArgs {
     pattern: String,
     path: Option<String>,
@@ -385,6 +416,17 @@ impl Tools {
         if name == "skill" {
             // Reads the host's skills catalog: no turn, no conversation opened.
             return Self::skill(s, conv, args(name, a)?).await;
+        }
+        if name == "network" {
+            // Reads the store: no turn, no conversation opened, nothing written.
+            let a: NetworkArgs = args(name, a).map_err(|_| {
+                Error::InvalidRequest(
+                    "`network` is read-only and takes only `limit`: the network policy is set \
+                     by the operator, and no tool can change it"
+                        .into(),
+                )
+            })?;
+            return Self::network(s, conv, a).await;
         }
         let op = match name {
             "bash" => {
@@ -441,7 +483,7 @@ impl Tools {
             }
             other => {
                 return Err(Error::InvalidRequest(format!(
-                    "no tool named {other:?}; the tools are bash, read, write, edit, ls, glob, grep, skill"
+                    "no tool named {other:?}; the tools are bash, read, write, edit, ls, glob, grep, skill, network"
                 )));
             }
         };
@@ -483,6 +525,72 @@ impl Tools {
                 ))
             }
         }
+    }
+
+    async fn network(
+        s: &AppState,
+        conv: &ConversationRef,
+        a: NetworkArgs,
+    ) -> Result<String, Error> {
+        let limit = a.limit.unwrap_or(DEFAULT_NETWORK_VERDICTS);
+        if limit == 0 || limit > MAX_NETWORK_VERDICTS {
+            return Err(Error::InvalidRequest(format!(
+                "limit must be between 1 and {MAX_NETWORK_VERDICTS}"
+            )));
+        }
+        let (policy, view) = crate::policy::in_force(s, conv).await?;
+        let source = match view.source {
+            crate::policy::PolicySource::Conversation => "set for this conversation",
+            crate::policy::PolicySource::Tenant => "set for the tenant",
+            crate::policy::PolicySource::Default => "the default",
+        };
+        let mut out = format!(
+            "Network policy: {} ({source}), hash {}\n",
+            policy.profile(),
+            view.hash
+        );
+        if policy.is_none() {
+            out.push_str("No network at all: nothing outside this sandbox can be reached.\n");
+        } else {
+            out.push_str(&format!("Allowed: {}\n", view.allow.join(", ")));
+            if !view.deny.is_empty() {
+                out.push_str(&format!("Denied: {}\n", view.deny.join(", ")));
+            }
+            out.push_str(
+                "Connections go through the egress proxy in HTTP_PROXY/HTTPS_PROXY; loopback, \
+                 link-local (cloud metadata) and private addresses stay blocked unless a rule \
+                 names them.\n",
+            );
+        }
+        out.push_str("The operator sets this policy; no tool can change it.\n");
+        let verdicts = crate::policy::verdicts(s, &conv.tenant, Some(conv), None, limit).await?;
+        if verdicts.is_empty() {
+            out.push_str("\nNo connections recorded yet.");
+            return Ok(out);
+        }
+        out.push_str(&format!(
+            "\nRecent connections (newest first, {}):\n",
+            verdicts.len()
+        ));
+        for v in verdicts {
+            let mut line = format!(
+                "{} {} {} {} ({})",
+                v.at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                v.verdict,
+                v.method,
+                v.target,
+                v.rule
+            );
+            if v.verdict == "allowed" {
+                line.push_str(&format!(", {} B up, {} B down", v.bytes_up, v.bytes_down));
+                if let Some(end) = &v.end {
+                    line.push_str(&format!(", {end}"));
+                }
+            }
+            out.push_str(&line);
+            out.push('\n');
+        }
+        Ok(out)
     }
 
     async fn apply(session: &dyn Session, op: Run) -> Result<String, Error> {

@@ -7,12 +7,19 @@
 //! the conversation down. At most `max` sessions are kept; past that the least recently used
 //! one is closed. The store's `last_used_at` is touched at most once per [`TOUCH_EVERY`] for a
 //! cached conversation (every use is still in the audit log).
+//!
+//! A network policy change made through the API ([`Sessions::invalidate`]) closes the kept
+//! sessions it concerns and makes every session in use at that moment close instead of being
+//! kept: the next request opens the conversation through the runtime again, which is where a
+//! runtime applies a profile change (the `isolated` runtime relaunches a sandbox switched
+//! between `none` and an allowlist).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use sessionbox_core::{ConversationKey, Session};
+use sessionbox_core::{ConversationKey, ConversationRef, Session};
 use sessionbox_manager::Conversation;
 
 /// How often a cached conversation's `last_used_at` is written.
@@ -29,6 +36,9 @@ pub(crate) struct Cached {
 pub(crate) struct Sessions {
     map: Mutex<HashMap<ConversationKey, Cached>>,
     max: usize,
+    /// Increased by each [`Sessions::invalidate`]; a session opened under an older value is
+    /// not kept.
+    generation: AtomicU64,
 }
 
 impl Sessions {
@@ -37,7 +47,34 @@ impl Sessions {
         Sessions {
             map: Mutex::default(),
             max,
+            generation: AtomicU64::new(0),
         }
+    }
+
+    /// The current generation: read it before opening a session, give it back to
+    /// [`Sessions::put`].
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    /// Takes out every kept session whose conversation `concerns` (to be closed by the
+    /// caller), and makes the sessions in use now close instead of being kept when their
+    /// request ends.
+    pub(crate) fn invalidate(
+        &self,
+        concerns: impl Fn(&ConversationRef) -> bool,
+    ) -> Vec<Conversation> {
+        let mut map = self.map.lock().expect("sessions lock");
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        let gone: Vec<ConversationKey> = map
+            .iter()
+            .filter(|(_, c)| concerns(c.conv.conversation()))
+            .map(|(k, _)| k.clone())
+            .collect();
+        gone.into_iter()
+            .filter_map(|k| map.remove(&k))
+            .map(|c| c.conv)
+            .collect()
     }
 
     /// Takes the conversation's session out, if one is kept.
@@ -46,12 +83,21 @@ impl Sessions {
     }
 
     /// Keeps `c` for `key`; returns the sessions to close (the one evicted, or `c` itself when
-    /// nothing is kept).
-    pub(crate) fn put(&self, key: ConversationKey, c: Cached) -> Vec<Conversation> {
+    /// nothing is kept, or when it was opened before an invalidation: `generation` is what
+    /// [`Sessions::generation`] said before it was opened).
+    pub(crate) fn put(
+        &self,
+        key: ConversationKey,
+        c: Cached,
+        generation: u64,
+    ) -> Vec<Conversation> {
         if self.max == 0 {
             return vec![c.conv];
         }
         let mut map = self.map.lock().expect("sessions lock");
+        if generation != self.generation() {
+            return vec![c.conv];
+        }
         let mut out = Vec::new();
         if map.len() >= self.max && !map.contains_key(&key) {
             let oldest = map

@@ -1270,6 +1270,14 @@ async fn the_openapi_document_lists_every_route_and_matches_the_responses() {
             (format!("{c}/files"), "post"),
             ("/v1/skills".into(), "get"),
             (format!("{c}/skills/{{name}}"), "get"),
+            ("/v1/policy".into(), "get"),
+            ("/v1/policy".into(), "put"),
+            ("/v1/policy".into(), "delete"),
+            (format!("{c}/policy"), "get"),
+            (format!("{c}/policy"), "put"),
+            (format!("{c}/policy"), "delete"),
+            ("/v1/egress-log".into(), "get"),
+            (format!("{c}/egress-log"), "get"),
             ("/metrics".into(), "get"),
         ];
         let mut count = 0;
@@ -1364,6 +1372,25 @@ async fn the_openapi_document_lists_every_route_and_matches_the_responses() {
         )
         .await;
         assert_eq!(keys(&v), properties(&doc, "Error"));
+        let (_, v) = body(
+            s.json(
+                Method::PUT,
+                &format!("{base}/policy"),
+                &json!({"profile": "allowlist", "allow": ["a.example:443"]}),
+            )
+            .send()
+            .await
+            .unwrap(),
+        )
+        .await;
+        assert_eq!(keys(&v), properties(&doc, "NetworkPolicy"));
+        assert_eq!(
+            properties(&doc, "NetworkPolicyRequest"),
+            ["allow", "deny", "profile"]
+        );
+        let (_, v) = body(s.req(Method::GET, "/v1/egress-log").send().await.unwrap()).await;
+        assert_eq!(keys(&v), properties(&doc, "EgressLog"));
+        assert!(properties(&doc, "EgressVerdict").contains(&"verdict".to_owned()));
 
         // The new routes: event stream, background command, logs, upload.
         let exec_doc = &doc["paths"][format!("{c}/exec")]["post"]["responses"];
@@ -1518,6 +1545,23 @@ async fn odd_input_on_every_route_is_never_a_5xx() {
                 s.req(Method::POST, &format!("{c}/files"))
                     .header("content-type", format!("multipart/form-data; boundary={o}"))
                     .body(o.to_owned()),
+                s.req(Method::GET, &format!("/v1/conversations/{o}/policy")),
+                s.json(
+                    Method::PUT,
+                    &format!("/v1/conversations/{o}/policy"),
+                    &json!({"profile": "allowlist", "allow": [o], "deny": [o]}),
+                ),
+                s.json(
+                    Method::PUT,
+                    "/v1/policy",
+                    &json!({"profile": "allowlist", "allow": [o]}),
+                ),
+                s.req(Method::DELETE, &format!("/v1/conversations/{o}/policy")),
+                s.req(
+                    Method::GET,
+                    &format!("/v1/conversations/{o}/egress-log?since={o}&limit={o}"),
+                ),
+                s.req(Method::GET, &format!("/v1/egress-log?since={o}")),
             ];
             for r in reqs {
                 let r = r.send().await.unwrap();

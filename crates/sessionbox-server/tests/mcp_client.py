@@ -42,7 +42,7 @@ async def main():
             return {t["name"]: t["inputSchema"] for t in (dump(await session.list_tools()))["tools"]}
 
         tools = await with_session("alice", list_tools)
-        assert set(tools) == {"bash", "read", "write", "edit", "ls", "glob", "grep", "skill"}, tools
+        assert set(tools) == {"bash", "read", "write", "edit", "ls", "glob", "grep", "skill", "network"}, tools
         required = {name: set(s.get("required", [])) for name, s in tools.items()}
         assert required["bash"] == {"command"}, required
         assert required["read"] == {"path"}, required
@@ -52,6 +52,7 @@ async def main():
         assert required["grep"] == {"pattern"}, required
         assert required["ls"] == set(), required
         assert required["skill"] == set(), required
+        assert required["network"] == set(), required
         assert set(tools["grep"]["properties"]["output_mode"]["enum"]) == {
             "content", "files_with_matches", "count"}
 

@@ -271,6 +271,23 @@ impl Store {
             .collect()
         })
     }
+
+    /// Removes the policy set for exactly `scope`; returns whether there was one. A
+    /// conversation without its own policy falls back to its tenant's, a tenant without one to
+    /// the profile `none`.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when the database fails.
+    pub fn clear_egress_policy(&self, scope: &PolicyScope) -> Result<bool> {
+        let n = self.read(|db| {
+            db.execute(
+                "clear the egress policy",
+                "DELETE FROM egress_policies WHERE scope = $1",
+                &[scope.key().into()],
+            )
+        })?;
+        Ok(n > 0)
+    }
 }
 
 fn log_record(r: &Row) -> Result<EgressLogRecord> {

@@ -512,6 +512,15 @@ both! {
             h('c')
         );
         assert_eq!(s.egress_policies(None).unwrap().len(), 2);
+        // Removing the conversation's own policy falls back to the tenant's, once.
+        let own = PolicyScope::Conversation(conv.clone());
+        assert!(s.clear_egress_policy(&own).unwrap());
+        assert!(!s.clear_egress_policy(&own).unwrap());
+        assert_eq!(
+            s.effective_egress_policy(&conv).unwrap().unwrap().policy,
+            "T"
+        );
+        s.set_egress_policy(&own, "C2", &h('c'), Utc::now()).unwrap();
         assert!(
             s.set_egress_policy(
                 &PolicyScope::Tenant(conv.tenant.clone()),

@@ -262,6 +262,15 @@ pub struct OpenSandboxSection {
     pub direct_hosts: Vec<String>,
     /// Names this installation in sandbox metadata (default: derived from the data directory).
     pub instance: Option<String>,
+    /// Create each sandbox with a `networkPolicy` from the conversation's policy (only the
+    /// egress gateway for an allowlist, nothing for `none`), enforced by the server's egress
+    /// sidecar (default false: a sandbox's network is the server's, and sessionbox's policy
+    /// does not bind it). A server without the sidecar refuses such sandboxes.
+    pub network_policy: Option<bool>,
+    /// `HOST:PORT` where sandboxes reach `sessionbox egress-gateway --listen` (sharing this
+    /// data directory's `egress.key`): commands of allowlisted conversations get it as their
+    /// proxy, with a token per command.
+    pub egress_gateway: Option<String>,
 }
 
 /// `[isolated]` settings.
@@ -365,11 +374,17 @@ mod tests {
         std::fs::write(
             &p,
             "runtime = \"opensandbox\"\n[opensandbox]\nendpoint = \"http://127.0.0.1:8080\"\n\
-             timeout_secs = 600\nmemory = \"512Mi\"\n",
+             timeout_secs = 600\nmemory = \"512Mi\"\nnetwork_policy = true\n\
+             egress_gateway = \"egress.internal.example:3128\"\n",
         )
         .unwrap();
         let c = FileConfig::load(&p, true).unwrap();
         assert_eq!(c.runtime, Some(RuntimeKind::Opensandbox));
+        assert_eq!(c.opensandbox.network_policy, Some(true));
+        assert_eq!(
+            c.opensandbox.egress_gateway.as_deref(),
+            Some("egress.internal.example:3128")
+        );
         assert_eq!(
             c.opensandbox.endpoint.as_deref(),
             Some("http://127.0.0.1:8080")

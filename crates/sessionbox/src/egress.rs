@@ -118,12 +118,7 @@ pub struct StoreControl {
 fn decode(stored: Option<StoredPolicy>) -> Result<Policy, String> {
     match stored {
         None => Ok(Policy::None),
-        Some(s) => {
-            let p: Policy = serde_json::from_str(&s.policy)
-                .map_err(|e| format!("a stored policy does not parse: {e}"))?;
-            p.validate().map_err(|e| e.to_string())?;
-            Ok(p)
-        }
+        Some(s) => Policy::from_json(&s.policy).map_err(|e| e.to_string()),
     }
 }
 

@@ -1,12 +1,16 @@
 //! Wiring of the `opensandbox` runtime: where the server is (`--endpoint`, then
 //! `OPEN_SANDBOX_DOMAIN`, then `[opensandbox] endpoint`), the API key (only from
-//! `OPEN_SANDBOX_API_KEY`: never a flag or the file), and the runtime's settings.
+//! `OPEN_SANDBOX_API_KEY`: never a flag or the file), and the runtime's settings, network
+//! included (`network_policy`, `egress_gateway` with the data directory's `egress.key`).
 
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use sessionbox_opensandbox::{ApiKey, ClientConfig, OpenSandboxConfig, OpenSandboxRuntime};
+use sessionbox_egress::token::TokenKey;
+use sessionbox_opensandbox::{
+    ApiKey, ClientConfig, GatewayAccess, OpenSandboxConfig, OpenSandboxRuntime,
+};
 use sessionbox_store::Store;
 
 use crate::config::OpenSandboxSection;
@@ -75,6 +79,13 @@ pub fn runtime(
         config
             .resource_limits
             .insert("memory".into(), memory.clone());
+    }
+    config.egress.network_policy = section.network_policy.unwrap_or(false);
+    if let Some(address) = &section.egress_gateway {
+        let key = TokenKey::load_or_create(&data_dir.join("egress.key"))
+            .context("cannot read or create the egress token key")?;
+        config.egress.gateway =
+            Some(GatewayAccess::new(address, key).context("[opensandbox] egress_gateway")?);
     }
     Ok(OpenSandboxRuntime::new(config, store)?)
 }

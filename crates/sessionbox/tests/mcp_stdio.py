@@ -42,7 +42,7 @@ async def main():
             return {t["name"]: t["inputSchema"] for t in dump(await session.list_tools())["tools"]}
 
         tools = await with_conversation("alice", list_tools)
-        assert set(tools) == {"bash", "read", "write", "edit", "ls", "glob", "grep", "skill"}, tools
+        assert set(tools) == {"bash", "read", "write", "edit", "ls", "glob", "grep", "skill", "network"}, tools
         assert set(tools["edit"]["required"]) == {"path", "old_string", "new_string"}, tools
 
         async def alice(session):
