@@ -23,4 +23,7 @@ mod runtime;
 mod scripts;
 
 pub use client::{AioClient, AioError, AuthHeader, Endpoint, Secret};
-pub use runtime::{AioConfig, AioRuntime, DEFAULT_ROOT, MAX_COMMAND_BYTES, MAX_STDIN_BYTES};
+pub use runtime::{
+    AioConfig, AioEgress, AioRuntime, DEFAULT_ROOT, MAX_COMMAND_BYTES, MAX_STDIN_BYTES,
+    PolicyLookup, TOKEN_MARGIN,
+};

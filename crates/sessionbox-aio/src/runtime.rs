@@ -17,8 +17,15 @@
 //! has no descriptor-relative operations, so this cannot be closed from outside; the window is
 //! one round trip, and the only party able to use it is code that already runs in the shared
 //! container as the same user (who can reach every workspace anyway).
+//!
+//! Network: the container's, shared by every conversation. With an egress gateway
+//! ([`AioRuntime::with_egress`]), each command of a conversation whose policy is an allowlist
+//! gets the proxy variables with a token of its own (conversation, policy hash, expiry), so the
+//! gateway decides and logs per conversation. That only guides programs that honour the
+//! variables: nothing in a shared container stops a direct connection.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -42,6 +49,31 @@ pub const DEFAULT_ROOT: &str = "/home/gem/workspace/conversations";
 pub const MAX_COMMAND_BYTES: usize = 100 * 1024;
 /// Largest stdin accepted (base64 in an environment variable of the wrapper).
 pub const MAX_STDIN_BYTES: usize = 64 * 1024;
+
+/// How long a command's proxy token outlives the command's own timeout.
+pub const TOKEN_MARGIN: Duration = Duration::from_secs(60);
+
+/// Looks up the network policy in force for a conversation (its own, else its tenant's, else
+/// `none`). It may block (a store read): it is called on a blocking thread.
+pub type PolicyLookup =
+    Arc<dyn Fn(&ConversationRef) -> Result<sessionbox_egress::Policy> + Send + Sync>;
+
+/// The egress gateway commands are pointed at, and where each conversation's policy comes from.
+#[derive(Clone)]
+pub struct AioEgress {
+    /// The gateway as the container reaches it, and the key that signs tokens.
+    pub gateway: sessionbox_egress::token::GatewayAccess,
+    /// The policy in force for a conversation.
+    pub policy: PolicyLookup,
+}
+
+impl std::fmt::Debug for AioEgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AioEgress")
+            .field("gateway", &self.gateway.address())
+            .finish_non_exhaustive()
+    }
+}
 
 /// Settings of the `aio` runtime.
 #[derive(Debug, Clone)]
@@ -72,6 +104,7 @@ pub struct AioRuntime {
     client: AioClient,
     root: String,
     limits: Limits,
+    egress: Option<AioEgress>,
 }
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -124,7 +157,17 @@ impl AioRuntime {
             client,
             root,
             limits: config.limits,
+            egress: None,
         })
+    }
+
+    /// The same runtime, pointing each command of a conversation whose policy is an allowlist
+    /// at `egress`'s gateway with a fresh token (see the module documentation for what that
+    /// does and does not stop).
+    #[must_use]
+    pub fn with_egress(mut self, egress: AioEgress) -> Self {
+        self.egress = Some(egress);
+        self
     }
 
     /// The client, for probes.
@@ -393,6 +436,7 @@ impl Runtime for AioRuntime {
         Ok(Box::new(AioSession {
             runtime: self.clone(),
             key: conversation.key.clone(),
+            conversation: conversation.clone(),
             ws,
         }))
     }
@@ -468,6 +512,7 @@ impl Runtime for AioRuntime {
 struct AioSession {
     runtime: AioRuntime,
     key: ConversationKey,
+    conversation: ConversationRef,
     ws: String,
 }
 
@@ -616,6 +661,16 @@ impl Session for AioSession {
             )));
         }
         let mut env = sessionbox_core::base_environment(&self.ws);
+        if let Some(egress) = &self.runtime.egress {
+            // The policy in force now; a token for this command alone.
+            let (lookup, conv) = (egress.policy.clone(), self.conversation.clone());
+            let policy = tokio::task::spawn_blocking(move || lookup(&conv))
+                .await
+                .map_err(|e| Error::Backend(format!("the policy lookup failed: {e}")))??;
+            let ttl = request.timeout + TOKEN_MARGIN;
+            env.extend(egress.gateway.command_env(self.key.as_str(), &policy, ttl));
+        }
+        // The caller's own variables come last and win (as on the other runtimes).
         env.extend(request.env.clone());
         env.insert("SB_WS".into(), self.ws.clone());
         env.insert("SB_CWD".into(), cwd.presented(&self.ws));

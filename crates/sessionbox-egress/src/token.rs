@@ -170,6 +170,72 @@ pub fn proxy_env(proxy_url: &str) -> Vec<(String, String)> {
     env
 }
 
+/// How commands in remote sandboxes reach the egress gateway (`sessionbox egress-gateway
+/// --listen`): its address as the sandboxes see it, and the key that signs their tokens (the
+/// gateway's data directory's `egress.key`). Used by every remote runtime (`opensandbox`,
+/// `aio`) to give a command the proxy variables with a token of its own.
+#[derive(Debug, Clone)]
+pub struct GatewayAccess {
+    host: crate::target::Host,
+    port: u16,
+    key: TokenKey,
+}
+
+impl GatewayAccess {
+    /// `address` is `HOST:PORT` as the sandboxes reach the gateway (a name, an IPv4 address,
+    /// or an IPv6 address in brackets).
+    ///
+    /// # Errors
+    /// [`crate::PolicyError`] naming the address when it is not `HOST:PORT`.
+    pub fn new(address: &str, key: TokenKey) -> Result<Self, crate::PolicyError> {
+        let target = crate::target::parse_authority(address)?;
+        Ok(GatewayAccess {
+            host: target.host,
+            port: target.port,
+            key,
+        })
+    }
+
+    /// `host:port`, as commands get it in their proxy URL.
+    pub fn address(&self) -> String {
+        crate::target::Target {
+            host: self.host.clone(),
+            port: self.port,
+        }
+        .to_string()
+    }
+
+    /// The gateway's host name; `None` for an address.
+    pub fn host_name(&self) -> Option<&str> {
+        match &self.host {
+            crate::target::Host::Name(n) => Some(n),
+            crate::target::Host::Ip(_) => None,
+        }
+    }
+
+    /// The environment for one command of `conversation` (a conversation key) under `policy`:
+    /// [`proxy_env`] with a fresh token valid `ttl` from now; empty for the profile `none`,
+    /// which has no network to reach. The values carry the token: put them into that command's
+    /// environment and nowhere else.
+    pub fn command_env(
+        &self,
+        conversation: &str,
+        policy: &crate::Policy,
+        ttl: std::time::Duration,
+    ) -> Vec<(String, String)> {
+        if policy.is_none() {
+            return Vec::new();
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let token = self
+            .key
+            .issue(conversation, &policy.hash(), now, ttl.as_secs().max(1));
+        proxy_env(&proxy_url(&self.address(), &token))
+    }
+}
+
 /// The token in a `Proxy-Authorization` value: `Bearer TOKEN`, or `Basic` with the token as the
 /// password (what `http://user:TOKEN@gateway:port` in `HTTPS_PROXY` makes clients send).
 pub fn from_proxy_authorization(value: &str) -> Option<String> {

@@ -41,8 +41,7 @@ use sessionbox_core::{
     RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
 };
 use sessionbox_egress::Policy;
-use sessionbox_egress::target::{Host, parse_authority};
-use sessionbox_egress::token::{TokenKey, proxy_env, proxy_url};
+pub use sessionbox_egress::token::GatewayAccess;
 use sessionbox_execd::fs_ext::{FsRequest, FsResponse};
 use sessionbox_execd::{Endpoint, ExecdClient, RunCommandRequest};
 use sessionbox_store::Store;
@@ -73,59 +72,6 @@ pub const LABEL_NETWORK: &str = "sessionbox.network";
 /// How much longer than its command's timeout a proxy token is valid. A command's process
 /// group ends with it, so nothing of it needs the token later.
 pub const TOKEN_MARGIN: Duration = Duration::from_secs(60);
-
-/// Where sandboxes reach the egress gateway (`sessionbox egress-gateway --listen`), and the
-/// key that signs its tokens (the gateway's data directory's `egress.key`).
-#[derive(Debug, Clone)]
-pub struct GatewayAccess {
-    host: Host,
-    port: u16,
-    key: TokenKey,
-}
-
-impl GatewayAccess {
-    /// `address` is `HOST:PORT` as the sandboxes reach the gateway (a name, an IPv4 address,
-    /// or an IPv6 address in brackets).
-    ///
-    /// # Errors
-    /// [`Error::InvalidRequest`] naming the address when it is not `HOST:PORT`.
-    pub fn new(address: &str, key: TokenKey) -> Result<Self> {
-        let target = parse_authority(address).map_err(|e| {
-            Error::InvalidRequest(format!(
-                "the egress gateway address {address:?} is not HOST:PORT: {e}"
-            ))
-        })?;
-        Ok(GatewayAccess {
-            host: target.host,
-            port: target.port,
-            key,
-        })
-    }
-
-    /// `host:port`, as commands get it in their proxy URL.
-    pub fn address(&self) -> String {
-        sessionbox_egress::target::Target {
-            host: self.host.clone(),
-            port: self.port,
-        }
-        .to_string()
-    }
-
-    /// The gateway's host name; `None` for an address.
-    pub fn host_name(&self) -> Option<&str> {
-        match &self.host {
-            Host::Name(n) => Some(n),
-            Host::Ip(_) => None,
-        }
-    }
-
-    /// A fresh token for `key` under `policy`, valid `ttl` from now.
-    fn token(&self, key: &ConversationKey, policy: &Policy, ttl: Duration) -> String {
-        let now = Utc::now().timestamp().max(0) as u64;
-        self.key
-            .issue(key.as_str(), &policy.hash(), now, ttl.as_secs().max(1))
-    }
-}
 
 /// How the runtime's sandboxes reach the network. The default sends no `networkPolicy` and
 /// gives commands no proxy: the sandbox's network is the server's, unrestricted by
@@ -775,11 +721,9 @@ impl Session for OpenSandboxSession {
         if let Some(gateway) = &self.gateway {
             // The policy in force now; a fresh token for this command alone.
             let policy = policy_in_force(&self.store, &self.conversation).await?;
-            if !policy.is_none() {
-                let token = gateway.token(&self.key, &policy, request.timeout + TOKEN_MARGIN);
-                for (k, v) in proxy_env(&proxy_url(&gateway.address(), &token)) {
-                    run = run.env(k, v);
-                }
+            let ttl = request.timeout + TOKEN_MARGIN;
+            for (k, v) in gateway.command_env(self.key.as_str(), &policy, ttl) {
+                run = run.env(k, v);
             }
         }
         // The caller's own variables come last and win (as on the isolated runtime).

@@ -235,6 +235,10 @@ pub struct AioSection {
     /// How the token is sent: `bearer` (default) or `x-aio-api-key`
     /// (`AIO_SANDBOX_AUTH_HEADER` overrides it).
     pub auth_header: Option<String>,
+    /// `HOST:PORT` where the container reaches `sessionbox egress-gateway --listen` (sharing
+    /// this data directory's `egress.key`): commands of allowlisted conversations get it as
+    /// their proxy, with a token per command. Cooperative only: the container is shared.
+    pub egress_gateway: Option<String>,
 }
 
 /// `[opensandbox]` settings. The API key is never read from here: it comes from the

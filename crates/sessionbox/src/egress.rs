@@ -170,6 +170,30 @@ impl Control for StoreControl {
     }
 }
 
+/// The policy in force for a conversation, read from `store` (for a remote runtime's proxy
+/// tokens). A stored policy that no longer parses is an error naming what to do.
+pub fn policy_lookup(store: Store) -> sessionbox_aio::PolicyLookup {
+    Arc::new(move |conv: &ConversationRef| {
+        decode(store.effective_egress_policy(conv)?).map_err(|e| {
+            Error::Backend(format!(
+                "the network policy of conversation {} cannot be used: {e}; set it again",
+                conv.id
+            ))
+        })
+    })
+}
+
+/// Where a remote runtime's commands reach the gateway at `address` (`HOST:PORT`), with the
+/// data directory's token key (made on first use, shared with `egress-gateway --listen`).
+pub fn gateway_access(
+    address: &str,
+    data_dir: &Path,
+) -> anyhow::Result<sessionbox_egress::token::GatewayAccess> {
+    let key = TokenKey::load_or_create(&key_path(data_dir))
+        .context("cannot read or create the egress token key")?;
+    Ok(sessionbox_egress::token::GatewayAccess::new(address, key)?)
+}
+
 /// The `isolated` runtime's egress wiring: a conversation gets the relay and a gateway when its
 /// policy in force is an allowlist; the gateway is this binary (`egress-gateway`) with the same
 /// data directory and configuration.

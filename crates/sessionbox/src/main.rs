@@ -592,7 +592,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Arc::new(HostRuntime::new(host)?)
         }
-        RuntimeKind::Aio => Arc::new(aio_runtime(&cli, &file)?),
+        RuntimeKind::Aio => {
+            let aio = aio_runtime(&cli, &file)?;
+            Arc::new(match &file.aio.egress_gateway {
+                Some(address) => aio.with_egress(sessionbox_aio::AioEgress {
+                    gateway: egress::gateway_access(address, &data_dir)
+                        .context("[aio] egress_gateway")?,
+                    policy: egress::policy_lookup(store.clone()),
+                }),
+                None => aio,
+            })
+        }
         RuntimeKind::Opensandbox => Arc::new(opensandbox::runtime(
             cli.endpoint.as_deref(),
             &file.opensandbox,

@@ -7,10 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use sessionbox_egress::token::TokenKey;
-use sessionbox_opensandbox::{
-    ApiKey, ClientConfig, GatewayAccess, OpenSandboxConfig, OpenSandboxRuntime,
-};
+use sessionbox_opensandbox::{ApiKey, ClientConfig, OpenSandboxConfig, OpenSandboxRuntime};
 use sessionbox_store::Store;
 
 use crate::config::OpenSandboxSection;
@@ -82,10 +79,10 @@ pub fn runtime(
     }
     config.egress.network_policy = section.network_policy.unwrap_or(false);
     if let Some(address) = &section.egress_gateway {
-        let key = TokenKey::load_or_create(&data_dir.join("egress.key"))
-            .context("cannot read or create the egress token key")?;
-        config.egress.gateway =
-            Some(GatewayAccess::new(address, key).context("[opensandbox] egress_gateway")?);
+        config.egress.gateway = Some(
+            crate::egress::gateway_access(address, data_dir)
+                .context("[opensandbox] egress_gateway")?,
+        );
     }
     Ok(OpenSandboxRuntime::new(config, store)?)
 }

@@ -568,3 +568,83 @@ fn a_reader_that_stops_early_ends_the_program_quietly() {
         assert!(!err.contains("error"), "{args:?}: {err}");
     }
 }
+
+/// `[aio] egress_gateway`: through the CLI, a command of a conversation whose policy (set with
+/// `sessionbox policy set`) is an allowlist gets the gateway as its proxy with a token; one with
+/// the default profile `none` gets no proxy. Against the AIO test server built from the spec.
+#[test]
+fn aio_commands_of_allowlisted_conversations_get_the_gateway_as_their_proxy() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    let home = d.path().join("aio-home");
+    std::fs::create_dir_all(&home).unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut server = Command::new("python3")
+        .arg(repo.join("tests/aio-server/server.py"))
+        .args(["--listen", "127.0.0.1:0", "--home"])
+        .arg(&home)
+        .current_dir(&home)
+        .env_remove("AIO_TEST_SERVER_TOKEN")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 with the AIO test server's requirements (scripts/test installs them)");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let url = line
+        .trim()
+        .strip_prefix("aio-test-server listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(
+        data.join("sessionbox.toml"),
+        format!(
+            "runtime = \"aio\"\n[aio]\nendpoint = \"{url}\"\nroot = \"{}\"\n\
+             egress_gateway = \"egress.test:3128\"\n",
+            home.join("conversations").display()
+        ),
+    )
+    .unwrap();
+    let out = sessionbox(
+        &data,
+        &["policy", "set", "-c", "net", "--allow", "pypi.org:443"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let proxy = |id: &str| {
+        let out = sessionbox(
+            &data,
+            &[
+                "exec",
+                "-c",
+                id,
+                "--",
+                "sh",
+                "-c",
+                "printf %s \"$HTTPS_PROXY\"",
+            ],
+        );
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let p = proxy("net");
+    assert!(p.starts_with("http://sessionbox:sbx1."), "{p}");
+    assert!(p.ends_with("@egress.test:3128"), "{p}");
+    assert_eq!(proxy("no-net"), "", "the profile none gets no proxy");
+    // The token is nowhere in the store or the audit log the CLI keeps.
+    let token = p
+        .trim_start_matches("http://sessionbox:")
+        .split('@')
+        .next()
+        .unwrap()
+        .to_owned();
+    let db = std::fs::read(data.join("sessionbox.db")).unwrap_or_default();
+    assert!(!String::from_utf8_lossy(&db).contains(&token));
+    let audit = sessionbox(&data, &["audit", "--json"]);
+    assert!(!text(&audit.stdout).contains(&token));
+    let _ = server.kill();
+    let _ = server.wait();
+}
