@@ -7,8 +7,11 @@
 //! the [`sessionbox_core::Error::code`], so a refusal inside the sandbox (a link out, say) is the
 //! same typed error on the caller's side. Upstream execd does not serve this route.
 
+use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use sessionbox_core::{DirEntry, EditRequest, EditResult, FileStat, GrepMatch, GrepRequest};
+use sessionbox_core::{
+    DirEntry, EditRequest, EditResult, Error, FileStat, GrepMatch, GrepRequest, WorkspacePath,
+};
 
 use crate::{ExecdClient, ExecdError};
 
@@ -107,6 +110,121 @@ impl ExecdClient {
         let r = self.post_json("fs", FS_PATH, &[], request).await?;
         self.json("fs", r).await
     }
+}
+
+/// The `Session` file operations of a session whose agent serves this extension: each checks
+/// its paths against the presented workspace root first (nothing is sent for a refused path),
+/// sends one [`FsRequest`] through [`FsSession::fs`], and takes the one answer that fits. A
+/// runtime implements [`FsSession::fs`] and [`FsSession::presented_root`] (and any retry or
+/// relaunch around them) and forwards its `Session` methods here.
+///
+/// # Errors
+/// [`Error::InvalidPath`] or [`Error::OutsideWorkspace`] for a refused path; the agent's typed
+/// error; [`Error::Backend`] when the agent answers with the wrong kind of response.
+#[async_trait]
+pub trait FsSession: Send + Sync {
+    /// The workspace root as commands see it (`/workspace`).
+    fn presented_root(&self) -> &str;
+
+    /// Sends one request to the agent.
+    async fn fs(&self, request: FsRequest) -> sessionbox_core::Result<FsResponse>;
+
+    /// A caller's path as a workspace path under [`FsSession::presented_root`].
+    fn checked(&self, path: &str) -> sessionbox_core::Result<String> {
+        let root = self.presented_root();
+        WorkspacePath::resolve(root, path).map(|p| p.presented(root))
+    }
+
+    /// `Session::read`.
+    async fn fs_read(&self, path: &str) -> sessionbox_core::Result<Vec<u8>> {
+        let path = self.checked(path)?;
+        match self.fs(FsRequest::Read { path }).await? {
+            FsResponse::Data(d) => Ok(d),
+            r => Err(unexpected("read", r)),
+        }
+    }
+
+    /// `Session::write`.
+    async fn fs_write(&self, path: &str, data: &[u8]) -> sessionbox_core::Result<()> {
+        let path = self.checked(path)?;
+        let data = data.to_vec();
+        match self.fs(FsRequest::Write { path, data }).await? {
+            FsResponse::Done => Ok(()),
+            r => Err(unexpected("write", r)),
+        }
+    }
+
+    /// `Session::edit`.
+    async fn fs_edit(&self, path: &str, edit: &EditRequest) -> sessionbox_core::Result<EditResult> {
+        let path = self.checked(path)?;
+        let edit = edit.clone();
+        match self.fs(FsRequest::Edit { path, edit }).await? {
+            FsResponse::Edited(e) => Ok(e),
+            r => Err(unexpected("edit", r)),
+        }
+    }
+
+    /// `Session::list`.
+    async fn fs_list(&self, path: &str) -> sessionbox_core::Result<Vec<DirEntry>> {
+        let path = self.checked(path)?;
+        match self.fs(FsRequest::List { path }).await? {
+            FsResponse::Entries(e) => Ok(e),
+            r => Err(unexpected("list", r)),
+        }
+    }
+
+    /// `Session::glob`.
+    async fn fs_glob(&self, pattern: &str) -> sessionbox_core::Result<Vec<String>> {
+        let pattern = pattern.to_owned();
+        match self.fs(FsRequest::Glob { pattern }).await? {
+            FsResponse::Paths(p) => Ok(p),
+            r => Err(unexpected("glob", r)),
+        }
+    }
+
+    /// `Session::grep`.
+    async fn fs_grep(&self, request: &GrepRequest) -> sessionbox_core::Result<Vec<GrepMatch>> {
+        let mut request = request.clone();
+        if let Some(p) = &request.path {
+            request.path = Some(self.checked(p)?);
+        }
+        match self.fs(FsRequest::Grep { request }).await? {
+            FsResponse::Matches(m) => Ok(m),
+            r => Err(unexpected("grep", r)),
+        }
+    }
+
+    /// `Session::stat`.
+    async fn fs_stat(&self, path: &str) -> sessionbox_core::Result<FileStat> {
+        let path = self.checked(path)?;
+        match self.fs(FsRequest::Stat { path }).await? {
+            FsResponse::Stat(s) => Ok(s),
+            r => Err(unexpected("stat", r)),
+        }
+    }
+
+    /// `Session::remove`.
+    async fn fs_remove(&self, path: &str, recursive: bool) -> sessionbox_core::Result<()> {
+        let path = self.checked(path)?;
+        match self.fs(FsRequest::Remove { path, recursive }).await? {
+            FsResponse::Done => Ok(()),
+            r => Err(unexpected("remove", r)),
+        }
+    }
+
+    /// `Session::mkdir`.
+    async fn fs_mkdir(&self, path: &str) -> sessionbox_core::Result<()> {
+        let path = self.checked(path)?;
+        match self.fs(FsRequest::Mkdir { path }).await? {
+            FsResponse::Done => Ok(()),
+            r => Err(unexpected("mkdir", r)),
+        }
+    }
+}
+
+/// An answer of the wrong kind for `op`.
+fn unexpected(op: &str, r: FsResponse) -> Error {
+    Error::Backend(format!("the agent answered {op} with {r:?}"))
 }
 
 mod b64 {

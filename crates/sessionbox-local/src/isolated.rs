@@ -26,7 +26,7 @@ use sessionbox_core::{
     Error, ExecRequest, ExecResult, ExecSink, ExitStatus, FileStat, GrepMatch, GrepRequest, Limits,
     OutputStream, Result, Runtime, RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
 };
-use sessionbox_execd::fs_ext::{FsRequest, FsResponse};
+use sessionbox_execd::fs_ext::{FsRequest, FsResponse, FsSession};
 use sessionbox_execd::{ExecdClient, RunCommandRequest};
 
 use crate::host::create_private_dir_all;
@@ -903,7 +903,7 @@ impl IsolatedSession {
         })
     }
 
-    async fn fs(&self, request: FsRequest) -> Result<FsResponse> {
+    async fn send_fs(&self, request: FsRequest) -> Result<FsResponse> {
         self.relaunching(|| self.client.fs(&request), || false)
             .await
     }
@@ -974,8 +974,15 @@ fn checked(path: &str) -> Result<String> {
     WorkspacePath::resolve(WORKSPACE, path).map(|p| p.presented(WORKSPACE))
 }
 
-fn unexpected(op: &str, r: FsResponse) -> Error {
-    Error::Backend(format!("the agent answered {op} with {r:?}"))
+#[async_trait]
+impl FsSession for IsolatedSession {
+    fn presented_root(&self) -> &str {
+        WORKSPACE
+    }
+
+    async fn fs(&self, request: FsRequest) -> Result<FsResponse> {
+        self.send_fs(request).await
+    }
 }
 
 #[async_trait]
@@ -997,80 +1004,39 @@ impl Session for IsolatedSession {
     }
 
     async fn read(&self, path: &str) -> Result<Vec<u8>> {
-        let path = checked(path)?;
-        match self.fs(FsRequest::Read { path }).await? {
-            FsResponse::Data(d) => Ok(d),
-            r => Err(unexpected("read", r)),
-        }
+        self.fs_read(path).await
     }
 
     async fn write(&self, path: &str, data: &[u8]) -> Result<()> {
-        let path = checked(path)?;
-        let data = data.to_vec();
-        match self.fs(FsRequest::Write { path, data }).await? {
-            FsResponse::Done => Ok(()),
-            r => Err(unexpected("write", r)),
-        }
+        self.fs_write(path, data).await
     }
 
     async fn edit(&self, path: &str, edit: &EditRequest) -> Result<EditResult> {
-        let path = checked(path)?;
-        let edit = edit.clone();
-        match self.fs(FsRequest::Edit { path, edit }).await? {
-            FsResponse::Edited(e) => Ok(e),
-            r => Err(unexpected("edit", r)),
-        }
+        self.fs_edit(path, edit).await
     }
 
     async fn list(&self, path: &str) -> Result<Vec<DirEntry>> {
-        let path = checked(path)?;
-        match self.fs(FsRequest::List { path }).await? {
-            FsResponse::Entries(e) => Ok(e),
-            r => Err(unexpected("list", r)),
-        }
+        self.fs_list(path).await
     }
 
     async fn glob(&self, pattern: &str) -> Result<Vec<String>> {
-        let pattern = pattern.to_owned();
-        match self.fs(FsRequest::Glob { pattern }).await? {
-            FsResponse::Paths(p) => Ok(p),
-            r => Err(unexpected("glob", r)),
-        }
+        self.fs_glob(pattern).await
     }
 
     async fn grep(&self, request: &GrepRequest) -> Result<Vec<GrepMatch>> {
-        let mut request = request.clone();
-        if let Some(p) = &request.path {
-            request.path = Some(checked(p)?);
-        }
-        match self.fs(FsRequest::Grep { request }).await? {
-            FsResponse::Matches(m) => Ok(m),
-            r => Err(unexpected("grep", r)),
-        }
+        self.fs_grep(request).await
     }
 
     async fn stat(&self, path: &str) -> Result<FileStat> {
-        let path = checked(path)?;
-        match self.fs(FsRequest::Stat { path }).await? {
-            FsResponse::Stat(s) => Ok(s),
-            r => Err(unexpected("stat", r)),
-        }
+        self.fs_stat(path).await
     }
 
     async fn remove(&self, path: &str, recursive: bool) -> Result<()> {
-        let path = checked(path)?;
-        match self.fs(FsRequest::Remove { path, recursive }).await? {
-            FsResponse::Done => Ok(()),
-            r => Err(unexpected("remove", r)),
-        }
+        self.fs_remove(path, recursive).await
     }
 
     async fn mkdir(&self, path: &str) -> Result<()> {
-        let path = checked(path)?;
-        match self.fs(FsRequest::Mkdir { path }).await? {
-            FsResponse::Done => Ok(()),
-            r => Err(unexpected("mkdir", r)),
-        }
+        self.fs_mkdir(path).await
     }
 
     async fn close(self: Box<Self>) -> Result<()> {
