@@ -216,20 +216,21 @@ async fn served(http: &reqwest::Client, base: &str, route: &str) -> u64 {
         .sum()
 }
 
-#[test]
-fn two_replicas_sharing_postgres_pass_verify_with_requests_alternating_between_them() {
-    needs_root!();
-    let Some(db) = pg::database() else { return };
-    let d = tempfile::tempdir().unwrap();
-    let data = d.path().join("data");
-    let a = Served::start(&data, Some(&db.url), &[]);
-    let b = Served::start(&data, Some(&db.url), &[]);
-    assert_ne!(a.base, b.base);
-
-    let report = d.path().join("verify.json");
+/// Runs `verify --via A --via B` with `conversations` x `rounds` and checks its report: it
+/// passed on `runtime`, every round was verified and nothing was left.
+fn verify_through(
+    dir: &Path,
+    a: &Served,
+    b: &Served,
+    runtime: &str,
+    conversations: u32,
+    rounds: u32,
+) {
+    let report = dir.join("verify.json");
     let out = Command::new(EXE)
         .args(["verify", "--via", &a.base, "--via", &b.base])
-        .args(["--conversations", "8", "--rounds", "5", "--report-json"])
+        .args(["--conversations", &conversations.to_string()])
+        .args(["--rounds", &rounds.to_string(), "--report-json"])
         .arg(&report)
         .env_remove("SESSIONBOX_API_KEY")
         .env_remove("SESSIONBOX_TENANT")
@@ -244,37 +245,69 @@ fn two_replicas_sharing_postgres_pass_verify_with_requests_alternating_between_t
     );
     let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
     assert_eq!(r["ok"], true, "{r:#}");
-    assert_eq!(r["runtime"], "isolated");
-    assert_eq!(r["checks"]["concurrency"]["rounds_verified"], 40);
+    assert_eq!(r["runtime"], runtime);
+    assert_eq!(
+        r["checks"]["concurrency"]["rounds_verified"],
+        conversations * rounds
+    );
     assert_eq!(r["checks"]["cleanup"]["leftovers"], 0);
+}
+
+/// Both replicas served at least `least` of the experiment's exec requests.
+async fn both_served_execs(http: &reqwest::Client, a: &Served, b: &Served, least: u64) {
+    let exec_route = "/v1/conversations/{id}/exec";
+    let (ea, eb) = (
+        served(http, &a.base, exec_route).await,
+        served(http, &b.base, exec_route).await,
+    );
+    eprintln!("exec requests: replica A {ea}, replica B {eb}");
+    assert!(ea >= least && eb >= least, "A served {ea}, B served {eb}");
+}
+
+/// `n` first opens of conversation `id`, alternating replicas, all at once: exactly one
+/// answers 201 Created (single-flight creation across replicas), every other one succeeds.
+async fn opens_at_once_create_once(
+    http: &reqwest::Client,
+    a: &Served,
+    b: &Served,
+    id: &str,
+    n: usize,
+) {
+    let opens: Vec<_> = (0..n)
+        .map(|i| {
+            let (http, base) = (http.clone(), if i % 2 == 0 { &a.base } else { &b.base });
+            let u = url(base, id, "");
+            tokio::spawn(async move { http.post(u).send().await.unwrap().status() })
+        })
+        .collect();
+    let mut created = 0;
+    for o in opens {
+        let st = o.await.unwrap();
+        assert!(st.is_success(), "{st}");
+        created += usize::from(st == StatusCode::CREATED);
+    }
+    assert_eq!(created, 1, "more than one replica created the conversation");
+}
+
+#[test]
+fn two_replicas_sharing_postgres_pass_verify_with_requests_alternating_between_them() {
+    needs_root!();
+    let Some(db) = pg::database() else { return };
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    let a = Served::start(&data, Some(&db.url), &[]);
+    let b = Served::start(&data, Some(&db.url), &[]);
+    assert_ne!(a.base, b.base);
+
+    verify_through(d.path(), &a, &b, "isolated", 8, 5);
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let http = http();
         // Both replicas served the experiment's execs and file operations.
-        let exec_route = "/v1/conversations/{id}/exec";
-        let (ea, eb) = (
-            served(&http, &a.base, exec_route).await,
-            served(&http, &b.base, exec_route).await,
-        );
-        eprintln!("exec requests: replica A {ea}, replica B {eb}");
-        assert!(ea >= 20 && eb >= 20, "A served {ea}, B served {eb}");
-
-        // Single-flight creation: 16 opens of a new conversation, half at each replica, at once.
-        let opens: Vec<_> = (0..16)
-            .map(|i| {
-                let (http, base) = (http.clone(), if i % 2 == 0 { &a.base } else { &b.base });
-                let u = url(base, "single-flight", "");
-                tokio::spawn(async move { http.post(u).send().await.unwrap().status() })
-            })
-            .collect();
-        let mut created = 0;
-        for o in opens {
-            let st = o.await.unwrap();
-            assert!(st.is_success(), "{st}");
-            created += usize::from(st == StatusCode::CREATED);
-        }
-        assert_eq!(created, 1, "more than one replica created the conversation");
+        both_served_execs(&http, &a, &b, 20).await;
+        // Single-flight creation: 16 opens of a new conversation, half at each replica.
+        opens_at_once_create_once(&http, &a, &b, "single-flight", 16).await;
 
         // Ordering across replicas: a read-sleep-write increment, 12 times, alternating
         // replicas, all at once. Without one-at-a-time per conversation, increments are lost.
@@ -377,55 +410,15 @@ fn two_replicas_on_opensandbox_sharing_postgres_pass_verify_with_one_sandbox_per
     let a = Served::start(&nodes[0], Some(&db.url), &[]);
     let b = Served::start(&nodes[1], Some(&db.url), &[]);
 
-    let report = d.path().join("verify.json");
-    let out = Command::new(EXE)
-        .args(["verify", "--via", &a.base, "--via", &b.base])
-        .args(["--conversations", "4", "--rounds", "3", "--report-json"])
-        .arg(&report)
-        .env_remove("SESSIONBOX_API_KEY")
-        .env_remove("SESSIONBOX_TENANT")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
-    assert_eq!(r["ok"], true, "{r:#}");
-    assert_eq!(r["runtime"], "opensandbox");
-    assert_eq!(r["checks"]["concurrency"]["rounds_verified"], 12);
-    assert_eq!(r["checks"]["cleanup"]["leftovers"], 0);
+    verify_through(d.path(), &a, &b, "opensandbox", 4, 3);
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let http = http();
-        let exec_route = "/v1/conversations/{id}/exec";
-        let (ea, eb) = (
-            served(&http, &a.base, exec_route).await,
-            served(&http, &b.base, exec_route).await,
-        );
-        eprintln!("exec requests: replica A {ea}, replica B {eb}");
-        assert!(ea >= 6 && eb >= 6, "A served {ea}, B served {eb}");
-
+        both_served_execs(&http, &a, &b, 6).await;
         // Eight first opens of one conversation, half at each replica, at once: one record,
         // one sandbox on the server.
-        let opens: Vec<_> = (0..8)
-            .map(|i| {
-                let (http, base) = (http.clone(), if i % 2 == 0 { &a.base } else { &b.base });
-                let u = url(base, "shared", "");
-                tokio::spawn(async move { http.post(u).send().await.unwrap().status() })
-            })
-            .collect();
-        let mut created = 0;
-        for o in opens {
-            let st = o.await.unwrap();
-            assert!(st.is_success(), "{st}");
-            created += usize::from(st == StatusCode::CREATED);
-        }
-        assert_eq!(created, 1, "more than one replica created the conversation");
+        opens_at_once_create_once(&http, &a, &b, "shared", 8).await;
         // Written through A, read through B: the same sandbox.
         let (st, v) = exec(&http, &a.base, "shared", "echo from-a > f; hostname").await;
         assert_eq!(st, StatusCode::OK, "{v}");
