@@ -81,6 +81,43 @@ pub trait Runtime: Send + Sync {
 
     /// Every conversation this runtime holds state for (its inventory).
     async fn list(&self) -> Result<Vec<RuntimeConversation>>;
+
+    /// Stops the sandbox of `key` because the conversation has been idle past its idle
+    /// timeout, keeping its workspace: the next [`Runtime::open`] starts it again with the
+    /// same files. Garbage collection calls it (see `sessionbox-manager`'s `gc` module) with
+    /// the conversation's operation lock held, after checking in the store that the
+    /// conversation is still idle; the runtime does not judge idleness itself.
+    ///
+    /// Returns `true` when this call stopped a running sandbox, `false` when there was
+    /// nothing to stop (no sandbox, one already stopped, or a runtime that has no sandbox to
+    /// stop or stops idle sandboxes by itself).
+    ///
+    /// The default returns `Ok(false)` and touches nothing. Who implements what: `opensandbox`
+    /// pauses the sandbox on the server (and its `open` resumes it); `isolated` keeps the
+    /// default, because its agent exits by itself after the conversation's idle timeout;
+    /// `host` and `aio` keep it because they have no per-conversation sandbox to stop.
+    ///
+    /// # Errors
+    /// [`crate::Error::Busy`] when the runtime sees the conversation in use and left it
+    /// running (a later collection tries again); [`crate::Error::RuntimeUnavailable`] or
+    /// [`crate::Error::Backend`] when the backend could not be asked or refused.
+    async fn stop_idle(&self, key: &ConversationKey) -> Result<bool> {
+        let _ = key;
+        Ok(false)
+    }
+
+    /// True when [`Runtime::stop_idle`] would stop something for `key` now (a running
+    /// sandbox, not in use). Changes nothing: garbage collection asks it first, to report
+    /// candidates in a dry run and to leave conversations with nothing to stop alone (no lock
+    /// is taken for them). The default is `Ok(false)`; a runtime that overrides `stop_idle`
+    /// overrides this too.
+    ///
+    /// # Errors
+    /// As [`Runtime::stop_idle`], except [`crate::Error::Busy`].
+    async fn can_stop_idle(&self, key: &ConversationKey) -> Result<bool> {
+        let _ = key;
+        Ok(false)
+    }
 }
 
 /// An open conversation. Every path argument is a workspace path (see [`crate::WorkspacePath`]):
@@ -239,6 +276,43 @@ mod tests {
         async fn close(self: Box<Self>) -> Result<()> {
             Ok(())
         }
+    }
+
+    /// A runtime that overrides nothing optional.
+    struct Plain;
+
+    #[async_trait]
+    impl Runtime for Plain {
+        fn info(&self) -> RuntimeInfo {
+            RuntimeInfo {
+                name: "plain".into(),
+                endpoint: None,
+                version: None,
+                boundary: "none".into(),
+            }
+        }
+        fn presented_root(&self, _: &ConversationKey) -> String {
+            "/w".into()
+        }
+        fn workspace_location(&self, _: &ConversationKey) -> String {
+            "/w".into()
+        }
+        async fn open(&self, c: &ConversationRef) -> Result<Box<dyn Session>> {
+            Ok(Box::new(Fixed(c.key.clone())))
+        }
+        async fn destroy(&self, _: &ConversationKey) -> Result<DestroyReport> {
+            Ok(DestroyReport::default())
+        }
+        async fn list(&self) -> Result<Vec<RuntimeConversation>> {
+            Ok(Vec::new())
+        }
+    }
+
+    #[tokio::test]
+    async fn by_default_a_runtime_has_no_idle_sandbox_to_stop() {
+        let key = ConversationKey::parse(&"b".repeat(64)).unwrap();
+        assert!(!Plain.can_stop_idle(&key).await.unwrap());
+        assert!(!Plain.stop_idle(&key).await.unwrap());
     }
 
     #[tokio::test]

@@ -1,7 +1,7 @@
 //! Garbage collection: what should not exist any more, found by comparing the store (the
 //! source of truth) with the runtime's inventory ([`Runtime::list`]), and removed.
 //!
-//! Four kinds, each reported (with `dry_run`) or removed:
+//! Four kinds of garbage, each reported (with `dry_run`) or removed:
 //!
 //! - **expired**: an `active` record whose `expires_at` has passed. Claimed with
 //!   [`Store::claim_expired`] (a renew that wins the race keeps it), then destroyed in the
@@ -14,6 +14,17 @@
 //! - **dangling**: an `active` record the runtime holds nothing for (its workspace vanished),
 //!   unused for the grace period. It points at nothing: claimed, and deleted.
 //!
+//! And one kind that is not garbage:
+//!
+//! - **idle**: an `active`, unexpired record with an idle timeout (non-zero) whose last use is
+//!   at least that long ago, whose runtime says it has something to stop
+//!   ([`sessionbox_core::Runtime::can_stop_idle`]). Its sandbox is stopped
+//!   ([`sessionbox_core::Runtime::stop_idle`]: `opensandbox` pauses it), its workspace and
+//!   record stay, and the next open starts it again. Runtimes that stop idle sandboxes by
+//!   themselves (`isolated`) or have none (`host`, `aio`) say there is nothing to stop, and
+//!   are left alone. Reported in [`GcReport::idle_stopped`], never counted by
+//!   [`GcReport::found`] or [`GcReport::removed`]; each stop is audited as `idle_stop`.
+//!
 //! What counts as runtime state is the runtime's inventory, which lists only what the runtime
 //! labels as sessionbox's (for `host` and `isolated`, directories named by a conversation key
 //! under the data directory's `workspaces/` and `run/`; for `aio`, the same under its root).
@@ -23,12 +34,13 @@
 //! Each removal takes the conversation's operation lock without waiting
 //! ([`Store::try_lock_conversation`]); a conversation in use is skipped this round (it is in
 //! use, so it is neither orphaned nor idle) and looked at again on the next. Under the lock the
-//! candidate is checked again before anything is removed.
+//! candidate is checked again before anything is removed or stopped: a request that used the
+//! conversation after it was found (its record's last use moved) keeps its sandbox running.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sessionbox_core::{ConversationKey, ConversationRef, Error, Result, RuntimeConversation};
 use sessionbox_store::{ConversationRecord, ConversationState, OrphanClaim, Store};
@@ -88,10 +100,15 @@ pub struct GcReport {
     pub orphans: Vec<GcItem>,
     /// Records whose runtime state vanished.
     pub dangling: Vec<GcItem>,
+    /// Idle conversations whose sandbox was stopped (paused), or in a dry run would be. Not
+    /// garbage: the workspace and the record stay, and the next open starts the sandbox
+    /// again. An item's `removed` says whether its sandbox was stopped by this collection.
+    pub idle_stopped: Vec<GcItem>,
 }
 
 impl GcReport {
-    /// Everything found, of every kind.
+    /// Garbage found, of every kind (idle sandboxes are not garbage: see
+    /// [`GcReport::stopped`]).
     pub fn found(&self) -> usize {
         self.expired.len() + self.stuck.len() + self.orphans.len() + self.dangling.len()
     }
@@ -104,6 +121,20 @@ impl GcReport {
             .filter(|i| i.removed)
             .count()
     }
+
+    /// Idle sandboxes this collection stopped.
+    pub fn stopped(&self) -> usize {
+        self.idle_stopped.iter().filter(|i| i.removed).count()
+    }
+}
+
+/// True when `r` has had its idle timeout (a non-zero one; zero means never) pass without use
+/// at `now`.
+fn is_idle(r: &ConversationRecord, now: DateTime<Utc>) -> bool {
+    r.idle_timeout
+        .filter(|t| !t.is_zero())
+        .and_then(|t| chrono::Duration::from_std(t).ok())
+        .is_some_and(|t| r.last_used_at + t <= now)
 }
 
 fn item(key: &ConversationKey, record: Option<&ConversationRecord>, processes: usize) -> GcItem {
@@ -123,6 +154,7 @@ enum Kind {
     Stuck,
     Orphan,
     Dangling,
+    Idle,
 }
 
 impl Manager {
@@ -162,6 +194,9 @@ impl Manager {
                 ConversationState::Active if !inventory.contains_key(&r.key) && idle_past_grace => {
                     Kind::Dangling
                 }
+                ConversationState::Active if inventory.contains_key(&r.key) && is_idle(r, now) => {
+                    Kind::Idle
+                }
                 _ => continue,
             };
             candidates.push((kind, r.key.clone(), Some(r.clone())));
@@ -177,6 +212,19 @@ impl Manager {
         };
         for (kind, key, record) in candidates {
             let mut it = item(&key, record.as_ref(), procs(&key));
+            if kind == Kind::Idle {
+                // The first look: only what the runtime would stop is a candidate at all.
+                match self.runtime.can_stop_idle(&key).await {
+                    Ok(true) => {}
+                    Ok(false) => continue,
+                    Err(e) => {
+                        tracing::warn!(key = %key.short(), error = %e, "garbage collection could not ask the runtime about an idle sandbox");
+                        it.note = Some(e.to_string());
+                        report.idle_stopped.push(it);
+                        continue;
+                    }
+                }
+            }
             if !options.dry_run {
                 match self.remove(kind, &key, record.as_ref()).await {
                     Ok(None) => it.removed = true,
@@ -192,6 +240,7 @@ impl Manager {
                 Kind::Stuck => report.stuck.push(it),
                 Kind::Orphan => report.orphans.push(it),
                 Kind::Dangling => report.dangling.push(it),
+                Kind::Idle => report.idle_stopped.push(it),
             }
         }
         Ok(report)
@@ -278,6 +327,42 @@ impl Manager {
                 let result = self.runtime.destroy(key).await;
                 release(&self.store, key).await?;
                 result.map(|_| None)
+            }
+            Kind::Idle => {
+                // The second look, under the lock: a request that came in since the first
+                // look moved the last use, and keeps its sandbox.
+                let now = Utc::now();
+                let Some(r) = now_record
+                    .filter(same)
+                    .filter(|r| r.state == ConversationState::Active && !r.is_expired(now))
+                else {
+                    return Ok(Some("changed since it was found".into()));
+                };
+                if !is_idle(&r, now) {
+                    return Ok(Some("used since it was found".into()));
+                }
+                let conv = ConversationRef::new(r.tenant.clone(), r.conversation_id.clone());
+                let result = self.runtime.stop_idle(key).await;
+                let detail = format!(
+                    "gc idle_for_secs={} idle_timeout_secs={}",
+                    (now - r.last_used_at).num_seconds(),
+                    r.idle_timeout.map_or(0, |t| t.as_secs())
+                );
+                match result {
+                    Ok(true) => {
+                        self.audit(&conv, "idle_stop", &Ok::<(), Error>(()), Some(detail))
+                            .await;
+                        Ok(None)
+                    }
+                    Ok(false) => Ok(Some("the runtime had nothing running to stop".into())),
+                    // In use as the runtime sees it: not a failure, left for the next round.
+                    Err(Error::Busy(why)) => Ok(Some(why)),
+                    Err(e) => {
+                        self.audit(&conv, "idle_stop", &Err::<(), _>(e.clone()), Some(detail))
+                            .await;
+                        Err(e)
+                    }
+                }
             }
         }
     }

@@ -148,6 +148,55 @@ async fn an_expired_conversation_is_destroyed_by_gc_and_a_used_one_is_renewed() 
     Box::new(s).close().await.unwrap();
 }
 
+/// `host` has no sandbox to stop (it keeps the default `Runtime::stop_idle`): a conversation
+/// idle past its idle timeout is neither reported nor touched by a collection, dry or real,
+/// and is not garbage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_conversation_on_a_runtime_without_idle_stops_is_left_alone() {
+    let d = tempfile::tempdir().unwrap();
+    let store = Store::open(&d.path().join("sessionbox.db")).unwrap();
+    let runtime = HostRuntime::new(HostConfig::new(d.path())).unwrap();
+    let m = Manager::new(store, Arc::new(runtime)).with_lifecycle(LifecyclePolicy {
+        default: Lifecycle {
+            idle_timeout: Some(Duration::from_millis(100)),
+            ttl: None,
+            max_lifetime: None,
+        },
+        tenants: Default::default(),
+    });
+    let c = conv("idle");
+    let s = m.open(&c).await.unwrap();
+    s.write("f", b"kept").await.unwrap();
+    Box::new(s).close().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let record = m.store().get(&c.key).unwrap().unwrap();
+    assert!(
+        Utc::now() - record.last_used_at >= chrono::Duration::milliseconds(100),
+        "the conversation is not idle yet"
+    );
+    for dry_run in [true, false] {
+        let r = m
+            .collect_garbage(GcOptions { dry_run, ..NOW })
+            .await
+            .unwrap();
+        assert!(r.idle_stopped.is_empty(), "{r:#?}");
+        assert_eq!((r.found(), r.removed(), r.stopped()), (0, 0, 0), "{r:#?}");
+    }
+    let log = m
+        .store()
+        .audit_log(&sessionbox_store::AuditFilter {
+            key: Some(c.key.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(log.iter().all(|e| e.entry.operation != "idle_stop"));
+    let s = m.open(&c).await.unwrap();
+    assert!(!s.created());
+    assert_eq!(s.read("f").await.unwrap(), b"kept");
+    Box::new(s).close().await.unwrap();
+    consistent(&m).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_removes_orphans_dangling_and_stuck_records_and_touches_nothing_unlabelled() {
     let d = tempfile::tempdir().unwrap();

@@ -17,6 +17,13 @@
 //! A sandbox that vanished (expired, deleted elsewhere, failed) is found on the next open and
 //! replaced by a fresh one; [`Session::state_lost`] tells the caller that the files are gone.
 //!
+//! Idle timeout: garbage collection pauses the sandbox of a conversation idle past its idle
+//! timeout ([`Runtime::stop_idle`]); the next open resumes it, files intact. A paused sandbox
+//! keeps its memory on the server but no CPU, stays in the store's map (so it is neither an
+//! orphan nor dangling), and still expires at its `timeout` like a running one. A sandbox with
+//! a command or file operation running through this process (a background command of
+//! `serve`, say) is not paused: [`Runtime::stop_idle`] answers [`Error::Busy`].
+//!
 //! Network ([`EgressOptions`]): by default a sandbox's network is whatever the server's
 //! container network gives it, and sessionbox's policy does not bind it. With
 //! [`EgressOptions::network_policy`], each sandbox is created with a `networkPolicy` derived
@@ -29,8 +36,8 @@
 //! its timeout plus [`TOKEN_MARGIN`]. The token travels only in the command's environment
 //! (execd's per-command `envs`): never a log line, an error or the audit.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -47,7 +54,9 @@ use sessionbox_execd::{Endpoint, ExecdClient, RunCommandRequest};
 use sessionbox_store::Store;
 
 use crate::error::OpenSandboxError;
-use crate::lifecycle::{ClientConfig, CreateSandbox, EXECD_PORT, ListFilter, OpenSandboxClient};
+use crate::lifecycle::{
+    ClientConfig, CreateSandbox, EXECD_PORT, ListFilter, OpenSandboxClient, SandboxState,
+};
 use crate::metadata::Metadata;
 
 /// The runtime's name, in the store and in reports.
@@ -138,6 +147,54 @@ pub struct OpenSandboxRuntime {
     client: OpenSandboxClient,
     store: Store,
     config: Arc<OpenSandboxConfig>,
+    in_use: InUse,
+}
+
+/// How many operations (commands, file operations) of each conversation are running through
+/// this process's sessions right now; a conversation with any is not paused as idle.
+#[derive(Debug, Clone, Default)]
+struct InUse(Arc<Mutex<HashMap<ConversationKey, usize>>>);
+
+impl InUse {
+    /// Counts one operation of `key` until the guard is dropped.
+    fn enter(&self, key: &ConversationKey) -> InUseGuard {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key.clone())
+            .or_insert(0) += 1;
+        InUseGuard {
+            map: self.clone(),
+            key: key.clone(),
+        }
+    }
+
+    fn any(&self, key: &ConversationKey) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .is_some_and(|n| *n > 0)
+    }
+}
+
+/// One running operation; see [`InUse::enter`].
+struct InUseGuard {
+    map: InUse,
+    key: ConversationKey,
+}
+
+impl Drop for InUseGuard {
+    fn drop(&mut self) {
+        let mut map = self.map.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = map.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                map.remove(&self.key);
+            }
+        }
+    }
 }
 
 /// Converts a lifecycle failure into the one error type, keeping the server's words.
@@ -230,6 +287,7 @@ impl OpenSandboxRuntime {
             client,
             store,
             config: Arc::new(config),
+            in_use: InUse::default(),
         })
     }
 
@@ -438,11 +496,8 @@ impl OpenSandboxRuntime {
             match self.client.get(&record.sandbox_id).await {
                 Ok(s) if !s.status.state.is_final() => {
                     self.check_network_label(conversation, &s).await;
-                    if matches!(
-                        s.status.state,
-                        crate::SandboxState::Paused | crate::SandboxState::Pausing
-                    ) {
-                        self.client.resume(&s.id).await.map_err(to_core_error)?;
+                    if matches!(s.status.state, SandboxState::Paused | SandboxState::Pausing) {
+                        self.resume(&s.id).await?;
                     }
                     self.renew_if_due(key, &record.sandbox_id, record.expires_at)
                         .await?;
@@ -530,6 +585,39 @@ impl OpenSandboxRuntime {
         })
         .await?;
         Ok(target)
+    }
+
+    /// Resumes a paused sandbox. A 409 (it is not paused: another open resumed it meanwhile)
+    /// is fine when the sandbox is now running or resuming.
+    async fn resume(&self, id: &str) -> Result<()> {
+        match self.client.resume(id).await {
+            Ok(()) => Ok(()),
+            Err(e @ OpenSandboxError::Api { status: 409, .. }) => match self.client.get(id).await {
+                Ok(s)
+                    if matches!(
+                        s.status.state,
+                        SandboxState::Running | SandboxState::Resuming
+                    ) =>
+                {
+                    Ok(())
+                }
+                _ => Err(to_core_error(e)),
+            },
+            Err(e) => Err(to_core_error(e)),
+        }
+    }
+
+    /// The mapped sandbox of `key` when the server says it is running: what an idle stop
+    /// would pause. `None` for no mapping, a sandbox gone, or one in any other state.
+    async fn running_sandbox(&self, key: &ConversationKey) -> Result<Option<String>> {
+        let Some(id) = self.sandbox_id(key).await? else {
+            return Ok(None);
+        };
+        match self.client.get(&id).await {
+            Ok(s) if s.status.state == SandboxState::Running => Ok(Some(id)),
+            Ok(_) | Err(OpenSandboxError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(to_core_error(e)),
+        }
     }
 
     /// Renews `key`'s sandbox now, whatever its recorded expiry; returns the new expiry.
@@ -627,6 +715,7 @@ impl Runtime for OpenSandboxRuntime {
             state_lost,
             store: self.store.clone(),
             gateway: self.config.egress.gateway.clone(),
+            in_use: self.in_use.clone(),
         }))
     }
 
@@ -654,6 +743,49 @@ impl Runtime for OpenSandboxRuntime {
             })
             .collect())
     }
+
+    /// Pauses the conversation's sandbox when the server says it is running; the next
+    /// [`Runtime::open`] resumes it. `false` for no sandbox, one gone, or one not running
+    /// (already paused, pausing, resuming, starting).
+    ///
+    /// # Errors
+    /// [`Error::Busy`] while a command or file operation of the conversation runs through
+    /// this process; lifecycle failures otherwise (the server unreachable:
+    /// [`Error::RuntimeUnavailable`]; a refused pause: [`Error::Backend`] with the server's
+    /// words).
+    async fn stop_idle(&self, key: &ConversationKey) -> Result<bool> {
+        if self.in_use.any(key) {
+            return Err(Error::Busy(
+                "a command or file operation is running in its sandbox; left running".into(),
+            ));
+        }
+        let Some(id) = self.running_sandbox(key).await? else {
+            return Ok(false);
+        };
+        match self.client.pause(&id).await {
+            Ok(()) => {
+                tracing::debug!(sandbox = %id, "paused an idle sandbox");
+                Ok(true)
+            }
+            Err(OpenSandboxError::NotFound { .. }) => Ok(false),
+            // 409: no longer running (paused by another collector, or on its way out).
+            Err(e @ OpenSandboxError::Api { status: 409, .. }) => {
+                match self.client.get(&id).await {
+                    Ok(s) if s.status.state != SandboxState::Running => Ok(false),
+                    Err(OpenSandboxError::NotFound { .. }) => Ok(false),
+                    _ => Err(to_core_error(e)),
+                }
+            }
+            Err(e) => Err(to_core_error(e)),
+        }
+    }
+
+    async fn can_stop_idle(&self, key: &ConversationKey) -> Result<bool> {
+        if self.in_use.any(key) {
+            return Ok(false);
+        }
+        Ok(self.running_sandbox(key).await?.is_some())
+    }
 }
 
 /// The policy in force for `conversation`, from the store (as the gateway reads it).
@@ -680,10 +812,12 @@ struct OpenSandboxSession {
     state_lost: bool,
     store: Store,
     gateway: Option<GatewayAccess>,
+    in_use: InUse,
 }
 
 impl OpenSandboxSession {
     async fn send_fs(&self, request: FsRequest) -> Result<FsResponse> {
+        let _in_use = self.in_use.enter(&self.key);
         self.client.fs(&request).await.map_err(Error::from)
     }
 }
@@ -720,6 +854,7 @@ impl Session for OpenSandboxSession {
 
     async fn exec(&self, request: ExecRequest) -> Result<ExecResult> {
         request.validate()?;
+        let _in_use = self.in_use.enter(&self.key);
         let cwd = checked(request.cwd.as_deref().unwrap_or("."))?;
         let mut run = RunCommandRequest::shell(request.command.clone())
             .cwd(cwd)

@@ -1154,11 +1154,23 @@ fn print_gc(report: &sessionbox_manager::GcReport, json: bool) -> anyhow::Result
             report.removed()
         },
     );
+    if !report.idle_stopped.is_empty() {
+        outln!(
+            "idle sandboxes (the workspace stays; the next use starts it again): {} {}",
+            if report.dry_run {
+                report.idle_stopped.len()
+            } else {
+                report.stopped()
+            },
+            if report.dry_run { "to stop" } else { "stopped" },
+        );
+    }
     for (kind, items) in [
         ("expired", &report.expired),
         ("stuck", &report.stuck),
         ("orphan", &report.orphans),
         ("dangling", &report.dangling),
+        ("idle", &report.idle_stopped),
     ] {
         for i in items {
             outln!(

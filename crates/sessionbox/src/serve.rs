@@ -113,15 +113,25 @@ pub async fn run(ctx: &App, args: ServeArgs) -> anyhow::Result<ExitCode> {
         tokio::spawn(async move {
             loop {
                 match manager.collect_garbage(options).await {
-                    Ok(r) if r.found() > 0 => tracing::warn!(
-                        expired = r.expired.len(),
-                        stuck = r.stuck.len(),
-                        orphans = r.orphans.len(),
-                        dangling = r.dangling.len(),
-                        removed = r.removed(),
-                        "garbage collection"
-                    ),
-                    Ok(_) => {}
+                    Ok(r) => {
+                        if r.found() > 0 {
+                            tracing::warn!(
+                                expired = r.expired.len(),
+                                stuck = r.stuck.len(),
+                                orphans = r.orphans.len(),
+                                dangling = r.dangling.len(),
+                                removed = r.removed(),
+                                "garbage collection"
+                            );
+                        }
+                        if !r.idle_stopped.is_empty() {
+                            tracing::info!(
+                                idle = r.idle_stopped.len(),
+                                stopped = r.stopped(),
+                                "garbage collection stopped idle sandboxes"
+                            );
+                        }
+                    }
                     Err(e) => tracing::warn!(error = %e, "garbage collection failed"),
                 }
                 tokio::time::sleep(every).await;

@@ -79,6 +79,17 @@ pub fn runtime_with(
     )
 }
 
+/// A runtime with the defaults of [`runtime`] over `store` (a file-backed store, for tests
+/// that need the conversation locks: an in-memory store has none).
+pub fn runtime_in(domain: &str, key: ApiKey, test: &str, store: Store) -> OpenSandboxRuntime {
+    let mut config = OpenSandboxConfig::new(client_config(domain, key), instance(test));
+    config.timeout = Duration::from_secs(600);
+    config
+        .resource_limits
+        .insert("memory".into(), "256Mi".into());
+    OpenSandboxRuntime::new(config, store).unwrap()
+}
+
 pub fn runtime(domain: &str, key: ApiKey, test: &str) -> (OpenSandboxRuntime, Store) {
     runtime_with(domain, key, test, |_| {})
 }
