@@ -125,6 +125,7 @@ struct Inner {
     resolver: hickory_resolver::TokioResolver,
     control: Arc<dyn Control>,
     auth: Auth,
+    host_addrs: crate::host::HostAddrs,
 }
 
 type Body = BoxBody<Bytes, hyper::Error>;
@@ -207,6 +208,7 @@ impl Gateway {
                 resolver,
                 control,
                 auth,
+                host_addrs: crate::host::HostAddrs::default(),
             }),
         })
     }
@@ -398,13 +400,16 @@ impl Inner {
             reason,
         };
         match &target.host {
-            Host::Ip(ip) => match policy.check_addr(*ip, target.port, None) {
-                Verdict::Allow { rule } => Decision::Allow {
-                    addrs: vec![SocketAddr::new(*ip, target.port)],
-                    rule,
-                },
-                Verdict::Deny { reason } => deny(reason),
-            },
+            Host::Ip(ip) => {
+                match policy.check_addr_from(*ip, target.port, None, self.host_addrs.contains(*ip))
+                {
+                    Verdict::Allow { rule } => Decision::Allow {
+                        addrs: vec![SocketAddr::new(*ip, target.port)],
+                        rule,
+                    },
+                    Verdict::Deny { reason } => deny(reason),
+                }
+            }
             Host::Name(name) => {
                 let rule = match policy.check_name(name, target.port) {
                     Verdict::Allow { rule } => rule,
@@ -439,7 +444,8 @@ impl Inner {
                 }
                 let mut addrs = Vec::new();
                 for ip in answers {
-                    match policy.check_addr(ip, target.port, Some(&rule)) {
+                    let local = self.host_addrs.contains(ip);
+                    match policy.check_addr_from(ip, target.port, Some(&rule), local) {
                         Verdict::Allow { .. } => addrs.push(SocketAddr::new(ip, target.port)),
                         Verdict::Deny { reason } => {
                             return deny(format!("{name} resolves to {ip}: {reason}"));

@@ -8,6 +8,7 @@
 //! - [`opensandbox`]: the policy as an OpenSandbox `networkPolicy`.
 
 pub mod gateway;
+pub mod host;
 pub mod opensandbox;
 pub mod policy;
 pub mod target;

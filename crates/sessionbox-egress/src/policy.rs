@@ -442,6 +442,22 @@ impl Policy {
     /// it), deny rules, private ranges (only an allow CIDR rule inside a private range opens
     /// them, whatever name led there), then an allow CIDR rule or the name's rule.
     pub fn check_addr(&self, ip: IpAddr, port: u16, by_name: Option<&str>) -> Verdict {
+        self.check_addr_from(ip, port, by_name, false)
+    }
+
+    /// [`Policy::check_addr`] for a gateway that knows whether `ip` is an address of its own
+    /// host (`host_local`: assigned to one of the host's interfaces, whatever its range). Such
+    /// an address reaches the host itself (its SSH, databases, the gateway), so after the
+    /// permanently blocked set and deny rules it needs an allow rule naming exactly that
+    /// address (`192.0.2.2/32`, `[2001:db8::2/128]`, optionally with ports); no wider CIDR and
+    /// no domain opens it.
+    pub fn check_addr_from(
+        &self,
+        ip: IpAddr,
+        port: u16,
+        by_name: Option<&str>,
+        host_local: bool,
+    ) -> Verdict {
         let Policy::Allowlist { allow, deny } = self else {
             return Verdict::Deny {
                 reason: "profile none: no network".into(),
@@ -456,6 +472,22 @@ impl Policy {
         if let Some(r) = deny.iter().find(|r| r.covers_addr(ip, port)) {
             return Verdict::Deny {
                 reason: format!("deny rule {r}"),
+            };
+        }
+        if host_local {
+            return match allow.iter().find(|r| {
+                r.covers_addr(ip, port)
+                    && matches!(&r.host, HostPattern::Cidr(n) if n.prefix_len() == n.max_prefix_len())
+            }) {
+                Some(r) => Verdict::Allow {
+                    rule: r.to_string(),
+                },
+                None => Verdict::Deny {
+                    reason: format!(
+                        "{ip} is an address of the gateway's own host; it needs an allow rule \
+                         naming exactly it"
+                    ),
+                },
             };
         }
         if let Some(range) = private(ip) {
@@ -711,6 +743,29 @@ mod tests {
             p.check_addr(ip("198.51.100.1"), 443, Some("*.example.com:443"))
                 .is_allow()
         );
+    }
+
+    #[test]
+    fn an_address_of_the_gateways_host_needs_a_rule_naming_exactly_it() {
+        let ip: IpAddr = "192.0.2.2".parse().unwrap();
+        let wide =
+            Policy::allowlist(&["0.0.0.0/0", "192.0.2.0/24:8080", "*.example.com"], &[]).unwrap();
+        assert!(
+            wide.check_addr(ip, 8080, None).is_allow(),
+            "not local: the /24 opens it"
+        );
+        assert!(!wide.check_addr_from(ip, 8080, None, true).is_allow());
+        assert!(
+            !wide
+                .check_addr_from(ip, 443, Some("*.example.com"), true)
+                .is_allow(),
+            "a name resolving to the host's address"
+        );
+        let exact = Policy::allowlist(&["192.0.2.2/32:8080"], &[]).unwrap();
+        assert!(exact.check_addr_from(ip, 8080, None, true).is_allow());
+        assert!(!exact.check_addr_from(ip, 22, None, true).is_allow());
+        let denied = Policy::allowlist(&["192.0.2.2/32"], &["192.0.2.2/32:22"]).unwrap();
+        assert!(!denied.check_addr_from(ip, 22, None, true).is_allow());
     }
 
     #[test]

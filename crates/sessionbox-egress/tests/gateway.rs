@@ -500,3 +500,31 @@ async fn remote_runtimes_need_a_valid_token_on_every_request() {
     let log = format!("{:?}", s.control.entries());
     assert!(!log.contains(&good), "the token reached the log");
 }
+
+/// An address of the gateway's own host (here the test network's host end, assigned to this
+/// host's veth) reaches the host itself: a CIDR rule that merely covers it (the test network's
+/// /30) does not open it, and the host service never sees a connection; a rule naming exactly
+/// that address does.
+#[tokio::test]
+async fn an_address_of_the_gateways_own_host_needs_a_rule_naming_exactly_it() {
+    let net = TestNet::new();
+    let l = tokio::net::TcpListener::bind((net.host_ip, 0))
+        .await
+        .unwrap();
+    let port = l.local_addr().unwrap().port();
+    let accepts = echo_server(l);
+    let s = start().await;
+    let target = format!("{}:{port}", net.host_ip);
+    s.control.set(Policy::allowlist(&[&net.cidr], &[]).unwrap());
+    let (status, _) = connect(s.proxy, &target, "").await;
+    assert_eq!(status, 403);
+    let e = s.control.ended(&target).await;
+    assert!(!e.allowed);
+    assert!(e.rule.contains("own host"), "{e:?}");
+    assert_eq!(accepts.count(), 0, "the host service saw a connection");
+    s.control
+        .set(Policy::allowlist(&[&format!("{}/32", net.host_ip)], &[]).unwrap());
+    let (status, mut r) = connect(s.proxy, &target, "").await;
+    assert_eq!(status, 200);
+    echo_round_trip(&mut r, b"to the host, by its exact rule").await;
+}

@@ -224,7 +224,18 @@ impl Manager {
             let key = conversation.key.clone();
             blocking(move || store.touch(&key, Utc::now())).await?;
         }
-        let session = self.runtime.open(conversation).await?;
+        let session = match self.runtime.open(conversation).await {
+            Ok(s) => s,
+            Err(e) => {
+                if created {
+                    // Its first open failed, so the conversation never came to be: the record
+                    // goes, and the id stays free for any runtime (a wrong endpoint or key
+                    // leaves nothing behind).
+                    self.undo_create(&conversation.key, record.generation).await;
+                }
+                return Err(e);
+            }
+        };
         // The record may have been destroyed while the runtime opened the conversation (a
         // renew racing expiry, a destroy from another process): then what the runtime just
         // made may have no owner.
@@ -304,6 +315,30 @@ impl Manager {
         });
         self.audit(conversation, "expire", &result, detail).await;
         result.map(drop)
+    }
+
+    /// Removes the record of generation `generation`, made by an open whose runtime then
+    /// failed, with anything the runtime may have left. Best effort: what the runtime cannot
+    /// remove now (it may be unreachable) is labelled as the conversation's, and garbage
+    /// collection removes it as an orphan once the record is gone.
+    async fn undo_create(&self, key: &ConversationKey, generation: i64) {
+        let (store, k) = (self.store.clone(), key.clone());
+        match blocking(move || store.claim_for_destroy(&k, generation)).await {
+            Ok(true) => {}
+            // Another call holds it now (a destroy, or a later record of the key).
+            Ok(false) => return,
+            Err(e) => {
+                tracing::warn!("cannot remove the record of a failed first open: {e}");
+                return;
+            }
+        }
+        if let Err(e) = self.runtime.destroy(key).await {
+            tracing::warn!("after a failed first open, the runtime could not clean up: {e}");
+        }
+        let (store, k) = (self.store.clone(), key.clone());
+        if let Err(e) = blocking(move || store.delete_generation(&k, generation)).await {
+            tracing::warn!("cannot remove the record of a failed first open: {e}");
+        }
     }
 
     /// The runtime's teardown, then the record of generation `generation` (claimed

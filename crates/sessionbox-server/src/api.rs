@@ -1171,6 +1171,17 @@ pub(crate) async fn read_file(
             HeaderValue::from_static(content_type(&path)),
         );
         h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+        // A workspace file is untrusted content served from the API's own origin: a browser
+        // must neither guess it is HTML nor run its scripts there (a model may have written
+        // it, or a page may have uploaded it).
+        h.insert(
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        );
+        h.insert(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static("sandbox; default-src 'none'"),
+        );
         if truthy(&q.download) {
             h.insert(header::CONTENT_DISPOSITION, disposition(&path));
         }

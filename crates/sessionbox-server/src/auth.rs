@@ -3,6 +3,7 @@
 
 use axum::extract::FromRequestParts;
 use axum::http::HeaderMap;
+use axum::http::StatusCode;
 use axum::http::request::Parts;
 use sessionbox_core::TenantId;
 
@@ -67,11 +68,117 @@ impl FromRequestParts<AppState> for Principal {
                         "an API key is required: send `Authorization: Bearer KEY` or `X-API-Key: KEY`",
                     ));
                 }
+                let mut headers = parts.headers.clone();
+                if !headers.contains_key(axum::http::header::HOST)
+                    && let Some(a) = parts.uri.authority()
+                    && let Ok(v) = axum::http::HeaderValue::from_str(a.as_str())
+                {
+                    // HTTP/2 names the host in the request's authority, not a Host header.
+                    headers.insert(axum::http::header::HOST, v);
+                }
+                if !from_loopback(&headers) {
+                    return Err(ApiError::new(
+                        StatusCode::FORBIDDEN,
+                        "forbidden",
+                        "without an API key this server answers only requests to a loopback \
+                         host (Host: localhost, 127.0.0.1 or [::1]) from no other origin; create \
+                         a key with `sessionbox keys create --tenant T` and send it",
+                    ));
+                }
                 Ok(Principal {
                     tenant,
                     key_id: None,
                 })
             }
+        }
+    }
+}
+
+/// True when a request may use open mode: its `Host` names a loopback host, and its `Origin`,
+/// if any, is a loopback origin. Open mode trusts every local process, but not a web page: a
+/// page whose name was rebound to 127.0.0.1 (DNS rebinding) sends its own name as `Host`, and a
+/// page's cross-site form post carries its `Origin`; both are refused.
+fn from_loopback(headers: &axum::http::HeaderMap) -> bool {
+    let loopback_host = |authority: &str| {
+        let host = match authority.rsplit_once(':') {
+            // `[::1]:7070`, `127.0.0.1:7070`, `localhost:7070`; a bare IPv6 has no port here.
+            Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) && !h.ends_with(':') => h,
+            _ => authority,
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    };
+    let host_ok = headers
+        .get(axum::http::header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(loopback_host);
+    let origin_ok = match headers.get(axum::http::header::ORIGIN) {
+        None => true,
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|o| o.strip_prefix("http://").or(o.strip_prefix("https://")))
+            .is_some_and(loopback_host),
+    };
+    host_ok && origin_ok
+}
+
+#[cfg(test)]
+mod loopback_tests {
+    use super::from_loopback;
+    use axum::http::{HeaderMap, HeaderValue};
+
+    fn headers(host: Option<&str>, origin: Option<&str>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        if let Some(v) = host {
+            h.insert("host", HeaderValue::from_str(v).unwrap());
+        }
+        if let Some(v) = origin {
+            h.insert("origin", HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn only_loopback_hosts_and_origins_use_open_mode() {
+        for host in [
+            "127.0.0.1:7070",
+            "localhost:7070",
+            "LOCALHOST",
+            "[::1]:7070",
+            "127.9.9.9",
+        ] {
+            assert!(from_loopback(&headers(Some(host), None)), "{host}");
+            assert!(
+                from_loopback(&headers(Some(host), Some("http://localhost:7070"))),
+                "{host}"
+            );
+        }
+        for host in [
+            "evil.example",
+            "evil.example:7070",
+            "127.0.0.1.evil.example",
+            "localhost.evil.example:7070",
+            "10.0.0.1:7070",
+            "[::2]:7070",
+            "",
+        ] {
+            assert!(!from_loopback(&headers(Some(host), None)), "{host}");
+        }
+        assert!(!from_loopback(&headers(None, None)), "no Host");
+        for origin in [
+            "http://evil.example",
+            "null",
+            "file://",
+            "http://127.0.0.1.evil.example",
+        ] {
+            assert!(
+                !from_loopback(&headers(Some("127.0.0.1:7070"), Some(origin))),
+                "{origin}"
+            );
         }
     }
 }

@@ -2286,3 +2286,113 @@ async fn metrics_count_requests_execs_and_errors_by_route_and_need_a_key() {
     })
     .await;
 }
+
+/// Open mode (loopback, no key) against web pages. DNS rebinding: a page whose name now points
+/// at 127.0.0.1 sends its own name as `Host`; a cross-site form post carries the page's
+/// `Origin`. Both are refused with 403 and nothing runs or is written (checked on the host);
+/// local callers (loopback `Host`, no or a loopback `Origin`) are served. A file read back is
+/// served with `nosniff` and a sandboxing CSP, so an uploaded page cannot run script on the
+/// API's origin.
+#[tokio::test]
+async fn open_mode_refuses_rebound_hosts_and_foreign_origins_and_files_cannot_script() {
+    let s = Server::start(ServerConfig::default(), false).await;
+    let run = |host: Option<&str>, origin: Option<&str>| {
+        let mut r = s.json(
+            Method::POST,
+            "/v1/conversations/victim/exec",
+            &json!({"command": "echo ran >> proof"}),
+        );
+        if let Some(h) = host {
+            r = r.header("host", h);
+        }
+        if let Some(o) = origin {
+            r = r.header("origin", o);
+        }
+        r.send()
+    };
+    let local_ws = s.dir.path().join("workspaces").join(
+        sessionbox_core::ConversationRef::new(
+            TenantId::new("local").unwrap(),
+            sessionbox_core::ConversationId::new("victim").unwrap(),
+        )
+        .key
+        .as_str(),
+    );
+    for (host, origin) in [
+        (Some("evil.example"), None),
+        (Some("evil.example:7070"), None),
+        (Some("127.0.0.1.nip.example"), None),
+        (None, Some("http://evil.example")),
+        (None, Some("null")),
+    ] {
+        let r = run(host, origin).await.unwrap();
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{host:?} {origin:?}");
+        let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+        assert_eq!(v["code"], "forbidden", "{v}");
+        assert!(!local_ws.join("proof").exists(), "{host:?} {origin:?} ran");
+    }
+    // A multipart upload from a foreign page (a "simple" request a browser sends without
+    // asking) is refused the same way.
+    let (content_type, body) = multipart(&[
+        ("path", None, b"x.html"),
+        ("file", Some("x.html"), b"<script>alert(1)</script>"),
+    ]);
+    let r = s
+        .req(Method::POST, "/v1/conversations/victim/files")
+        .header("origin", "http://evil.example")
+        .header("content-type", content_type)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert!(!local_ws.join("x.html").exists());
+    // Local callers are served.
+    let r = run(None, Some(&s.base)).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        std::fs::read_to_string(local_ws.join("proof")).unwrap(),
+        "ran\n"
+    );
+    let r = s
+        .req(Method::PUT, "/v1/conversations/victim/files/x.html")
+        .body("<script>alert(1)</script>")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let r = s
+        .req(Method::GET, "/v1/conversations/victim/files/x.html")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()["x-content-type-options"], "nosniff");
+    let csp = r.headers()["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("sandbox"), "{csp}");
+    s.stop().await;
+}
+
+/// Revoking every key (say, the only one, after a leak) does not re-open the server: requests
+/// without a key stay 401, and nothing is created.
+#[tokio::test]
+async fn revoking_every_key_never_reopens_the_server() {
+    let s = Server::start(ServerConfig::default(), false).await;
+    let k = s
+        .store
+        .create_api_key(&TenantId::new("acme").unwrap(), None, Utc::now())
+        .unwrap();
+    s.store.revoke_api_key(&k.record.id, Utc::now()).unwrap();
+    let r = s
+        .json(
+            Method::POST,
+            "/v1/conversations/after-revoke/exec",
+            &json!({"command": "true"}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(s.workspaces(), 0);
+    s.stop().await;
+}

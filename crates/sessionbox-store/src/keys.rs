@@ -128,18 +128,16 @@ impl Store {
         Ok(())
     }
 
-    /// True when at least one key is valid (not revoked).
+    /// True once any key has been made, revoked ones included: a server that has had keys
+    /// keeps requiring one, so revoking every key (say, after a leak) never re-opens it to
+    /// requests without a key.
     ///
     /// # Errors
-    /// [`Error::Backend`] when SQLite fails.
+    /// [`Error::Backend`] when the database fails.
     pub fn has_api_keys(&self) -> Result<bool> {
         self.read(|db| {
             Ok(db
-                .query(
-                    "count the API keys",
-                    "SELECT id FROM api_keys WHERE revoked_at IS NULL LIMIT 1",
-                    &[],
-                )?
+                .query("count the API keys", "SELECT id FROM api_keys LIMIT 1", &[])?
                 .is_empty()
                 .not())
         })
@@ -270,7 +268,10 @@ mod tests {
         store.revoke_api_key(&k.record.id, Utc::now()).unwrap();
         store.revoke_api_key(&k.record.id, Utc::now()).unwrap();
         assert_eq!(store.verify_api_key(&k.key).unwrap(), None);
-        assert!(!store.has_api_keys().unwrap());
+        assert!(
+            store.has_api_keys().unwrap(),
+            "a store that has had a key keeps requiring one after every key is revoked"
+        );
         assert!(store.list_api_keys().unwrap()[0].revoked_at.is_some());
         assert_eq!(
             store.revoke_api_key("0000", Utc::now()).unwrap_err().code(),

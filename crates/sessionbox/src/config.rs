@@ -123,7 +123,11 @@ impl FileConfig {
         let l = &self.lifecycle;
         let mut policy = sessionbox_store::LifecyclePolicy {
             default: sessionbox_store::Lifecycle {
-                idle_timeout: secs(l.idle_timeout_secs.or(self.isolated.idle_timeout_secs)),
+                idle_timeout: secs(
+                    l.idle_timeout_secs
+                        .or(self.isolated.idle_timeout_secs)
+                        .or(Some(DEFAULT_IDLE_TIMEOUT_SECS)),
+                ),
                 ttl: secs(l.ttl_secs),
                 max_lifetime: secs(l.max_lifetime_secs),
             },
@@ -152,6 +156,9 @@ impl FileConfig {
             .or_else(|| self.store.url.clone())
     }
 }
+
+/// The idle timeout when neither `[lifecycle]` nor `[isolated]` sets one: 10 minutes.
+pub const DEFAULT_IDLE_TIMEOUT_SECS: u64 = 600;
 
 /// `[egress]` settings of the gateway. Policies are not here: they live in the store
 /// (`sessionbox policy set`).

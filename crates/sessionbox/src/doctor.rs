@@ -13,6 +13,7 @@ use crate::config::RuntimeKind;
 pub async fn run(
     default: RuntimeKind,
     opensandbox: Option<anyhow::Result<sessionbox_opensandbox::ClientConfig>>,
+    aio: Option<anyhow::Result<sessionbox_aio::AioRuntime>>,
 ) -> ExitCode {
     let layers = sandbox::probe();
     let width = layers.iter().map(|l| l.layer.len()).max().unwrap_or(10);
@@ -44,9 +45,34 @@ pub async fn run(
         }
     );
     outln!("host runtime: can run (not a security boundary: directory separation only)");
-    outln!(
-        "aio runtime: needs a reachable AIO Sandbox server (--endpoint); one shared container, trusted users only"
-    );
+    let aio_ok = match aio {
+        None => {
+            outln!(
+                "aio runtime: not configured (--runtime aio --endpoint URL, AIO_SANDBOX_BASE_URL \
+                 or [aio] endpoint); one shared container, trusted users only"
+            );
+            false
+        }
+        Some(Err(e)) => {
+            outln!("aio runtime: cannot run: {e:#}");
+            false
+        }
+        Some(Ok(rt)) => match rt.client().bash_sessions().await {
+            Ok(sessions) => {
+                outln!(
+                    "aio runtime: can run: {} answers ({} bash session(s)); one shared \
+                     container, trusted users only",
+                    rt.client().endpoint(),
+                    sessions.len()
+                );
+                true
+            }
+            Err(e) => {
+                outln!("aio runtime: cannot run: {e}");
+                false
+            }
+        },
+    };
     let opensandbox_ok = match opensandbox {
         None => {
             outln!(
@@ -64,7 +90,8 @@ pub async fn run(
     outln!("default runtime: {}", default.name());
     let ok = match default {
         RuntimeKind::Isolated => isolated_ok,
-        RuntimeKind::Host | RuntimeKind::Aio => true,
+        RuntimeKind::Host => true,
+        RuntimeKind::Aio => aio_ok,
         RuntimeKind::Opensandbox => opensandbox_ok,
     };
     if ok {

@@ -262,8 +262,9 @@ enum Command {
         #[command(subcommand)]
         command: serve::KeysCommand,
     },
-    /// Serve the MCP tools (bash, read, write, edit, ls, glob, grep) on one conversation over
-    /// stdin and stdout, for MCP clients that start their servers as processes.
+    /// Serve the MCP tools (bash, read, write, edit, ls, glob, grep, skill, network) on one
+    /// conversation over stdin and stdout, for MCP clients that start their servers as
+    /// processes.
     ///
     /// For example, in an MCP client's configuration: command `sessionbox`, arguments
     /// `["mcp", "--conversation", "chat-42"]`. Logs go to stderr (SESSIONBOX_LOG).
@@ -439,13 +440,19 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         .or(file.runtime)
         .unwrap_or(RuntimeKind::Isolated);
     if let Command::Doctor = cli.command {
+        // --endpoint names the server of the runtime asked for: aio's with --runtime aio,
+        // else OpenSandbox's.
         let wants_osb = kind == RuntimeKind::Opensandbox
-            || cli.endpoint.is_some()
+            || (cli.endpoint.is_some() && kind != RuntimeKind::Aio)
             || std::env::var_os(opensandbox::DOMAIN_ENV).is_some()
             || file.opensandbox.endpoint.is_some();
-        let osb = wants_osb
-            .then(|| opensandbox::client_config(cli.endpoint.as_deref(), &file.opensandbox));
-        return Ok(doctor::run(kind, osb).await);
+        let osb_endpoint = cli.endpoint.as_deref().filter(|_| kind != RuntimeKind::Aio);
+        let osb = wants_osb.then(|| opensandbox::client_config(osb_endpoint, &file.opensandbox));
+        let wants_aio = kind == RuntimeKind::Aio
+            || std::env::var_os("AIO_SANDBOX_BASE_URL").is_some_and(|v| !v.is_empty())
+            || file.aio.endpoint.is_some();
+        let aio = wants_aio.then(|| aio_runtime(&cli, &file));
+        return Ok(doctor::run(kind, osb, aio).await);
     }
     let store_url = file.store_url();
     if let Command::Audit(args) = &cli.command {
@@ -486,6 +493,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     "there is no store at {} to back up or restore into",
                     db.display()
                 );
+            }
+            if matches!(cli.command, Command::Restore { .. }) {
+                serve::refuse_while_serving(&data_dir)?;
             }
             let store = Store::open(&db)?;
             if matches!(cli.command, Command::Backup { .. }) {
@@ -554,7 +564,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 data_dir: data_dir.clone(),
                 limits: file.limits.unwrap_or_default(),
                 sandbox,
-                idle_timeout: Duration::from_secs(iso.idle_timeout_secs.unwrap_or(600)),
+                idle_timeout: Duration::from_secs(
+                    iso.idle_timeout_secs
+                        .unwrap_or(config::DEFAULT_IDLE_TIMEOUT_SECS),
+                ),
                 exe,
                 agent_args: vec!["agent".to_owned()],
                 allocate_uid: Arc::new(move |key| {
@@ -620,7 +633,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
     match cli.command {
         Command::Verify(args) => verify::run(&verify::Target::Local(&ctx), &ctx.tenant, args).await,
-        Command::Serve(args) => serve::run(&ctx, args).await,
+        Command::Serve(args) => serve::run(&ctx, args, &data_dir).await,
         Command::Keys { .. }
         | Command::Audit(_)
         | Command::Policy { .. }
@@ -1103,7 +1116,7 @@ fn print_conversations(
     let dur =
         |d: Option<Duration>| d.map_or_else(|| "-".to_owned(), |d| format!("{}s", d.as_secs()));
     outln!(
-        "{:<16} {:<28} {:<9} {:<10} {:<20} {:<20} {:<20} {:>7} {:>9} {:>9}",
+        "{:<16} {:<28} {:<11} {:<10} {:<20} {:<20} {:<20} {:>7} {:>9} {:>9}",
         "TENANT",
         "CONVERSATION",
         "RUNTIME",
@@ -1117,7 +1130,7 @@ fn print_conversations(
     );
     for r in records {
         outln!(
-            "{:<16} {:<28} {:<9} {:<10} {:<20} {:<20} {:<20} {:>7} {:>9} {:>9}",
+            "{:<16} {:<28} {:<11} {:<10} {:<20} {:<20} {:<20} {:>7} {:>9} {:>9}",
             r.tenant.as_str(),
             r.conversation_id.as_str(),
             r.runtime,

@@ -65,7 +65,10 @@ pub enum KeysCommand {
 }
 
 /// Runs `sessionbox serve` until SIGINT or SIGTERM.
-pub async fn run(ctx: &App, args: ServeArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(ctx: &App, args: ServeArgs, data_dir: &Path) -> anyhow::Result<ExitCode> {
+    // Held (shared) while this server runs, so that `restore` can refuse to replace the store
+    // under it.
+    let _serving = hold_serving(data_dir)?;
     let store = ctx.manager.store().clone();
     let listen = args.listen;
     let keyed = crate::off_runtime(|| {
@@ -221,4 +224,42 @@ pub fn keys(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The file every `serve` on a data directory holds a shared lock on while it runs.
+fn serving_lock(data_dir: &Path) -> std::path::PathBuf {
+    data_dir.join("serve.lock")
+}
+
+/// Takes the data directory's serving lock (shared: several replicas may serve one data
+/// directory); released when the returned file is dropped or the process ends.
+fn hold_serving(data_dir: &Path) -> anyhow::Result<std::fs::File> {
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create {}", data_dir.display()))?;
+    let path = serving_lock(data_dir);
+    let f =
+        std::fs::File::create(&path).with_context(|| format!("cannot open {}", path.display()))?;
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockShared)
+        .with_context(|| format!("cannot lock {}", path.display()))?;
+    Ok(f)
+}
+
+/// Refuses when a `serve` runs on `data_dir` (it holds the serving lock): restoring the store
+/// under a running server would mix two histories.
+///
+/// # Errors
+/// When a server holds the lock, saying to stop it first.
+pub fn refuse_while_serving(data_dir: &Path) -> anyhow::Result<()> {
+    let path = serving_lock(data_dir);
+    let Ok(f) = std::fs::File::open(&path) else {
+        return Ok(()); // no server ever ran here
+    };
+    match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::WOULDBLOCK) => anyhow::bail!(
+            "a `sessionbox serve` is running on {}; stop it (every replica) before restoring",
+            data_dir.display()
+        ),
+        Err(e) => Err(e).with_context(|| format!("cannot lock {}", path.display())),
+    }
 }

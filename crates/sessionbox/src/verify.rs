@@ -273,10 +273,20 @@ pub async fn run(
         progress,
     };
 
-    let before = target
-        .inventory()
-        .await
-        .context("cannot take the inventory before the run")?;
+    let before = target.inventory().await.map_err(|e| {
+        let unauthorized = e.chain().any(|c| {
+            matches!(
+                c.downcast_ref(),
+                Some(sessionbox_core::Error::Unauthorized(_))
+            )
+        });
+        let hint = if unauthorized {
+            " (through a server: give its API key in SESSIONBOX_API_KEY)"
+        } else {
+            ""
+        };
+        e.context(format!("cannot take the inventory before the run{hint}"))
+    })?;
     let id = crate::experiment::run_id();
     let convs: Vec<ConversationRef> = (0..n)
         .map(|i| {

@@ -712,3 +712,114 @@ fn gc_pauses_an_idle_opensandbox_conversation_and_the_next_command_resumes_it() 
     ok(&["destroy", "-c", "idle-cli"]);
     assert!(!ok(&["conversations", "--all-tenants"]).contains("idle-cli"));
 }
+
+/// A first call whose runtime cannot run (an AIO endpoint where nothing listens) creates
+/// nothing: the id is not recorded, so it stays free for any runtime afterwards.
+#[test]
+fn a_failed_first_open_leaves_no_conversation_behind() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    let out = sessionbox(
+        &data,
+        &[
+            "--runtime",
+            "aio",
+            "--endpoint",
+            "http://127.0.0.1:9",
+            "exec",
+            "-c",
+            "typo",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let list = sessionbox(&data, &["conversations", "--all-tenants", "--json"]);
+    assert!(list.status.success(), "{}", text(&list.stderr));
+    assert!(
+        !text(&list.stdout).contains("typo"),
+        "{}",
+        text(&list.stdout)
+    );
+    let out = sessionbox(
+        &data,
+        &[
+            "--runtime",
+            "host",
+            "exec",
+            "-c",
+            "typo",
+            "--",
+            "echo",
+            "ok",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "ok\n");
+}
+
+/// `doctor --runtime aio --endpoint URL` probes that AIO server (not an OpenSandbox one) and
+/// fails when the default runtime cannot run there.
+#[test]
+fn doctor_probes_the_aio_server_named_by_endpoint() {
+    let d = tempfile::tempdir().unwrap();
+    let out = sessionbox(
+        d.path(),
+        &[
+            "--runtime",
+            "aio",
+            "--endpoint",
+            "http://127.0.0.1:9",
+            "doctor",
+        ],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("aio runtime: cannot run"), "{stdout}");
+    assert!(
+        !stdout.contains("OpenSandbox server at http://127.0.0.1:9"),
+        "{stdout}"
+    );
+}
+
+/// `restore` refuses while a `serve` runs on the data directory (it would replace the store
+/// under the server), and works once the server has stopped.
+#[test]
+fn restore_refuses_while_a_server_runs_on_the_data_directory() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    let out = sessionbox(&data, &["--runtime", "host", "write", "-c", "r", "f"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let backup = d.path().join("backup.db");
+    let out = sessionbox(&data, &["backup", backup.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let mut server = Command::new(env!("CARGO_BIN_EXE_sessionbox"))
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--runtime", "host", "serve", "--listen", "127.0.0.1:0"])
+        .env_remove("SESSIONBOX_RUNTIME")
+        .env_remove("SESSIONBOX_TENANT")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert!(line.starts_with("listening on "), "{line}");
+    let out = sessionbox(&data, &["restore", backup.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("is running"),
+        "{}",
+        text(&out.stderr)
+    );
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let out = sessionbox(&data, &["restore", backup.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
