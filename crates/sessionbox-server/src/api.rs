@@ -188,6 +188,9 @@ pub(crate) struct Opened {
     _held: ConversationLock,
     /// The session cache's generation before this session was opened or taken.
     generation: u64,
+    /// The hash of the network policy in force when the session was opened (`None`: the
+    /// profile `none`).
+    policy: Option<String>,
     _turn: Turn,
 }
 
@@ -201,6 +204,7 @@ impl Opened {
             sessions,
             _held,
             generation,
+            policy,
             _turn,
             ..
         } = self;
@@ -209,9 +213,21 @@ impl Opened {
             conv,
             used: Instant::now(),
             touched,
+            policy,
         };
         crate::sessions::close_all(sessions.put(key, cached, generation)).await;
     }
+}
+
+/// The hash of the network policy in force for `conv` (`None`: the profile `none`). A kept
+/// session is used only while this is what it was opened under: a policy changed through
+/// another replica, or with the CLI, reaches the runtime on the next request (the `isolated`
+/// runtime relaunches a sandbox switched between `none` and an allowlist).
+fn policy_hash(
+    store: &sessionbox_store::Store,
+    conv: &ConversationRef,
+) -> sessionbox_core::Result<Option<String>> {
+    Ok(store.effective_egress_policy(conv)?.map(|p| p.hash))
 }
 
 impl AppState {
@@ -256,8 +272,10 @@ impl AppState {
     /// closed and the conversation opened afresh.
     async fn still_valid(&self, c: &crate::sessions::Cached) -> Result<Option<Instant>, ApiError> {
         let store = self.manager.store().clone();
-        let key = c.conv.conversation().key.clone();
+        let conv = c.conv.conversation().clone();
+        let key = conv.key.clone();
         let generation = c.conv.record().generation;
+        let policy = c.policy.clone();
         let touch = c.touched.elapsed() >= crate::sessions::TOUCH_EVERY;
         let ok = blocking(move || {
             let now = chrono::Utc::now();
@@ -265,7 +283,7 @@ impl AppState {
                 r.generation == generation
                     && r.state == sessionbox_store::ConversationState::Active
                     && !r.is_expired(now)
-            });
+            }) && policy_hash(&store, &conv)? == policy;
             if valid && touch {
                 return Ok(store.touch(&key, now).is_ok());
             }
@@ -303,6 +321,7 @@ impl AppState {
                         sessions: self.sessions.clone(),
                         _held: held,
                         generation,
+                        policy: c.policy.clone(),
                         _turn: turn,
                     });
                 }
@@ -321,6 +340,10 @@ impl AppState {
         {
             return Err(conversation_not_found(conv));
         }
+        // Read before the runtime opens it: a change after this makes the next request
+        // reopen, never keeps a session opened under another policy.
+        let (store, c) = (self.manager.store().clone(), conv.clone());
+        let policy = blocking(move || policy_hash(&store, &c)).await?;
         let opened = self.manager.open(conv).await?;
         Ok(Opened {
             created: opened.created(),
@@ -329,6 +352,7 @@ impl AppState {
             sessions: self.sessions.clone(),
             _held: held,
             generation,
+            policy,
             _turn: turn,
         })
     }

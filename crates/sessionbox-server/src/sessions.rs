@@ -12,7 +12,9 @@
 //! sessions it concerns and makes every session in use at that moment close instead of being
 //! kept: the next request opens the conversation through the runtime again, which is where a
 //! runtime applies a profile change (the `isolated` runtime relaunches a sandbox switched
-//! between `none` and an allowlist).
+//! between `none` and an allowlist). A change made elsewhere (another replica, the CLI) is
+//! caught when a kept session is taken: it is used only while the policy in force still has the
+//! hash it was opened under.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -30,6 +32,8 @@ pub(crate) struct Cached {
     pub conv: Conversation,
     pub used: Instant,
     pub touched: Instant,
+    /// The hash of the network policy in force when it was opened (`None`: profile `none`).
+    pub policy: Option<String>,
 }
 
 /// The cache. Cheap operations under a std mutex (never held across an await).

@@ -1097,3 +1097,68 @@ async fn an_opensandbox_sandbox_reaches_allowed_targets_through_the_token_gatewa
     data.ok(&["--runtime", "opensandbox", "destroy", "-c", conv]);
     drop(gateway);
 }
+
+/// A policy changed outside the server (here with the CLI on the same store, as another
+/// replica would) while the server keeps the conversation's session warm: the next request
+/// notices the policy's hash changed, opens the conversation again, and the runtime switches the
+/// sandbox: an allowlist reaches the target through a gateway, and back to `none` removes the
+/// proxy again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_policy_set_with_the_cli_applies_to_the_next_request_of_a_warm_conversation() {
+    let net = TestNet::new(3);
+    let http = net.listen();
+    let port = http.local_addr().unwrap().port();
+    let accepts = http_on(http);
+    let dns = dns(HashMap::from([("www.allowed.test".to_owned(), net.peer)])).await;
+    let data = Arc::new(Data::new(dns.addr));
+    let served = Served::start(&data);
+    let http = reqwest::Client::new();
+    let base = format!("{}/v1/conversations/cli-a", served.base);
+    let exec = |cmd: String| {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            let r = http
+                .post(format!("{base}/exec"))
+                .header("content-type", "application/json")
+                .body(serde_json::json!({"command": cmd, "timeout_ms": 30000}).to_string())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let v = json_of(r).await;
+            format!(
+                "{}{}",
+                v["stdout"].as_str().unwrap(),
+                v["stderr"].as_str().unwrap()
+            )
+        }
+    };
+    let curl = format!(
+        "curl -sS -m 10 -o /dev/null -w '%{{http_code}}' 'http://www.allowed.test:{port}/'"
+    );
+    // Warm, with the default profile: no proxy.
+    assert_eq!(exec("env | grep -ci _proxy; true".into()).await, "0\n");
+    let cidr = net.cidr.clone();
+    let d = data.clone();
+    tokio::task::spawn_blocking(move || {
+        d.ok(&[
+            "policy",
+            "set",
+            "-c",
+            "cli-a",
+            "--allow",
+            "*.allowed.test",
+            &cidr,
+        ])
+    })
+    .await
+    .unwrap();
+    assert_eq!(exec(curl.clone()).await, "200");
+    assert_eq!(accepts.load(Ordering::SeqCst), 1);
+    let d = data.clone();
+    tokio::task::spawn_blocking(move || d.ok(&["policy", "set", "-c", "cli-a", "--none"]))
+        .await
+        .unwrap();
+    assert_eq!(exec("env | grep -ci _proxy; true".into()).await, "0\n");
+    assert_eq!(accepts.load(Ordering::SeqCst), 1);
+}
