@@ -509,6 +509,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     db.display(),
                     path.display()
                 );
+                if !store.has_api_keys()? {
+                    eprintln!(
+                        "sessionbox: warning: the restored store has never had an API key, so a \
+                         loopback `serve` on it answers requests without one (open mode); create \
+                         a key with `sessionbox keys create --tenant T` to close it"
+                    );
+                }
             }
             Ok(ExitCode::SUCCESS)
         });
