@@ -44,6 +44,50 @@ pub struct CommandOutcome {
 }
 
 impl CommandOutcome {
+    /// The outcome as a `Session::exec` result, each stream cut at `output_limit` bytes.
+    /// `where_` names the sandbox in the error (for example `""` or `" in sandbox ID"`).
+    ///
+    /// # Errors
+    /// [`sessionbox_core::Error::Backend`] when the command did not start (an `error` event
+    /// with no exit code, no signal and no timeout).
+    pub fn into_exec_result(
+        self,
+        output_limit: usize,
+        where_: &str,
+    ) -> sessionbox_core::Result<sessionbox_core::ExecResult> {
+        use sessionbox_core::ExitStatus;
+        if let (None, Some(e)) = (self.exit_code, &self.error)
+            && self.signal.is_none()
+            && !self.timed_out
+        {
+            return Err(sessionbox_core::Error::Backend(format!(
+                "the command did not start{where_}: {} {}",
+                e.ename, e.evalue
+            )));
+        }
+        let status = match (self.signal, self.exit_code) {
+            (Some(s), _) => ExitStatus::Signal(s),
+            (None, Some(c)) if c >= 0 => ExitStatus::Code(c),
+            // Upstream reports a kill at the timeout as -1.
+            _ => ExitStatus::Signal(9),
+        };
+        let mut stdout = self.stdout.into_bytes();
+        let mut stderr = self.stderr.into_bytes();
+        stdout.truncate(output_limit);
+        stderr.truncate(output_limit);
+        Ok(sessionbox_core::ExecResult {
+            status,
+            stdout,
+            stderr,
+            stdout_truncated: self.stdout_truncated,
+            stderr_truncated: self.stderr_truncated,
+            timed_out: self.timed_out,
+            duration: self.execution_time.unwrap_or(self.elapsed),
+        })
+    }
+}
+
+impl CommandOutcome {
     /// True when a foreground command exited 0.
     pub fn success(&self) -> bool {
         self.exit_code == Some(0)

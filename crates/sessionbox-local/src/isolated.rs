@@ -23,7 +23,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use sessionbox_core::{
     CappedSink, ConversationKey, ConversationRef, DestroyReport, DirEntry, EditRequest, EditResult,
-    Error, ExecRequest, ExecResult, ExecSink, ExitStatus, FileStat, GrepMatch, GrepRequest, Limits,
+    Error, ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch, GrepRequest, Limits,
     OutputStream, Result, Runtime, RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
 };
 use sessionbox_execd::fs_ext::{FsRequest, FsResponse, FsSession};
@@ -874,33 +874,7 @@ impl IsolatedSession {
             .await;
         interrupt.armed = false;
         let out = out?;
-        if let (None, Some(e)) = (out.exit_code, &out.error) {
-            if out.signal.is_none() && !out.timed_out {
-                return Err(Error::Backend(format!(
-                    "the command did not start: {} {}",
-                    e.ename, e.evalue
-                )));
-            }
-        }
-        let status = match (out.signal, out.exit_code) {
-            (Some(s), _) => ExitStatus::Signal(s),
-            (None, Some(c)) if c >= 0 => ExitStatus::Code(c),
-            // Upstream reports a kill at the timeout as -1.
-            _ => ExitStatus::Signal(9),
-        };
-        let mut stdout = out.stdout.into_bytes();
-        let mut stderr = out.stderr.into_bytes();
-        stdout.truncate(request.output_limit);
-        stderr.truncate(request.output_limit);
-        Ok(ExecResult {
-            status,
-            stdout,
-            stderr,
-            stdout_truncated: out.stdout_truncated,
-            stderr_truncated: out.stderr_truncated,
-            timed_out: out.timed_out,
-            duration: out.execution_time.unwrap_or(out.elapsed),
-        })
+        out.into_exec_result(request.output_limit, "")
     }
 
     async fn send_fs(&self, request: FsRequest) -> Result<FsResponse> {

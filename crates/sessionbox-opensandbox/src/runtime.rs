@@ -44,7 +44,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sessionbox_core::{
     ConversationKey, ConversationRef, DestroyReport, DirEntry, EditRequest, EditResult, Error,
-    ExecRequest, ExecResult, ExitStatus, FileStat, GrepMatch, GrepRequest, Result, Runtime,
+    ExecRequest, ExecResult, FileStat, GrepMatch, GrepRequest, Result, Runtime,
     RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
 };
 use sessionbox_egress::Policy;
@@ -876,32 +876,10 @@ impl Session for OpenSandboxSession {
             run = run.stdin(stdin.clone());
         }
         let out = self.client.run_command(&run).await.map_err(Error::from)?;
-        if let (None, Some(e)) = (out.exit_code, &out.error) {
-            if out.signal.is_none() && !out.timed_out {
-                return Err(Error::Backend(format!(
-                    "the command did not start in sandbox {}: {} {}",
-                    self.sandbox_id, e.ename, e.evalue
-                )));
-            }
-        }
-        let status = match (out.signal, out.exit_code) {
-            (Some(s), _) => ExitStatus::Signal(s),
-            (None, Some(c)) if c >= 0 => ExitStatus::Code(c),
-            _ => ExitStatus::Signal(9),
-        };
-        let mut stdout = out.stdout.into_bytes();
-        let mut stderr = out.stderr.into_bytes();
-        stdout.truncate(request.output_limit);
-        stderr.truncate(request.output_limit);
-        Ok(ExecResult {
-            status,
-            stdout,
-            stderr,
-            stdout_truncated: out.stdout_truncated,
-            stderr_truncated: out.stderr_truncated,
-            timed_out: out.timed_out,
-            duration: out.execution_time.unwrap_or(out.elapsed),
-        })
+        out.into_exec_result(
+            request.output_limit,
+            &format!(" in sandbox {}", self.sandbox_id),
+        )
     }
 
     async fn read(&self, path: &str) -> Result<Vec<u8>> {
