@@ -36,33 +36,50 @@ use crate::server::{ApiError, AppState, json_body, ok_empty, query_one, query_pa
 
 /// One command, running or finished.
 pub(crate) struct Command {
-    id: String,
-    content: String,
-    background: bool,
-    started_at: DateTime<Utc>,
+    pub(crate) id: String,
+    pub(crate) content: String,
+    pub(crate) background: bool,
+    pub(crate) started_at: DateTime<Utc>,
     cancel: CancellationToken,
     state: Mutex<CommandState>,
 }
 
 #[derive(Default)]
-struct CommandState {
-    running: bool,
-    exit_code: Option<i32>,
-    error: Option<String>,
-    finished_at: Option<DateTime<Utc>>,
+pub(crate) struct CommandState {
+    pub(crate) running: bool,
+    pub(crate) exit_code: Option<i32>,
+    pub(crate) error: Option<String>,
+    pub(crate) finished_at: Option<DateTime<Utc>>,
     /// Why it was cancelled, set before cancelling.
     cancel_reason: Option<String>,
-    /// Background commands: stdout and stderr interleaved as read.
-    log: Vec<u8>,
+    /// Background commands: stdout and stderr, apart and in the order read.
+    pub(crate) log: crate::background::Log,
+    /// How it ended, once it has (signal, timeout, interrupt, truncation).
+    pub(crate) end: Option<CommandEndExtension>,
 }
 
 impl Command {
-    fn lock(&self) -> std::sync::MutexGuard<'_, CommandState> {
+    /// A command that starts now, running.
+    pub(crate) fn new(content: &str, background: bool) -> Arc<Command> {
+        Arc::new(Command {
+            id: new_id(),
+            content: content.to_owned(),
+            background,
+            started_at: Utc::now(),
+            cancel: CancellationToken::new(),
+            state: Mutex::new(CommandState {
+                running: true,
+                ..Default::default()
+            }),
+        })
+    }
+
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, CommandState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Kills it (its process group) with `reason`, unless it already finished.
-    fn interrupt(&self, reason: &str) {
+    pub(crate) fn interrupt(&self, reason: &str) {
         {
             let mut st = self.lock();
             if !st.running {
@@ -102,7 +119,10 @@ pub(crate) struct Registry {
 #[derive(Default)]
 struct RegistryInner {
     map: HashMap<String, Arc<Command>>,
-    finished: VecDeque<String>,
+    /// Finished commands, oldest first, with the bytes of output each keeps.
+    finished: VecDeque<(String, usize)>,
+    /// The bytes of output the finished commands keep, together.
+    finished_bytes: usize,
 }
 
 impl Registry {
@@ -124,8 +144,21 @@ impl Registry {
         self.running.load(Ordering::SeqCst)
     }
 
-    fn get(&self, id: &str) -> Option<Arc<Command>> {
+    pub(crate) fn get(&self, id: &str) -> Option<Arc<Command>> {
         self.lock().map.get(id).cloned()
+    }
+
+    /// Every background command remembered, oldest first.
+    pub(crate) fn background_commands(&self) -> Vec<Arc<Command>> {
+        let mut all: Vec<Arc<Command>> = self
+            .lock()
+            .map
+            .values()
+            .filter(|c| c.background)
+            .cloned()
+            .collect();
+        all.sort_by(|a, b| (a.started_at, &a.id).cmp(&(b.started_at, &b.id)));
+        all
     }
 
     fn insert(&self, cmd: Arc<Command>) {
@@ -133,16 +166,47 @@ impl Registry {
         self.lock().map.insert(cmd.id.clone(), cmd);
     }
 
+    /// Inserts a background command unless `limit` background commands already run.
+    pub(crate) fn insert_background(
+        &self,
+        cmd: Arc<Command>,
+        limit: usize,
+    ) -> Result<(), ApiError> {
+        let mut inner = self.lock();
+        let running = inner
+            .map
+            .values()
+            .filter(|c| c.background && c.lock().running)
+            .count();
+        if running >= limit {
+            return Err(crate::background::too_many(limit));
+        }
+        self.running.fetch_add(1, Ordering::SeqCst);
+        inner.map.insert(cmd.id.clone(), cmd);
+        Ok(())
+    }
+
     fn finished(&self, id: &str) {
         let mut inner = self.lock();
-        inner.finished.push_back(id.to_owned());
-        while inner.finished.len() > self.max_finished {
-            if let Some(old) = inner.finished.pop_front() {
+        let cmd = inner.map.get(id).cloned();
+        let bytes = cmd.as_ref().map_or(0, |c| c.lock().log.len());
+        inner.finished.push_back((id.to_owned(), bytes));
+        inner.finished_bytes += bytes;
+        // Bounded in number and in bytes kept (the newest finished command always stays).
+        while inner.finished.len() > self.max_finished
+            || (inner.finished_bytes > crate::background::MAX_FINISHED_BYTES
+                && inner.finished.len() > 1)
+        {
+            if let Some((old, n)) = inner.finished.pop_front() {
                 inner.map.remove(&old);
+                inner.finished_bytes -= n;
             }
         }
         drop(inner);
         self.running.fetch_sub(1, Ordering::SeqCst);
+        if let Some(c) = cmd {
+            c.lock().log.wake();
+        }
     }
 
     /// Kills every running command.
@@ -199,7 +263,7 @@ fn argv_to_shell(argv: &[String]) -> String {
 }
 
 /// Turns the wire request into what the process runner takes, checking everything first.
-fn build_exec(
+pub(crate) fn build_exec(
     state: &AppState,
     req: &RunCommandRequest,
 ) -> Result<(ExecRequest, OwnedFd), ApiError> {
@@ -276,7 +340,13 @@ async fn start(state: Arc<AppState>, req: Request) -> Result<Response, ApiError>
             ..Default::default()
         }),
     });
-    state.commands.insert(cmd.clone());
+    if request.background {
+        state
+            .commands
+            .insert_background(cmd.clone(), sessionbox_core::MAX_RUNNING_COMMANDS)?;
+    } else {
+        state.commands.insert(cmd.clone());
+    }
     tracing::debug!(id = %cmd.id, background = cmd.background, "command started");
 
     let (tx, rx) = unbounded_channel::<Bytes>();
@@ -403,7 +473,7 @@ impl OutputSink<'_> {
                 let text = self.decoders[i].push(data);
                 self.send(i, text, tx);
             }
-            None => self.cmd.lock().log.extend_from_slice(data),
+            None => self.cmd.lock().log.push(i, data, self.truncated[i]),
         }
     }
 
@@ -427,6 +497,19 @@ impl OutputSink<'_> {
             }
         }
     }
+}
+
+/// Runs background command `cmd` (already in the registry) in a task of the registry.
+pub(crate) fn spawn_background(
+    state: &Arc<AppState>,
+    cmd: Arc<Command>,
+    exec: ExecRequest,
+    cwd: OwnedFd,
+) {
+    state
+        .commands
+        .tasks
+        .spawn(execute(state.clone(), cmd, exec, cwd, None));
 }
 
 /// Runs one command to its end and records how it ended; for a foreground command, sends the
@@ -527,6 +610,7 @@ async fn execute(
         st.exit_code = exit_code;
         st.error = error;
         st.finished_at = Some(Utc::now());
+        st.end = Some(ext);
     }
     state.commands.finished(&cmd.id);
     state.activity.touch();
@@ -601,8 +685,7 @@ pub(crate) async fn command_logs(
     }
     let (chunk, next) = {
         let st = cmd.lock();
-        let from = cursor.min(st.log.len());
-        (Bytes::copy_from_slice(&st.log[from..]), st.log.len())
+        (Bytes::from(st.log.combined_from(cursor)), st.log.len())
     };
     let mut response = (StatusCode::OK, chunk).into_response();
     let h = response.headers_mut();

@@ -62,9 +62,10 @@ fn apply(ws: &Workspace, request: FsRequest) -> Result<FsResponse, Error> {
 }
 
 /// The status of each kind, and `SESSIONBOX::<code>` as the body's code.
-fn typed_error(e: &Error) -> Response {
+pub(crate) fn typed_error(e: &Error) -> Response {
     let status = match e {
         Error::NotFound(_) => StatusCode::NOT_FOUND,
+        Error::Busy(_) => StatusCode::TOO_MANY_REQUESTS,
         Error::AlreadyExists(_) | Error::Conflict(_) => StatusCode::CONFLICT,
         Error::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         Error::TimedOut(_) => StatusCode::GATEWAY_TIMEOUT,

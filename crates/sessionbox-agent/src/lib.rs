@@ -37,6 +37,7 @@
 //! The crate's README lists the endpoints, the sessionbox extensions to the protocol, and what
 //! is not supported.
 
+mod background;
 mod cli;
 mod commands;
 mod egress_relay;

@@ -327,6 +327,18 @@ fn router(state: Arc<AppState>) -> Router {
         )
         .route(wire::METRICS, get(metrics::metrics))
         .route(sessionbox_execd::fs_ext::FS_PATH, post(crate::fs_ext::fs))
+        .route(
+            sessionbox_execd::commands_ext::COMMANDS_PATH,
+            post(crate::background::spawn).get(crate::background::list),
+        )
+        .route(
+            "/sessionbox/v1/commands/{id}",
+            get(crate::background::get).delete(crate::background::kill),
+        )
+        .route(
+            "/sessionbox/v1/commands/{id}/output",
+            get(crate::background::output),
+        )
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), check_token))
         .layer(middleware::from_fn_with_state(

@@ -390,6 +390,54 @@ async fn run_command(
     Ok(result?)
 }
 
+/// The most wrapper output a command with this output limit can give: both streams as base64
+/// (one byte past the limit each) and the marker lines.
+fn trailer_cap(limit: usize) -> usize {
+    limit
+        .saturating_add(1)
+        .div_ceil(3)
+        .saturating_mul(8)
+        .saturating_add(1024)
+}
+
+/// Keeps at most `limit` bytes; true when some were cut.
+fn cut(mut data: Vec<u8>, limit: usize) -> (Vec<u8>, bool) {
+    if data.len() > limit {
+        data.truncate(limit);
+        (data, true)
+    } else {
+        (data, false)
+    }
+}
+
+/// A command's exact output as [`scripts::EXEC`] and [`scripts::COLLECT`] print it.
+#[derive(Debug, Default, PartialEq)]
+struct Trailer {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+}
+
+impl Trailer {
+    /// `None` unless `text` is the whole format, end marker included.
+    fn parse(text: &[u8]) -> Option<Trailer> {
+        use base64::Engine as _;
+        let text = std::str::from_utf8(text).ok()?;
+        let mut lines = text.split('\n');
+        let head = lines.next()?;
+        let status = head.strip_prefix("sessionbox-aio:1 ")?;
+        if status != "-" && status.parse::<i32>().is_err() {
+            return None;
+        }
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let stdout = b64.decode(lines.next()?).ok()?;
+        let stderr = b64.decode(lines.next()?).ok()?;
+        if lines.next()? != "sessionbox-aio:end" || lines.any(|l| !l.is_empty()) {
+            return None;
+        }
+        Some(Trailer { stdout, stderr })
+    }
+}
+
 #[async_trait]
 impl Runtime for AioRuntime {
     fn info(&self) -> RuntimeInfo {
@@ -687,6 +735,20 @@ impl Session for AioSession {
                 base64::engine::general_purpose::STANDARD.encode(stdin),
             );
         }
+        // The command's output goes to files in a directory of its own and comes back as
+        // base64 (see scripts::EXEC): AIO's JSON text cannot carry bytes that are not UTF-8.
+        let out_dir = format!(
+            "{}/{}/{}.{}",
+            self.runtime.root,
+            scripts::EXEC_OUTPUT_DIR,
+            self.key.as_str(),
+            unique()
+        );
+        let limit = request.output_limit;
+        // One byte past the limit tells a stream that was cut from one that was exactly full.
+        let read_limit = limit.saturating_add(1).to_string();
+        env.insert("SB_OUT".into(), out_dir.clone());
+        env.insert("SB_LIMIT".into(), read_limit.clone());
         let started = Instant::now();
         let out = run_command(
             &self.runtime.client,
@@ -695,10 +757,9 @@ impl Session for AioSession {
             &self.ws,
             env,
             request.timeout,
-            request.output_limit,
+            trailer_cap(limit),
         )
         .await?;
-        let duration = started.elapsed();
         if out.exit_code == Some(scripts::EXEC_REFUSED) {
             let err = String::from_utf8_lossy(&out.stderr);
             let shown = request.cwd.as_deref().unwrap_or(".");
@@ -715,23 +776,68 @@ impl Session for AioSession {
                 "sessionbox-aio:no-workspace" => {
                     return Err(Error::NotFound("the workspace no longer exists".into()));
                 }
+                "sessionbox-aio:no-output-dir" => {
+                    return Err(Error::Backend(format!(
+                        "cannot create the command's output directory {out_dir}"
+                    )));
+                }
                 _ => {}
             }
         }
+        let output = match Trailer::parse(&out.stdout) {
+            Some(t) => t,
+            // The wrapper was killed before it printed the output (timeout, kill): read what
+            // the command left in its files.
+            None => {
+                let env = BTreeMap::from([
+                    ("SB_OUT".to_owned(), out_dir),
+                    ("SB_LIMIT".to_owned(), read_limit),
+                ]);
+                let c = run_command(
+                    &self.runtime.client,
+                    None,
+                    scripts::COLLECT,
+                    "/",
+                    env,
+                    Duration::from_secs(60),
+                    trailer_cap(limit),
+                )
+                .await?;
+                if c.stdout.starts_with(b"sessionbox-aio:gone") {
+                    Trailer::default()
+                } else {
+                    Trailer::parse(&c.stdout).ok_or_else(|| {
+                        Error::Backend(format!(
+                            "the command's output could not be read back (exit {:?}): {}",
+                            c.exit_code,
+                            String::from_utf8_lossy(&c.stderr)
+                                .trim()
+                                .chars()
+                                .take(300)
+                                .collect::<String>()
+                        ))
+                    })?
+                }
+            }
+        };
+        let duration = started.elapsed();
         let timed_out = out.client_timed_out || out.status == CommandStatus::TimedOut;
         let status = match (out.status, out.exit_code) {
             _ if timed_out => ExitStatus::Signal(9),
-            (CommandStatus::Completed, Some(c)) => ExitStatus::Code(c),
-            (_, Some(c)) if c > 128 => ExitStatus::Signal(c - 128),
+            // The wrapper's shell reports a command killed by signal N as 128+N (it cannot tell
+            // that from `exit 128+N`); the other runtimes report the signal, and so does this.
+            (_, Some(c)) if (129..=192).contains(&c) => ExitStatus::Signal(c - 128),
             (_, Some(c)) => ExitStatus::Code(c),
             (_, None) => ExitStatus::Signal(9),
         };
+        let (stdout, stdout_truncated) = cut(output.stdout, limit);
+        let (stderr, stderr_truncated) = cut(output.stderr, limit);
         Ok(ExecResult {
             status,
-            stdout: out.stdout,
-            stderr: out.stderr,
-            stdout_truncated: out.stdout_truncated,
-            stderr_truncated: out.stderr_truncated,
+            stdout,
+            stderr,
+            stdout_truncated,
+            stderr_truncated,
             timed_out,
             duration,
         })
@@ -975,6 +1081,26 @@ mod tests {
             c.root = bad.into();
             assert!(AioRuntime::new(c).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn trailers_parse_only_when_whole() {
+        let t = Trailer::parse(b"sessionbox-aio:1 3\nAP8=\n\nsessionbox-aio:end\n").unwrap();
+        assert_eq!((t.stdout, t.stderr), (vec![0, 255], vec![]));
+        assert!(Trailer::parse(b"sessionbox-aio:1 -\n\nZQ==\nsessionbox-aio:end\n").is_some());
+        for bad in [
+            &b""[..],
+            b"sessionbox-aio:1 3\nAP8=\n",
+            b"sessionbox-aio:1 3\nAP8=\n\n",
+            b"sessionbox-aio:1 x\n\n\nsessionbox-aio:end\n",
+            b"sessionbox-aio:1 0\n!!\n\nsessionbox-aio:end\n",
+            b"noise\nsessionbox-aio:1 0\n\n\nsessionbox-aio:end\n",
+        ] {
+            assert!(Trailer::parse(bad).is_none(), "{bad:?}");
+        }
+        assert_eq!(cut(b"abc".to_vec(), 2), (b"ab".to_vec(), true));
+        assert_eq!(cut(b"ab".to_vec(), 2), (b"ab".to_vec(), false));
+        assert!(trailer_cap(1 << 20) > 2 * (((1 << 20) + 1) / 3 + 1) * 4);
     }
 
     #[test]

@@ -13,18 +13,59 @@ mkdir -m 700 -- "$SB_WS" 2>/dev/null || [ -d "$SB_WS" ] || { printf 'err\tio\tca
 printf 'ok\n'"#;
 
 /// Wraps a caller's command: enters the working directory, checks that its real path is inside
-/// the workspace's real path, then runs the command with `/bin/sh -c`. Env: `SB_WS`, `SB_CWD`,
-/// `SB_CMD`, optionally `SB_STDIN` (base64). Refusals exit 125 with a marker line on stderr.
+/// the workspace's real path, then runs the command with `/bin/sh -c`, its stdout and stderr
+/// going to files `o` and `e` in a new directory `SB_OUT` (mode 0700). When the command has
+/// ended it prints, on its own stdout, the exact bytes as base64 (at most `SB_LIMIT` bytes of
+/// each stream), then removes the directory and exits with the command's status:
+///
+/// ```text
+/// sessionbox-aio:1 STATUS
+/// BASE64 OF STDOUT
+/// BASE64 OF STDERR
+/// sessionbox-aio:end
+/// ```
+///
+/// AIO's `/v1/bash/exec` carries output as JSON text decoded from UTF-8 (so bytes that are not
+/// UTF-8 are lost there); base64 is ASCII and survives. When the wrapper is killed (timeout,
+/// kill) the files stay and [`COLLECT`] reads them. Env: `SB_WS`, `SB_CWD`, `SB_CMD`,
+/// `SB_OUT`, `SB_LIMIT`, optionally `SB_STDIN` (base64). Refusals exit 125 with a marker line
+/// on stderr.
 pub const EXEC: &str = r#"sb_w=$(realpath -e -- "$SB_WS" 2>/dev/null) || { printf 'sessionbox-aio:no-workspace\n' >&2; exit 125; }
 cd -P -- "$SB_CWD" 2>/dev/null || { printf 'sessionbox-aio:cwd-missing\n' >&2; exit 125; }
 case "$(pwd -P)/" in "$sb_w"/*) ;; *) printf 'sessionbox-aio:cwd-outside\n' >&2; exit 125;; esac
-sb_cmd=$SB_CMD; sb_in=${SB_STDIN-}; sb_has_in=${SB_STDIN+1}
-unset SB_WS SB_CWD SB_CMD SB_STDIN sb_w
+sb_o=$SB_OUT
+mkdir -m 700 -- "$sb_o" 2>/dev/null || { mkdir -p -- "${sb_o%/*}" 2>/dev/null && mkdir -m 700 -- "$sb_o"; } 2>/dev/null || { printf 'sessionbox-aio:no-output-dir\n' >&2; exit 125; }
+sb_cmd=$SB_CMD; sb_in=${SB_STDIN-}; sb_has_in=${SB_STDIN+1}; sb_l=$SB_LIMIT
+unset SB_WS SB_CWD SB_CMD SB_STDIN SB_OUT SB_LIMIT sb_w
 if [ -n "$sb_has_in" ]; then
-  printf '%s' "$sb_in" | base64 -d | /bin/sh -c "$sb_cmd"
+  printf '%s' "$sb_in" | base64 -d | /bin/sh -c "$sb_cmd" >"$sb_o/o" 2>"$sb_o/e"
 else
-  exec /bin/sh -c "$sb_cmd" </dev/null
-fi"#;
+  /bin/sh -c "$sb_cmd" </dev/null >"$sb_o/o" 2>"$sb_o/e"
+fi
+sb_rc=$?
+printf 'sessionbox-aio:1 %s\n' "$sb_rc"
+[ -s "$sb_o/o" ] && head -c "$sb_l" -- "$sb_o/o" | base64 -w 0
+printf '\n'
+[ -s "$sb_o/e" ] && head -c "$sb_l" -- "$sb_o/e" | base64 -w 0
+printf '\nsessionbox-aio:end\n'
+rm -rf -- "$sb_o"
+exit "$sb_rc""#;
+
+/// Reads what a command wrapped by [`EXEC`] left in `SB_OUT` when the wrapper did not get to
+/// print it (killed at its timeout, or by a kill), in [`EXEC`]'s format with `-` as the status,
+/// and removes the directory; prints `sessionbox-aio:gone` when there is no such directory.
+/// Env: `SB_OUT`, `SB_LIMIT`.
+pub const COLLECT: &str = r#"[ -d "$SB_OUT" ] || { printf 'sessionbox-aio:gone\n'; exit 0; }
+printf 'sessionbox-aio:1 -\n'
+[ -s "$SB_OUT/o" ] && head -c "$SB_LIMIT" -- "$SB_OUT/o" | base64 -w 0
+printf '\n'
+[ -s "$SB_OUT/e" ] && head -c "$SB_LIMIT" -- "$SB_OUT/e" | base64 -w 0
+printf '\nsessionbox-aio:end\n'
+rm -rf -- "$SB_OUT""#;
+
+/// Directory, beside the workspaces under the conversations root, holding the per-command
+/// output directories of [`EXEC`] (named `<key>.<unique>`, removed when the command ends).
+pub const EXEC_OUTPUT_DIR: &str = ".sessionbox-exec";
 
 /// Exit code [`EXEC`] uses when it refuses.
 pub const EXEC_REFUSED: i32 = 125;
@@ -115,8 +156,8 @@ remove)
 *) fail invalid "unknown operation" ;;
 esac"#;
 
-/// Kills every process whose working directory is inside `SB_WS` (then removes the workspace
-/// when `SB_REMOVE=1`). Prints `ok KILLED REMOVED`. `SB_WS` is always `<root>/<64 hex digits>`.
+/// Kills every process whose working directory is inside `SB_WS` (then removes the workspace,
+/// and any output directories its commands left in [`EXEC_OUTPUT_DIR`], when `SB_REMOVE=1`). Prints `ok KILLED REMOVED`. `SB_WS` is always `<root>/<64 hex digits>`.
 pub const DESTROY: &str = r#"set -u
 W=$(realpath -m -- "$SB_WS")
 killed=0
@@ -134,6 +175,7 @@ done
 removed=0
 if [ "${SB_REMOVE-}" = 1 ] && { [ -e "$SB_WS" ] || [ -L "$SB_WS" ]; }; then
   rm -rf -- "$SB_WS" 2>/dev/null && removed=1
+  rm -rf -- "${SB_WS%/*}/.sessionbox-exec/${SB_WS##*/}".* 2>/dev/null
   [ -e "$SB_WS" ] && { printf 'err\tio\tcannot remove the workspace\n'; exit 0; }
 fi
 printf 'ok\t%s\t%s\n' "$killed" "$removed""#;

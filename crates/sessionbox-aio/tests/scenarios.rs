@@ -7,11 +7,11 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::Target;
+use common::{Expect, Target};
 use sessionbox_aio::{AioConfig, AioRuntime, Endpoint, Secret};
 use sessionbox_core::{
-    ConversationRef, EditRequest, Error, ExecRequest, ExitStatus, FileKind, GrepRequest, Runtime,
-    Session,
+    ConversationRef, EditRequest, Error, ExecRequest, ExitStatus, FileKind, GrepRequest,
+    OutputStream, Runtime, Session,
 };
 use sessionbox_manager::Manager;
 use sessionbox_store::Store;
@@ -587,4 +587,75 @@ async fn unreachable_or_unauthorized_servers_are_typed_errors_without_the_token(
         assert_eq!(sh(&*s, "echo ok").await, "ok\n");
         rt.destroy(s.key()).await.unwrap();
     }
+}
+
+/// Issue 15: a command's output comes back byte for byte, through `exec` and `exec_stream`
+/// (AIO's `/v1/bash/exec` carries text only; the runtime sends the bytes as base64), and the
+/// per-command output directories are gone afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn output_is_exact_bytes_through_exec_and_exec_stream() {
+    let target = Target::new();
+    let rt = target.runtime();
+    let s = rt.open(&conv("exact")).await.unwrap();
+    for (name, command, stdout, stderr) in common::exact_cases() {
+        let r = s.exec(ExecRequest::new(command)).await.unwrap();
+        assert_eq!(r.status, ExitStatus::Code(0), "{name}: {r:?}");
+        let want = match stdout {
+            Expect::Bytes(b) => b.to_vec(),
+            Expect::File(f) => s.read(f).await.unwrap(),
+        };
+        assert!(!want.is_empty(), "{name}");
+        assert!(
+            r.stdout == want,
+            "{name}: stdout differs ({} bytes, want {})",
+            r.stdout.len(),
+            want.len()
+        );
+        assert_eq!(r.stderr, stderr, "{name}: stderr");
+
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let mut sink = |stream: OutputStream, b: &[u8]| match stream {
+            OutputStream::Stdout => out.extend_from_slice(b),
+            OutputStream::Stderr => err.extend_from_slice(b),
+        };
+        let r2 = s
+            .exec_stream(ExecRequest::new(command), &mut sink)
+            .await
+            .unwrap();
+        let want = match stdout {
+            Expect::Bytes(b) => b.to_vec(),
+            Expect::File(f) => s.read(f).await.unwrap(),
+        };
+        assert!(
+            out == want && r2.stdout == want,
+            "{name}: streamed stdout differs"
+        );
+        assert_eq!(err, stderr, "{name}: streamed stderr");
+    }
+    // The cap still holds on exact output, and a timed-out command keeps its partial bytes.
+    let r = s
+        .exec(ExecRequest::new(r"printf '\377\000\377\000'").output_limit(3))
+        .await
+        .unwrap();
+    assert_eq!(
+        (&r.stdout[..], r.stdout_truncated),
+        (&b"\xff\0\xff"[..], true)
+    );
+    let r = s
+        .exec(ExecRequest::new(r"printf '\377x'; sleep 30").timeout(Duration::from_millis(1500)))
+        .await
+        .unwrap();
+    assert!(r.timed_out, "{r:?}");
+    assert_eq!(r.stdout, b"\xffx");
+    // A command killed by a signal reports it, as on the other runtimes.
+    let r = s.exec(ExecRequest::new("kill -9 $$")).await.unwrap();
+    assert_eq!(r.status, ExitStatus::Signal(9), "{r:?}");
+    if target.server.is_some() {
+        let outputs = std::path::Path::new(&target.root).join(".sessionbox-exec");
+        let left: Vec<_> = std::fs::read_dir(&outputs)
+            .map(|d| d.collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "output directories left behind: {left:?}");
+    }
+    rt.destroy(s.key()).await.unwrap();
 }

@@ -10,6 +10,7 @@
 //!
 //! Architecture invariant: this crate does no I/O and depends on no runtime crate.
 
+mod background;
 mod error;
 mod exec;
 mod files;
@@ -17,6 +18,10 @@ mod ids;
 mod path;
 mod runtime;
 
+pub use background::{
+    BackgroundCommand, CommandOutput, MAX_COMMAND_ID_BYTES, MAX_OUTPUT_CHUNK, MAX_OUTPUT_WAIT,
+    MAX_RUNNING_COMMANDS, OutputRequest, background_unsupported, validate_command_id,
+};
 pub use error::{Error, Result};
 pub use exec::{
     BASE_PATH, CappedSink, DEFAULT_OUTPUT_LIMIT, DEFAULT_TIMEOUT, ExecRequest, ExecResult,

@@ -3,6 +3,7 @@
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use crate::background::{BackgroundCommand, CommandOutput, OutputRequest, background_unsupported};
 use crate::error::Result;
 use crate::exec::{ExecRequest, ExecResult, ExecSink, OutputStream};
 use crate::files::{DirEntry, EditRequest, EditResult, FileStat, GrepMatch, GrepRequest};
@@ -200,6 +201,68 @@ pub trait Session: Send + Sync {
     /// Creates a directory and its parents; succeeds when it exists.
     async fn mkdir(&self, path: &str) -> Result<()>;
 
+    /// Starts `request` in the background and returns at once with its id. The command is
+    /// owned where it runs (the sandbox's agent, or a supervisor of the runtime), not by this
+    /// session or this process: it outlives both, and any later session of the conversation
+    /// lists, reads and kills it. Its stdout and stderr are kept apart, each up to the
+    /// request's `output_limit` bytes; its `timeout` ends it as for [`Session::exec`].
+    ///
+    /// The default refuses: a runtime that cannot run background commands says so.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidRequest`] or a path error before anything runs;
+    /// [`crate::Error::Busy`] when [`crate::MAX_RUNNING_COMMANDS`] commands already run in the
+    /// conversation (finished ones do not count); [`crate::Error::RuntimeUnavailable`] when
+    /// the runtime cannot run background commands.
+    async fn spawn(&self, request: ExecRequest) -> Result<BackgroundCommand> {
+        let _ = request;
+        Err(background_unsupported("of this conversation"))
+    }
+
+    /// The conversation's background commands, running ones and the most recent finished ones
+    /// (runtimes keep a bounded number), oldest first.
+    ///
+    /// # Errors
+    /// As [`Session::spawn`] for a runtime without background commands;
+    /// [`crate::Error::Backend`] when the runtime cannot be asked.
+    async fn commands(&self) -> Result<Vec<BackgroundCommand>> {
+        Err(background_unsupported("of this conversation"))
+    }
+
+    /// One background command's status.
+    ///
+    /// # Errors
+    /// [`crate::Error::NotFound`] for an id the conversation does not have (or no longer
+    /// remembers); [`crate::Error::InvalidRequest`] for a malformed id.
+    async fn command(&self, id: &str) -> Result<BackgroundCommand> {
+        let _ = id;
+        Err(background_unsupported("of this conversation"))
+    }
+
+    /// A background command's output from two byte offsets on, each stream apart, exactly as
+    /// written. When there is nothing past both offsets and the command still runs, waits up to
+    /// `read.wait` for new output or for its end, whichever comes first (a long poll): a caller
+    /// follows a command live by calling again from [`CommandOutput::stdout_next`] and
+    /// [`CommandOutput::stderr_next`] until [`CommandOutput::complete`].
+    ///
+    /// # Errors
+    /// As [`Session::command`]; [`crate::Error::InvalidRequest`] when `read` is out of bounds
+    /// ([`OutputRequest::validate`]).
+    async fn command_output(&self, id: &str, read: OutputRequest) -> Result<CommandOutput> {
+        let _ = (id, read);
+        Err(background_unsupported("of this conversation"))
+    }
+
+    /// Kills a running background command's process group and returns its status once it has
+    /// ended; a command that has already ended is returned as it is, at once.
+    ///
+    /// # Errors
+    /// As [`Session::command`].
+    async fn kill_command(&self, id: &str) -> Result<BackgroundCommand> {
+        let _ = id;
+        Err(background_unsupported("of this conversation"))
+    }
+
     /// True when opening found the conversation's sandbox gone (expired, or deleted by
     /// someone else) and started a fresh, empty one in its place: the files from before are
     /// lost. Runtimes whose state cannot vanish always say false.
@@ -306,6 +369,19 @@ mod tests {
         async fn list(&self) -> Result<Vec<RuntimeConversation>> {
             Ok(Vec::new())
         }
+    }
+
+    #[tokio::test]
+    async fn by_default_a_session_refuses_background_commands_with_a_clear_error() {
+        let s = Fixed(ConversationKey::parse(&"c".repeat(64)).unwrap());
+        let e = s.spawn(ExecRequest::new("true")).await.unwrap_err();
+        assert_eq!(e.code(), "runtime_unavailable");
+        assert!(
+            e.to_string().contains("cannot run background commands"),
+            "{e}"
+        );
+        assert!(s.commands().await.is_err());
+        assert!(s.kill_command("a").await.is_err());
     }
 
     #[tokio::test]

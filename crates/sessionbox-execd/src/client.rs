@@ -625,7 +625,7 @@ impl ExecdClient {
     }
 
     /// Sends a non-streaming request, checks the status and returns the response.
-    async fn call(
+    pub(crate) async fn call(
         &self,
         op: &'static str,
         method: Method,

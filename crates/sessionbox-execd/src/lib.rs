@@ -27,6 +27,7 @@
 //! ```
 
 mod client;
+pub mod commands_ext;
 mod error;
 pub mod fs_ext;
 pub mod multipart;

@@ -15,9 +15,11 @@ use sessionbox_core::{
     Error, ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch, GrepRequest, Limits,
     OutputStream, Result, Runtime, RuntimeConversation, RuntimeInfo, Session,
 };
+use sessionbox_core::{BackgroundCommand, CommandOutput, OutputRequest};
 use sessionbox_fs::Workspace;
 
 use crate::process;
+use crate::supervise::CommandDir;
 
 /// Settings of the `host` runtime.
 #[derive(Debug, Clone)]
@@ -28,6 +30,14 @@ pub struct HostConfig {
     pub limits: Limits,
     /// Time between SIGTERM and SIGKILL when a command times out.
     pub kill_grace: Duration,
+    /// The binary that runs background commands: started with
+    /// [`crate::supervise::SUPERVISOR_ENV`], it must call
+    /// [`crate::supervise::supervisor_main`] first thing (the `sessionbox` binary does). `None`:
+    /// background commands are refused with a clear error.
+    pub supervisor: Option<PathBuf>,
+    /// Arguments given to `supervisor` (none for the `sessionbox` binary; a test binary may
+    /// need some to reach its supervisor entry).
+    pub supervisor_args: Vec<String>,
 }
 
 impl HostConfig {
@@ -37,6 +47,8 @@ impl HostConfig {
             data_dir: data_dir.into(),
             limits: Limits::default(),
             kill_grace: Duration::from_secs(2),
+            supervisor: None,
+            supervisor_args: Vec::new(),
         }
     }
 }
@@ -45,8 +57,12 @@ impl HostConfig {
 #[derive(Debug, Clone)]
 pub struct HostRuntime {
     workspaces: PathBuf,
+    /// `<data dir>/run`: each conversation's background commands, in `<key>/commands`.
+    run: PathBuf,
     limits: Limits,
     kill_grace: Duration,
+    supervisor: Option<PathBuf>,
+    supervisor_args: Vec<String>,
 }
 
 impl HostRuntime {
@@ -60,10 +76,14 @@ impl HostRuntime {
     pub fn new(config: HostConfig) -> Result<Self> {
         let workspaces = Self::workspaces_dir(&config.data_dir)?;
         create_private_dir_all(&workspaces)?;
+        let run = workspaces.with_file_name("run");
         Ok(HostRuntime {
             workspaces,
+            run,
             limits: config.limits,
             kill_grace: config.kill_grace,
+            supervisor: config.supervisor,
+            supervisor_args: config.supervisor_args,
         })
     }
 
@@ -83,6 +103,10 @@ impl HostRuntime {
 
     fn dir_of(&self, key: &ConversationKey) -> PathBuf {
         self.workspaces.join(key.as_str())
+    }
+
+    fn commands_of(&self, key: &ConversationKey) -> PathBuf {
+        self.run.join(key.as_str()).join("commands")
     }
 }
 
@@ -138,14 +162,28 @@ impl Runtime for HostRuntime {
             key: conversation.key.clone(),
             workspace: Arc::new(ws),
             kill_grace: self.kill_grace,
+            commands: self.supervisor.as_ref().map(|exe| CommandDir {
+                dir: self.commands_of(&conversation.key),
+                exe: exe.clone(),
+                args: self.supervisor_args.clone(),
+            }),
         }))
     }
 
     async fn destroy(&self, key: &ConversationKey) -> Result<DestroyReport> {
         let dir = self.dir_of(key);
+        let run = self.run.join(key.as_str());
+        let commands = CommandDir {
+            dir: self.commands_of(key),
+            exe: PathBuf::new(),
+            args: Vec::new(),
+        };
         let key = key.clone();
         tokio::task::spawn_blocking(move || {
             let mut report = DestroyReport::default();
+            // Background commands: their supervisors first (without waiting for them to
+            // record anything), then, below, every process in the workspace.
+            report.processes_killed += commands.kill_all_supervisors();
             // Kill until none is left: a dying shell may have forked once more.
             for _ in 0..10 {
                 let pids = process::processes_under(&dir);
@@ -164,6 +202,11 @@ impl Runtime for HostRuntime {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(Error::Backend(format!("cannot inspect the workspace: {e}"))),
+            }
+            if run.exists() {
+                sessionbox_fs::remove_tree(&run).map_err(|e| {
+                    Error::Backend(format!("cannot remove the commands of {key}: {e}"))
+                })?;
             }
             Ok(report)
         })
@@ -202,6 +245,8 @@ struct HostSession {
     key: ConversationKey,
     workspace: Arc<Workspace>,
     kill_grace: Duration,
+    /// Its background commands; `None` without a supervisor binary.
+    commands: Option<CommandDir>,
 }
 
 impl HostSession {
@@ -221,6 +266,18 @@ impl HostSession {
             kill_grace: self.kill_grace,
         };
         process::run(spawn, on_output).await
+    }
+
+    fn commands(&self) -> Result<&CommandDir> {
+        self.commands.as_ref().ok_or_else(|| {
+            Error::RuntimeUnavailable {
+                runtime: "host".into(),
+                reason: "no supervisor binary is configured for background commands".into(),
+                hint: "run the command in the foreground, or serve through the sessionbox \
+                       binary, which supervises them"
+                    .into(),
+            }
+        })
     }
 
     async fn fs<T: Send + 'static>(
@@ -306,6 +363,43 @@ impl Session for HostSession {
     async fn mkdir(&self, path: &str) -> Result<()> {
         let path = path.to_owned();
         self.fs(move |ws| ws.mkdir(&path)).await
+    }
+
+    async fn spawn(&self, request: ExecRequest) -> Result<BackgroundCommand> {
+        request.validate()?;
+        let commands = self.commands()?.clone();
+        let cwd = request.cwd.clone().unwrap_or_else(|| ".".to_owned());
+        let ws = self.workspace.clone();
+        let grace = self.kill_grace;
+        tokio::task::spawn_blocking(move || {
+            let cwd_fd = ws.open_dir(&cwd)?;
+            commands.spawn(&request, cwd_fd, ws.presented_root(), grace)
+        })
+        .await
+        .map_err(Error::backend)?
+    }
+
+    async fn commands(&self) -> Result<Vec<BackgroundCommand>> {
+        let commands = self.commands()?.clone();
+        tokio::task::spawn_blocking(move || Ok(commands.load_all()))
+            .await
+            .map_err(Error::backend)?
+    }
+
+    async fn command(&self, id: &str) -> Result<BackgroundCommand> {
+        let commands = self.commands()?.clone();
+        let id = id.to_owned();
+        tokio::task::spawn_blocking(move || commands.get(&id))
+            .await
+            .map_err(Error::backend)?
+    }
+
+    async fn command_output(&self, id: &str, read: OutputRequest) -> Result<CommandOutput> {
+        self.commands()?.output(id, read).await
+    }
+
+    async fn kill_command(&self, id: &str) -> Result<BackgroundCommand> {
+        self.commands()?.kill(id).await
     }
 
     async fn close(self: Box<Self>) -> Result<()> {

@@ -26,6 +26,7 @@ use sessionbox_core::{
     Error, ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch, GrepRequest, Limits,
     OutputStream, Result, Runtime, RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
 };
+use sessionbox_core::{BackgroundCommand, CommandOutput, OutputRequest, validate_command_id};
 use sessionbox_execd::fs_ext::{FsRequest, FsResponse, FsSession};
 use sessionbox_execd::{ExecdClient, RunCommandRequest};
 
@@ -1011,6 +1012,41 @@ impl Session for IsolatedSession {
 
     async fn mkdir(&self, path: &str) -> Result<()> {
         self.fs_mkdir(path).await
+    }
+
+    // Background commands are the agent's (see `sessionbox_execd::commands_ext`): they live
+    // as long as the sandbox, whoever opened it.
+
+    async fn spawn(&self, request: ExecRequest) -> Result<BackgroundCommand> {
+        request.validate()?;
+        let cwd = checked(request.cwd.as_deref().unwrap_or("."))?;
+        let run = sessionbox_execd::commands_ext::run_request(&request, cwd);
+        self.relaunching(|| self.client.spawn_background(&run), || false)
+            .await
+    }
+
+    async fn commands(&self) -> Result<Vec<BackgroundCommand>> {
+        self.relaunching(|| self.client.background_commands(), || false)
+            .await
+    }
+
+    async fn command(&self, id: &str) -> Result<BackgroundCommand> {
+        validate_command_id(id)?;
+        self.relaunching(|| self.client.background_command(id), || false)
+            .await
+    }
+
+    async fn command_output(&self, id: &str, read: OutputRequest) -> Result<CommandOutput> {
+        validate_command_id(id)?;
+        read.validate()?;
+        self.relaunching(|| self.client.background_output(id, read), || false)
+            .await
+    }
+
+    async fn kill_command(&self, id: &str) -> Result<BackgroundCommand> {
+        validate_command_id(id)?;
+        self.relaunching(|| self.client.kill_background(id), || false)
+            .await
     }
 
     async fn close(self: Box<Self>) -> Result<()> {

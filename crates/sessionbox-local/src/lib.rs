@@ -5,3 +5,4 @@ pub mod host;
 pub mod isolated;
 pub mod process;
 pub mod sandbox;
+pub mod supervise;

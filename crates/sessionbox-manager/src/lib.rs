@@ -29,9 +29,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::Utc;
 use sessionbox_core::{
-    ConversationKey, ConversationRef, DestroyReport, DirEntry, EditRequest, EditResult, Error,
-    ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch, GrepRequest, Result, Runtime, Session,
-    TenantId, WorkspacePath,
+    BackgroundCommand, CommandOutput, ConversationKey, ConversationRef, DestroyReport, DirEntry,
+    EditRequest, EditResult, Error, ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch,
+    GrepRequest, OutputRequest, Result, Runtime, Session, TenantId, WorkspacePath,
 };
 use sessionbox_skills::{Catalog, Delivery, Skills};
 use sessionbox_store::{
@@ -635,6 +635,37 @@ impl Session for Conversation {
     async fn mkdir(&self, path: &str) -> Result<()> {
         let r = self.session.mkdir(path).await;
         self.audited("mkdir", Some(path_detail(path)), r).await
+    }
+
+    // Background commands: starting, listing, reading a status and killing are audited;
+    // output reads are not (a follower polls them; the front end's own record of the request
+    // says who read).
+
+    async fn spawn(&self, request: ExecRequest) -> Result<BackgroundCommand> {
+        let r = self.session.spawn(request).await;
+        let detail = r.as_ref().ok().map(|c| format!("command={}", c.id));
+        self.audited("exec_background", detail, r).await
+    }
+
+    async fn commands(&self) -> Result<Vec<BackgroundCommand>> {
+        let r = self.session.commands().await;
+        self.audited("commands", None, r).await
+    }
+
+    async fn command(&self, id: &str) -> Result<BackgroundCommand> {
+        let r = self.session.command(id).await;
+        self.audited("command_status", Some(format!("command={id}")), r)
+            .await
+    }
+
+    async fn command_output(&self, id: &str, read: OutputRequest) -> Result<CommandOutput> {
+        self.session.command_output(id, read).await
+    }
+
+    async fn kill_command(&self, id: &str) -> Result<BackgroundCommand> {
+        let r = self.session.kill_command(id).await;
+        self.audited("command_kill", Some(format!("command={id}")), r)
+            .await
     }
 
     async fn close(self: Box<Self>) -> Result<()> {

@@ -820,7 +820,33 @@ impl OpenSandboxSession {
         let _in_use = self.in_use.enter(&self.key);
         self.client.fs(&request).await.map_err(Error::from)
     }
-}
+
+    /// Starts a background command on the agent (see `sessionbox_execd::commands_ext`), with
+    /// the same environment as a foreground one: the gateway's proxy with a token for this
+    /// command, then the caller's variables.
+    async fn spawn_background(
+        &self,
+        request: ExecRequest,
+    ) -> Result<sessionbox_core::BackgroundCommand> {
+        request.validate()?;
+        let _in_use = self.in_use.enter(&self.key);
+        let cwd = checked(request.cwd.as_deref().unwrap_or("."))?;
+        let mut run = sessionbox_execd::commands_ext::run_request(&request, cwd);
+        if let Some(gateway) = &self.gateway {
+            let policy = policy_in_force(&self.store, &self.conversation).await?;
+            let ttl = request.timeout + TOKEN_MARGIN;
+            let mut env: BTreeMap<String, String> = gateway
+                .command_env(self.key.as_str(), &policy, ttl)
+                .into_iter()
+                .collect();
+            env.extend(request.env.clone());
+            run.envs = Some(env);
+        }
+        self.client
+            .spawn_background(&run)
+            .await
+            .map_err(Error::from)
+    }}
 
 /// Checks a path here, before anything is sent (the agent checks it again beneath its root).
 fn checked(path: &str) -> Result<String> {
@@ -916,6 +942,44 @@ impl Session for OpenSandboxSession {
 
     async fn mkdir(&self, path: &str) -> Result<()> {
         self.fs_mkdir(path).await
+    }
+
+    async fn spawn(&self, request: ExecRequest) -> Result<sessionbox_core::BackgroundCommand> {
+        self.spawn_background(request).await
+    }
+
+    async fn commands(&self) -> Result<Vec<sessionbox_core::BackgroundCommand>> {
+        let _in_use = self.in_use.enter(&self.key);
+        self.client.background_commands().await.map_err(Error::from)
+    }
+
+    async fn command(&self, id: &str) -> Result<sessionbox_core::BackgroundCommand> {
+        sessionbox_core::validate_command_id(id)?;
+        let _in_use = self.in_use.enter(&self.key);
+        self.client
+            .background_command(id)
+            .await
+            .map_err(Error::from)
+    }
+
+    async fn command_output(
+        &self,
+        id: &str,
+        read: sessionbox_core::OutputRequest,
+    ) -> Result<sessionbox_core::CommandOutput> {
+        sessionbox_core::validate_command_id(id)?;
+        read.validate()?;
+        let _in_use = self.in_use.enter(&self.key);
+        self.client
+            .background_output(id, read)
+            .await
+            .map_err(Error::from)
+    }
+
+    async fn kill_command(&self, id: &str) -> Result<sessionbox_core::BackgroundCommand> {
+        sessionbox_core::validate_command_id(id)?;
+        let _in_use = self.in_use.enter(&self.key);
+        self.client.kill_background(id).await.map_err(Error::from)
     }
 
     async fn close(self: Box<Self>) -> Result<()> {

@@ -25,7 +25,7 @@ use sessionbox_manager::Conversation;
 use sessionbox_store::{AuditEntry, ConversationLock, ConversationRecord};
 
 use crate::auth::Principal;
-use crate::commands::{CommandLogsView, CommandView};
+use crate::commands::{CommandListView, CommandLogsView, CommandView};
 use crate::error::{ApiError, ErrorCode, rejection};
 use crate::openapi::{
     BinaryDoc, DirEntryDoc, EditResultDoc, ErrorBody, ExitStatusDoc, FileStatDoc, GrepMatchDoc,
@@ -50,6 +50,7 @@ pub fn router(state: AppState) -> Router {
                 .delete(destroy_conversation),
         )
         .route("/v1/conversations/{id}/exec", post(exec))
+        .route("/v1/conversations/{id}/commands", get(list_commands))
         .route(
             "/v1/conversations/{id}/commands/{cmd}",
             get(command_status).delete(kill_command),
@@ -195,6 +196,13 @@ pub(crate) struct Opened {
 }
 
 impl Opened {
+    /// The session alone: the turn and the cross-process hold end here, so a long wait on the
+    /// session (following a background command) does not hold up the conversation's other
+    /// requests. The caller closes the session.
+    pub(crate) fn detach(self) -> Conversation {
+        self.conv
+    }
+
     /// Keeps the session for the conversation's next request (closing one that the cache lets
     /// go), then ends the turn.
     pub(crate) async fn done(self) {
@@ -675,7 +683,7 @@ pub(crate) async fn destroy_conversation(
     audited!(s, p, "destroy", id, |conv| {
         let _turn = s.turn(&conv.key).await?;
         let _held = s.hold(&conv.key).await?;
-        s.commands.end_conversation(&conv.key).await;
+        s.commands.end_conversation(&conv.key);
         if let Some(c) = s.sessions.take(&conv.key) {
             crate::sessions::close_all(vec![c.conv]).await;
         }
@@ -819,20 +827,12 @@ pub(crate) async fn exec(
         let o = s.open(&conv, true).await?;
         if background {
             s.metrics.execs.with_label_values(&["background"]).inc();
-            // The turn ends here: the command runs outside the conversation's queue.
-            let Opened { conv, _turn, .. } = o;
-            drop(_turn);
-            let cmd = s.commands.start(conv, req).map_err(|max| {
-                ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "busy",
-                    format!(
-                        "{max} background commands already run in this conversation; wait for \
-                         one to end or kill one"
-                    ),
-                )
-            })?;
-            return Ok((StatusCode::ACCEPTED, Json(cmd.view())).into_response());
+            // The runtime owns the command from here; it does not hold the conversation's turn.
+            let cmd = o.conv.spawn(req).await;
+            o.done().await;
+            let cmd = cmd?;
+            crate::commands::started(&s, &conv, &cmd);
+            return Ok((StatusCode::ACCEPTED, Json(CommandView::from(&cmd))).into_response());
         }
         if stream {
             s.metrics.execs.with_label_values(&["stream"]).inc();
@@ -977,30 +977,45 @@ fn event_stream(opened: Opened, request: ExecRequest) -> Response {
 #[serde(deny_unknown_fields)]
 pub(crate) struct LogsQuery {
     #[serde(default)]
-    stdout_offset: Option<usize>,
+    stdout_offset: Option<u64>,
     #[serde(default)]
-    stderr_offset: Option<usize>,
+    stderr_offset: Option<u64>,
+    #[serde(default)]
+    wait_ms: Option<u64>,
 }
 
-impl AppState {
-    /// The background command `cmd` of `conv`: 404 when there is none (another conversation's
-    /// or tenant's commands are not found either).
-    fn command(
-        &self,
-        conv: &ConversationRef,
-        cmd: &str,
-    ) -> Result<std::sync::Arc<crate::commands::Command>, ApiError> {
-        self.commands.get(&conv.key, cmd).ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                format!(
-                    "conversation {:?} has no background command {cmd:?}",
-                    conv.id.as_str()
-                ),
-            )
-        })
-    }
+/// Most bytes of each stream one logs answer (or one event-stream step) carries.
+const LOGS_CHUNK: usize = 1024 * 1024;
+/// How long one step of a followed stream waits for output.
+const FOLLOW_WAIT: Duration = Duration::from_secs(15);
+
+/// Checks a command id before anything is opened.
+fn command_id(cmd: &str) -> Result<(), ApiError> {
+    Ok(sessionbox_core::validate_command_id(cmd)?)
+}
+
+/// Lists a conversation's background commands: running ones and the most recent finished
+/// ones, oldest first. They belong to the runtime that runs them, so a restarted server lists
+/// the commands an earlier one started.
+#[utoipa::path(get, path = "/v1/conversations/{id}/commands", tag = "exec",
+    params(("id" = String, Path, description = "conversation id")),
+    responses((status = 200, body = CommandListView), (status = 400, description = "invalid input", body = ErrorBody),
+              (status = 401, description = "no valid API key", body = ErrorBody),
+              (status = 404, description = "no such conversation", body = ErrorBody),
+              (status = 503, description = "the runtime cannot run background commands", body = ErrorBody)))]
+pub(crate) async fn list_commands(
+    State(s): State<AppState>,
+    p: Principal,
+    PathArgs(id): PathArgs<String>,
+) -> Response {
+    audited!(s, p, "commands", id, |conv| {
+        let o = s.open(&conv, false).await?;
+        let all = o.conv.commands().await;
+        o.done().await;
+        let all = all?;
+        s.commands.observe(&s, &conv, &all);
+        Ok(Json(CommandListView::of(&all)).into_response())
+    })
 }
 
 /// A background command's status: running, or how it ended.
@@ -1015,34 +1030,163 @@ pub(crate) async fn command_status(
     PathArgs((id, cmd)): PathArgs<(String, String)>,
 ) -> Response {
     audited!(s, p, "command_status", id, |conv| {
-        Ok(Json(s.command(&conv, &cmd)?.view()).into_response())
+        command_id(&cmd)?;
+        let o = s.open(&conv, false).await?;
+        let c = o.conv.command(&cmd).await;
+        o.done().await;
+        let c = c?;
+        s.commands.observe(&s, &conv, std::slice::from_ref(&c));
+        Ok(Json(CommandView::from(&c)).into_response())
     })
 }
 
-/// A background command's output from byte offsets on (poll with the `*_next_offset` of the
-/// previous answer). Kept: the first `output_limit` bytes of each stream.
+/// A background command's output from byte offsets on, stdout and stderr apart.
+///
+/// - JSON (default): the output past the offsets (at most 1 MiB of each stream; poll again from
+///   the `*_next_offset` of the answer). With `wait_ms` (at most 30000), waits that long for
+///   new output or the end when there is none yet (a long poll).
+/// - `Accept: text/event-stream`: follows the command live from the offsets: `stdout` and
+///   `stderr` events (data: `OutputText`, never split inside a character) as the command
+///   writes, then one `exit` event (data: `BackgroundCommand`) once it has ended and all its
+///   output was sent, or one `error` (data: `Error`). Keepalive comments while it is quiet.
+///   Closing the stream leaves the command running.
+///
+/// Neither holds the conversation's turn while it waits.
 #[utoipa::path(get, path = "/v1/conversations/{id}/commands/{cmd}/logs", tag = "exec",
     params(("id" = String, Path, description = "conversation id"), ("cmd" = String, Path, description = "command id"),
-           ("stdout_offset" = Option<usize>, Query, description = "bytes of stdout already read; default 0"),
-           ("stderr_offset" = Option<usize>, Query, description = "bytes of stderr already read; default 0")),
-    responses((status = 200, body = CommandLogsView), (status = 400, description = "invalid input (an offset past the output)", body = ErrorBody),
+           ("stdout_offset" = Option<u64>, Query, description = "bytes of stdout already read; default 0"),
+           ("stderr_offset" = Option<u64>, Query, description = "bytes of stderr already read; default 0"),
+           ("wait_ms" = Option<u64>, Query, description = "JSON only: wait up to this long (at most 30000) for new output; default 0"),
+           ("Accept" = Option<String>, Header, description = "text/event-stream: follow the output as server-sent events until the command ends")),
+    responses((status = 200, description = "the output, or with Accept: text/event-stream the events `stdout`/`stderr` (OutputText), `exit` (BackgroundCommand) or `error` (Error)",
+               content((CommandLogsView = "application/json"), (String = "text/event-stream"))),
+              (status = 400, description = "invalid input", body = ErrorBody),
               (status = 401, description = "no valid API key", body = ErrorBody),
               (status = 404, description = "no such conversation or command", body = ErrorBody)))]
 pub(crate) async fn command_logs(
     State(s): State<AppState>,
     p: Principal,
     PathArgs((id, cmd)): PathArgs<(String, String)>,
+    headers: HeaderMap,
     QueryArgs(q): QueryArgs<LogsQuery>,
 ) -> Response {
+    let follow = wants_event_stream(&headers);
     audited!(s, p, "command_logs", id, |conv| {
-        let c = s.command(&conv, &cmd)?;
-        let logs = c.logs(q.stdout_offset.unwrap_or(0), q.stderr_offset.unwrap_or(0))?;
-        Ok(Json(logs).into_response())
+        command_id(&cmd)?;
+        let read = sessionbox_core::OutputRequest {
+            stdout_from: q.stdout_offset.unwrap_or(0),
+            stderr_from: q.stderr_offset.unwrap_or(0),
+            max_bytes: LOGS_CHUNK,
+            wait: Duration::from_millis(q.wait_ms.unwrap_or(0)),
+        };
+        read.validate()?;
+        if follow && q.wait_ms.is_some() {
+            return Err(ApiError::bad_request(
+                "wait_ms is for JSON polls; an event stream follows the command by itself",
+            ));
+        }
+        let o = s.open(&conv, false).await?;
+        // Check the command exists before answering 200 (an event stream cannot say 404).
+        let first = match o.conv.command(&cmd).await {
+            Ok(c) => c,
+            Err(e) => {
+                o.done().await;
+                return Err(e.into());
+            }
+        };
+        s.commands.observe(&s, &conv, std::slice::from_ref(&first));
+        if follow {
+            return Ok(follow_command(o.detach(), cmd, read));
+        }
+        if read.wait.is_zero() {
+            let out = o.conv.command_output(&cmd, read).await;
+            o.done().await;
+            return Ok(Json(CommandLogsView::of(&out?)).into_response());
+        }
+        let session = o.detach();
+        let out = session.command_output(&cmd, read).await;
+        let _ = Box::new(session).close().await;
+        Ok(Json(CommandLogsView::of(&out?)).into_response())
     })
 }
 
-/// Kills a background command's process group and waits for it to end; answers its final
-/// status. A command that already ended is left as it was.
+/// Follows command `id` on `session` from the offsets of `from` as server-sent events, until it
+/// has ended and its output was sent, or the client goes away; then closes the session.
+fn follow_command(
+    session: Conversation,
+    id: String,
+    from: sessionbox_core::OutputRequest,
+) -> Response {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+
+    use crate::output::Utf8Chunker;
+
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+    tokio::spawn(async move {
+        fn send(tx: &tokio::sync::mpsc::UnboundedSender<Event>, name: &str, data: impl Serialize) {
+            if let Ok(e) = Event::default().event(name).json_data(data) {
+                let _ = tx.send(e);
+            }
+        }
+        let mut chunkers = [Utf8Chunker::default(), Utf8Chunker::default()];
+        let mut read = from;
+        read.wait = FOLLOW_WAIT;
+        loop {
+            let step = tokio::select! {
+                r = session.command_output(&id, read) => r,
+                () = tx.closed() => break,
+            };
+            match step {
+                Ok(out) => {
+                    for (i, (name, bytes)) in [("stdout", &out.stdout), ("stderr", &out.stderr)]
+                        .into_iter()
+                        .enumerate()
+                    {
+                        if let Some(text) = chunkers[i].push(bytes) {
+                            send(&tx, name, text);
+                        }
+                    }
+                    read.stdout_from = out.stdout_next();
+                    read.stderr_from = out.stderr_next();
+                    if out.complete() {
+                        for (i, name) in ["stdout", "stderr"].into_iter().enumerate() {
+                            if let Some(text) = chunkers[i].finish() {
+                                send(&tx, name, text);
+                            }
+                        }
+                        send(&tx, "exit", CommandView::from(&out.command));
+                        break;
+                    }
+                }
+                Err(e) => {
+                    let e = ApiError::from(e);
+                    send(
+                        &tx,
+                        "error",
+                        serde_json::json!({"code": e.code, "message": e.message}),
+                    );
+                    break;
+                }
+            }
+        }
+        let _ = Box::new(session).close().await;
+        drop(tx);
+    });
+    let events = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|e| (Ok::<_, std::convert::Infallible>(e), rx))
+    });
+    let mut r = Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response();
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
+
+/// Kills a background command's process group and answers its final status once it has
+/// ended; a command that had already ended is answered as it was, at once.
 #[utoipa::path(delete, path = "/v1/conversations/{id}/commands/{cmd}", tag = "exec",
     params(("id" = String, Path, description = "conversation id"), ("cmd" = String, Path, description = "command id")),
     responses((status = 200, description = "killed, or had ended", body = CommandView), (status = 400, description = "invalid input", body = ErrorBody),
@@ -1054,9 +1198,13 @@ pub(crate) async fn kill_command(
     PathArgs((id, cmd)): PathArgs<(String, String)>,
 ) -> Response {
     audited!(s, p, "command_kill", id, |conv| {
-        let c = s.command(&conv, &cmd)?;
-        c.kill().await;
-        Ok(Json(c.view()).into_response())
+        command_id(&cmd)?;
+        let o = s.open(&conv, false).await?;
+        let c = o.conv.kill_command(&cmd).await;
+        o.done().await;
+        let c = c?;
+        s.commands.observe(&s, &conv, std::slice::from_ref(&c));
+        Ok(Json(CommandView::from(&c)).into_response())
     })
 }
 

@@ -171,6 +171,7 @@ impl Modify for Security {
         api::open_conversation,
         api::destroy_conversation,
         api::exec,
+        api::list_commands,
         api::command_status,
         api::command_logs,
         api::kill_command,
@@ -201,7 +202,9 @@ impl Modify for Security {
         ExitStatusDoc,
         FileKindDoc,
         crate::output::OutputText,
-        api::ExecExit
+        api::ExecExit,
+        crate::commands::CommandView,
+        crate::commands::CommandListView
     )),
     modifiers(&Security, &IdRule),
     security(("bearer" = []), ("api_key" = []))

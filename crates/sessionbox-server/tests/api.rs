@@ -16,6 +16,27 @@ use sessionbox_manager::Manager;
 use sessionbox_server::{AppState, ServerConfig};
 use sessionbox_store::{AuditFilter, Store};
 
+/// The host runtime's settings, with this test binary as its command supervisor: started with
+/// the supervisor's variable and these arguments, it runs only [`supervisor_entry`], which
+/// becomes the supervisor (as the `sessionbox` binary does first thing in `main`).
+fn host_config(dir: &std::path::Path) -> HostConfig {
+    let mut c = HostConfig::new(dir);
+    c.supervisor = Some(std::env::current_exe().unwrap());
+    c.supervisor_args = ["supervisor_entry", "--exact", "--test-threads=1", "-q"]
+        .map(String::from)
+        .to_vec();
+    c
+}
+
+/// Not a test: the entry of the host runtime's command supervisor (see [`host_config`]); run
+/// by the test runner, it does nothing.
+#[test]
+fn supervisor_entry() {
+    if sessionbox_local::supervise::is_supervisor_invocation() {
+        sessionbox_local::supervise::supervisor_main();
+    }
+}
+
 struct Server {
     base: String,
     client: Client,
@@ -32,8 +53,7 @@ impl Server {
     async fn start(mut config: ServerConfig, with_key: bool) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("sessionbox.db")).unwrap();
-        let runtime: Arc<dyn Runtime> =
-            Arc::new(HostRuntime::new(HostConfig::new(dir.path())).unwrap());
+        let runtime: Arc<dyn Runtime> = Arc::new(HostRuntime::new(host_config(dir.path())).unwrap());
         let key = if with_key {
             store
                 .create_api_key(&TenantId::new("acme").unwrap(), Some("test"), Utc::now())
@@ -1264,6 +1284,7 @@ async fn the_openapi_document_lists_every_route_and_matches_the_responses() {
             (format!("{c}/stat"), "get"),
             (format!("{c}/glob"), "get"),
             (format!("{c}/grep"), "post"),
+            (format!("{c}/commands"), "get"),
             (format!("{c}/commands/{{cmd}}"), "get"),
             (format!("{c}/commands/{{cmd}}"), "delete"),
             (format!("{c}/commands/{{cmd}}/logs"), "get"),
@@ -1428,7 +1449,7 @@ async fn the_openapi_document_lists_every_route_and_matches_the_responses() {
         )
         .await;
         assert_eq!(st, StatusCode::ACCEPTED);
-        assert_eq!(keys(&v), properties(&doc, "CommandView"));
+        assert_eq!(keys(&v), properties(&doc, "BackgroundCommand"));
         let id = v["id"].as_str().unwrap().to_owned();
         let done = until(10, || {
             let r = s.req(Method::GET, &format!("{base}/commands/{id}")).send();

@@ -319,6 +319,10 @@ fn main() -> ExitCode {
     if sessionbox_local::sandbox::is_init_invocation() {
         sessionbox_local::sandbox::init_main();
     }
+    // A host background command's supervisor, likewise (see `sessionbox_local::supervise`).
+    if sessionbox_local::supervise::is_supervisor_invocation() {
+        sessionbox_local::supervise::supervisor_main();
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -604,6 +608,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         RuntimeKind::Host => {
             let mut host = HostConfig::new(&data_dir);
+            host.supervisor = std::env::current_exe().ok();
             if let Some(l) = file.limits {
                 host.limits = l;
             }

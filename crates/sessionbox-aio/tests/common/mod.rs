@@ -158,3 +158,51 @@ impl Target {
         self.server.as_ref().expect("a local test server")
     }
 }
+
+/// What a byte-exactness case's stdout must be.
+pub enum Expect {
+    /// These bytes.
+    Bytes(&'static [u8]),
+    /// The bytes of this workspace file, which the command wrote too.
+    File(&'static str),
+}
+
+/// The byte-exactness cases (issue 15): `(name, command, stdout, stderr)`. Random bytes
+/// (compared with the copy the command wrote), NUL and invalid UTF-8 on both streams, a
+/// character split across two writes 0.2 s apart, and a `tar czf -` archive of a directory
+/// (compared with the archive `tee` wrote).
+pub fn exact_cases() -> Vec<(&'static str, &'static str, Expect, &'static [u8])> {
+    vec![
+        (
+            "random",
+            "head -c 65536 /dev/urandom > r.bin && cat r.bin",
+            Expect::File("r.bin"),
+            b"",
+        ),
+        (
+            "nul-invalid",
+            r"printf 'a\000b\377\376c\n'; printf 'e\000\377' >&2",
+            Expect::Bytes(b"a\0b\xff\xfec\n"),
+            b"e\0\xff",
+        ),
+        (
+            "split",
+            r"printf '\342\202'; sleep 0.2; printf '\254\000\377'",
+            Expect::Bytes(b"\xe2\x82\xac\x00\xff"),
+            b"",
+        ),
+        (
+            "tar",
+            "rm -rf d && mkdir -p d/sub && head -c 20000 /dev/urandom > d/sub/x && \
+             printf 'h\\342\\202\\254llo\\n' > d/y && tar czf - d | tee d.tgz",
+            Expect::File("d.tgz"),
+            b"",
+        ),
+        (
+            "utf8",
+            r"printf 'h\342\202\254llo\n'",
+            Expect::Bytes("h€llo\n".as_bytes()),
+            b"",
+        ),
+    ]
+}

@@ -52,6 +52,10 @@ fn run_command(command: &str) -> i32 {
 }
 
 fn main() {
+    // Also the host runtime's command supervisor, for tests/host_background.rs.
+    if sessionbox_local::supervise::is_supervisor_invocation() {
+        sessionbox_local::supervise::supervisor_main();
+    }
     let args: Vec<String> = std::env::args().collect();
     if !sandbox::is_init_invocation() && args.get(1).map(String::as_str) == Some("run-command") {
         std::process::exit(run_command(&args[2]));

@@ -1,0 +1,232 @@
+//! Background commands of the `host` runtime, with real supervisors (the test-support binary
+//! `sessionbox-sandbox-init` is also a supervisor, as the `sessionbox` binary is) and real
+//! processes: exact output kept apart, the limit on running commands only, kill, a second
+//! runtime over the same data directory (a restarted server) that finds a command still
+//! running, and destroy.
+
+use std::time::{Duration, Instant};
+
+use sessionbox_core::{
+    ConversationId, ConversationRef, Error, ExecRequest, ExitStatus, MAX_RUNNING_COMMANDS,
+    OutputRequest, Runtime, Session, TenantId,
+};
+use sessionbox_local::host::{HostConfig, HostRuntime};
+
+fn runtime(dir: &std::path::Path) -> HostRuntime {
+    let mut c = HostConfig::new(dir);
+    c.supervisor = Some(env!("CARGO_BIN_EXE_sessionbox-sandbox-init").into());
+    HostRuntime::new(c).unwrap()
+}
+
+fn conversation(id: &str) -> ConversationRef {
+    ConversationRef::new(
+        TenantId::new("t").unwrap(),
+        ConversationId::new(id).unwrap(),
+    )
+}
+
+/// Reads everything until the command has ended, following it with long polls.
+async fn follow(
+    s: &dyn Session,
+    id: &str,
+) -> (Vec<u8>, Vec<u8>, sessionbox_core::BackgroundCommand) {
+    let mut read = OutputRequest::from_start();
+    read.wait = Duration::from_secs(5);
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    loop {
+        let o = s.command_output(id, read).await.unwrap();
+        out.extend_from_slice(&o.stdout);
+        err.extend_from_slice(&o.stderr);
+        read.stdout_from = o.stdout_next();
+        read.stderr_from = o.stderr_next();
+        if o.complete() {
+            return (out, err, o.command);
+        }
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !s.rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+    })
+}
+
+async fn wait_until(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_is_exact_and_apart_and_the_exit_status_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime(dir.path());
+    let s = rt.open(&conversation("exact")).await.unwrap();
+    let c = s
+        .spawn(ExecRequest::new(
+            "printf 'a\\000\\377\\n'; sleep 0.3; printf 'err\\342\\202' >&2; printf z; exit 7",
+        ))
+        .await
+        .unwrap();
+    assert!(c.running);
+    let (out, err, end) = follow(s.as_ref(), &c.id).await;
+    assert_eq!(out, b"a\0\xff\nz");
+    assert_eq!(err, b"err\xe2\x82");
+    assert_eq!(
+        (end.status, end.shell_exit_code()),
+        (Some(ExitStatus::Code(7)), Some(7))
+    );
+    assert!(
+        !end.killed && !end.timed_out && end.error.is_none(),
+        "{end:?}"
+    );
+    assert_eq!((end.stdout_bytes, end.stderr_bytes), (5, 5));
+    let listed = s.commands().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].id, c.id);
+
+    // The output limit holds while it streams, and is said to.
+    let c = s
+        .spawn(ExecRequest::new("head -c 100000 /dev/zero").output_limit(10))
+        .await
+        .unwrap();
+    let (out, _, end) = follow(s.as_ref(), &c.id).await;
+    assert_eq!((out.len(), end.stdout_truncated), (10, true));
+
+    // Bad input is a typed error, and creates nothing.
+    for bad in ["../x", "", "a/b"] {
+        assert_eq!(s.command(bad).await.unwrap_err().code(), "invalid_request");
+    }
+    assert!(matches!(
+        s.command("feedface").await,
+        Err(Error::NotFound(_))
+    ));
+    let mut read = OutputRequest::from_start();
+    read.stdout_from = 99;
+    assert_eq!(
+        s.command_output(&c.id, read).await.unwrap_err().code(),
+        "invalid_request"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_running_commands_count_against_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime(dir.path());
+    let s = rt.open(&conversation("slots")).await.unwrap();
+    // 20 short commands one after another: every one is accepted.
+    for i in 0..20 {
+        let c = s
+            .spawn(ExecRequest::new(format!("echo {i}")))
+            .await
+            .unwrap();
+        let (out, _, end) = follow(s.as_ref(), &c.id).await;
+        assert_eq!(
+            (out, end.shell_exit_code()),
+            (format!("{i}\n").into_bytes(), Some(0))
+        );
+    }
+    // The limit is on running ones.
+    let mut sleepers = Vec::new();
+    for _ in 0..MAX_RUNNING_COMMANDS {
+        sleepers.push(s.spawn(ExecRequest::new("sleep 30")).await.unwrap().id);
+    }
+    let e = s.spawn(ExecRequest::new("true")).await.unwrap_err();
+    assert_eq!(e.code(), "busy", "{e}");
+    // A killed one frees its slot; killing it again (finished) answers at once.
+    let killed = s.kill_command(&sleepers[0]).await.unwrap();
+    assert!(!killed.running && killed.killed, "{killed:?}");
+    assert_eq!(killed.status, Some(ExitStatus::Signal(9)));
+    let t = Instant::now();
+    let again = s.kill_command(&sleepers[0]).await.unwrap();
+    assert!(
+        t.elapsed() < Duration::from_millis(200),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(again.finished_at_ms, killed.finished_at_ms);
+    s.spawn(ExecRequest::new("true")).await.unwrap();
+    // Destroy with many commands, finished and running, does not wait for each.
+    let t = Instant::now();
+    let report = rt.destroy(&conversation("slots").key).await.unwrap();
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert!(
+        report.processes_killed >= MAX_RUNNING_COMMANDS - 1,
+        "{report:?}"
+    );
+    assert!(
+        !dir.path()
+            .join("run")
+            .join(conversation("slots").key.as_str())
+            .exists()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_outlives_its_runtime_and_a_new_one_reads_and_kills_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let conv = conversation("restart");
+    let id = {
+        let rt = runtime(dir.path());
+        let s = rt.open(&conv).await.unwrap();
+        let c = s
+            .spawn(ExecRequest::new(
+                "echo $$ > pid; echo started; sleep 30; echo done",
+            ))
+            .await
+            .unwrap();
+        // Wait for its first line, then drop everything of this runtime.
+        let mut read = OutputRequest::from_start();
+        read.wait = Duration::from_secs(5);
+        let o = s.command_output(&c.id, read).await.unwrap();
+        assert_eq!(o.stdout, b"started\n");
+        c.id
+    };
+    let rt = runtime(dir.path());
+    let s = rt.open(&conv).await.unwrap();
+    let listed = s.commands().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert!(listed[0].running, "{:?}", listed[0]);
+    let pid: u32 = String::from_utf8(s.read("pid").await.unwrap())
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(alive(pid));
+    // A long poll from the end returns when the command ends (killed meanwhile), not later.
+    let t = Instant::now();
+    let killer = {
+        let s2 = rt.open(&conv).await.unwrap();
+        let id = id.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            s2.kill_command(&id).await.unwrap()
+        })
+    };
+    let mut read = OutputRequest::from_start();
+    read.stdout_from = 8;
+    read.wait = Duration::from_secs(20);
+    let o = s.command_output(&id, read).await.unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert!(!o.command.running && o.command.killed, "{:?}", o.command);
+    assert!(o.stdout.is_empty(), "'done' was never written");
+    let end = killer.await.unwrap();
+    assert_eq!(end.shell_exit_code(), Some(137));
+    assert!(wait_until(5, || !alive(pid)).await, "pid {pid} lives");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_supervisor_background_commands_are_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = HostRuntime::new(HostConfig::new(dir.path())).unwrap();
+    let s = rt.open(&conversation("plain")).await.unwrap();
+    let e = s.spawn(ExecRequest::new("true")).await.unwrap_err();
+    assert_eq!(e.code(), "runtime_unavailable");
+    assert!(e.to_string().contains("supervisor"), "{e}");
+}
