@@ -79,6 +79,7 @@ function check(name, fn, into = results) {
     console.log(`  ok   ${name}`);
   } catch (e) {
     let detail = e instanceof Unmet ? e.message : `${e?.name ?? "Error"}: ${e?.message ?? e}`;
+    if (e?.statusCode) detail += ` (HTTP ${e.statusCode}: ${typeof e.rawBody === "string" ? e.rawBody : show(e.rawBody)})`;
     detail = detail.slice(0, 600);
     into.push([name, false, detail]);
     console.log(`  FAIL ${name}: ${detail}`);
