@@ -5,6 +5,11 @@
 //! (`fstatat(AT_SYMLINK_NOFOLLOW)` of one name in a parent directory that the workspace opened
 //! beneath the root). Every path is validated before anything is changed, so a request with one
 //! bad path changes nothing.
+//!
+//! Paths are read as upstream reads them for `~`: a leading `~` or `~/` is the workspace root
+//! (commands' `HOME`), by [`Workspace::with_home_expansion`]; `$NAME` stays literal. Once a
+//! path is resolved it is handed back to the workspace presented (absolute), never relative, so
+//! an entry literally named `~` is not read as the root a second time.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -18,8 +23,8 @@ use rustix::fs::{AtFlags, FileType as RawType};
 use sessionbox_core::{EditRequest, Error, FileKind, WorkspacePath};
 use sessionbox_execd::wire::{error_code, query, upload};
 use sessionbox_execd::{
-    FileInfo, FileMetadata, FileType, Permission, RenameFileItem, ReplaceFileContentItem,
-    ReplaceFileContentResult, mode_to_wire,
+    FileInfo, FileType, RenameFileItem, ReplaceFileContentItem, ReplaceFileContentResult,
+    mode_from_wire, mode_to_wire,
 };
 use sessionbox_fs::Workspace;
 
@@ -80,14 +85,19 @@ fn lstat(ws: &Workspace, rel: &WorkspacePath) -> Result<rustix::fs::Stat, Error>
     };
     match (rel.parent(), rel.file_name()) {
         (Some(parent), Some(name)) => {
-            let dir = ws.open_dir(parent.as_relative())?;
+            let dir = ws.open_dir(&at(ws, &parent))?;
             rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW).map_err(map)
         }
         _ => {
-            let dir = ws.open_dir(".")?;
+            let dir = ws.open_dir(ws.presented_root())?;
             rustix::fs::fstat(&dir).map_err(map)
         }
     }
+}
+
+/// `rel` as an absolute presented path, to hand a resolved path back to the workspace.
+fn at(ws: &Workspace, rel: &WorkspacePath) -> String {
+    rel.presented(ws.presented_root())
 }
 
 fn time_of(secs: i64, nanos: i64) -> String {
@@ -177,7 +187,7 @@ pub(crate) async fn remove_files(State(state): State<Arc<AppState>>, req: Reques
                     }
                     Ok(_) => {}
                 }
-                match ws.remove(rel.as_relative(), false) {
+                match ws.remove(&at(&ws, rel), false) {
                     Ok(()) | Err(Error::NotFound(_)) => {}
                     Err(e) => return Err(e.into()),
                 }
@@ -214,7 +224,7 @@ pub(crate) async fn move_files(State(state): State<Arc<AppState>>, req: Request)
                         .into());
                     }
                 }
-                ws.rename(src.as_relative(), dest.as_relative())?;
+                ws.rename(&at(&ws, src), &at(&ws, dest))?;
             }
             Ok(ok_empty())
         })
@@ -222,19 +232,109 @@ pub(crate) async fn move_files(State(state): State<Arc<AppState>>, req: Request)
     )
 }
 
-/// `POST /files/permissions`: not supported (501): sessionbox-fs has no confined chmod/chown,
-/// and the agent runs every command as one user.
-pub(crate) async fn set_permissions(State(state): State<Arc<AppState>>, req: Request) -> Response {
-    if let Err(e) = json_body::<BTreeMap<String, Permission>>(&state, req).await {
-        return e.into_response();
+/// Mode, owner and group of `POST /files/permissions`, `POST /directories` and upload
+/// metadata, as upstream reads them: `mode` absent, null or 0 leaves the mode; owner and group
+/// absent or empty leave them.
+#[derive(Debug, Default, serde::Deserialize)]
+struct PermissionSpec {
+    #[serde(default)]
+    mode: Option<u32>,
+    #[serde(default)]
+    owner: Option<String>,
+    #[serde(default)]
+    group: Option<String>,
+}
+
+/// A [`PermissionSpec`] checked and turned into bits and ids.
+#[derive(Debug, Clone, Copy, Default)]
+struct Change {
+    mode: Option<u32>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+}
+
+/// Reads an upstream mode (`755`: decimal digits that are octal); `0` is "unchanged". Setuid,
+/// setgid and sticky bits are refused here (upstream drops them silently).
+fn wire_mode(mode: Option<u32>, path: &str) -> Result<Option<u32>, ApiError> {
+    let Some(m) = mode.filter(|m| *m != 0) else {
+        return Ok(None);
+    };
+    let bits = mode_from_wire(m).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "invalid mode {m} for {path}: the digits must be octal (0-7), as in 755"
+        ))
+    })?;
+    if bits & !sessionbox_fs::PERMISSION_BITS != 0 {
+        return Err(ApiError::bad_request(format!(
+            "mode {m} for {path} is refused: setuid, setgid and sticky bits cannot be set \
+             through sessionbox-agent; give permission bits only (at most 777)"
+        )));
     }
-    ApiError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        error_code::NOT_SUPPORTED,
-        "changing permissions or ownership is not supported by sessionbox-agent; run chmod \
-         in a command instead",
+    Ok(Some(bits))
+}
+
+/// The id of a user or group name in a passwd-style file; an all-digit string is taken as the
+/// id itself when no entry has that name.
+fn id_of(kind: &str, file: &str, name: &str, path: &str) -> Result<u32, ApiError> {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    let found = text.lines().find_map(|l| {
+        let mut f = l.split(':');
+        (f.next()? == name).then(|| f.nth(1)?.parse().ok())?
+    });
+    found.or_else(|| name.parse().ok()).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "unknown {kind} {name:?} for {path}: no such name in {file}"
+        ))
+    })
+}
+
+impl PermissionSpec {
+    fn check(&self, path: &str) -> Result<Change, ApiError> {
+        let name = |v: &Option<String>| v.as_deref().filter(|n| !n.is_empty()).map(str::to_owned);
+        Ok(Change {
+            mode: wire_mode(self.mode, path)?,
+            uid: name(&self.owner)
+                .map(|n| id_of("user", "/etc/passwd", &n, path))
+                .transpose()?,
+            gid: name(&self.group)
+                .map(|n| id_of("group", "/etc/group", &n, path))
+                .transpose()?,
+        })
+    }
+}
+
+/// Checks every entry (paths, modes, names) before anything is changed.
+fn check_all(
+    ws: &Workspace,
+    items: &BTreeMap<String, PermissionSpec>,
+) -> Result<Vec<(String, Change)>, ApiError> {
+    items
+        .iter()
+        .map(|(p, spec)| {
+            let rel = ws.resolve(p)?;
+            Ok((at(ws, &rel), spec.check(p)?))
+        })
+        .collect()
+}
+
+/// `POST /files/permissions`: `{path: {mode, owner, group}}`; each path must exist (a regular
+/// file or a directory, links inside followed). Every entry is checked first; then they are
+/// applied in path order, and the first failure stops (earlier ones stay applied, as upstream).
+pub(crate) async fn set_permissions(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    let items: BTreeMap<String, PermissionSpec> = match json_body(&state, req).await {
+        Ok(i) => i,
+        Err(e) => return e.into_response(),
+    };
+    let ws = state.ws.clone();
+    respond(
+        blocking(move || {
+            for (p, c) in check_all(&ws, &items)? {
+                ws.set_permissions(&p, c.mode, c.uid, c.gid)?;
+            }
+            Ok(ok_empty())
+        })
+        .await,
     )
-    .into_response()
 }
 
 /// Escapes glob metacharacters so a directory name is matched literally.
@@ -268,7 +368,7 @@ pub(crate) async fn search(State(state): State<Arc<AppState>>, req: Request) -> 
     respond(
         blocking(move || {
             let rel = ws.resolve(&dir)?;
-            ws.stat(rel.as_relative())?;
+            ws.stat(&at(&ws, &rel))?;
             let base = glob_escape(rel.as_str());
             let sub = if pattern == "**" || pattern.contains('/') {
                 pattern.clone()
@@ -284,7 +384,9 @@ pub(crate) async fn search(State(state): State<Arc<AppState>>, req: Request) -> 
             let mut names = Names::default();
             let mut out = Vec::with_capacity(found.len());
             for f in found {
-                let Ok(r) = ws.resolve(&f) else { continue };
+                let Ok(r) = ws.resolve(&format!("{}/{f}", ws.presented_root())) else {
+                    continue;
+                };
                 match file_info(&ws, &r, &mut names) {
                     Ok(i) => out.push(i),
                     Err(Error::NotFound(_)) => {} // removed meanwhile
@@ -337,7 +439,7 @@ pub(crate) async fn replace(State(state): State<Arc<AppState>>, req: Request) ->
             }
             let mut results = BTreeMap::new();
             for (p, rel, item) in todo {
-                let data = ws.read(rel.as_relative())?;
+                let data = ws.read(&at(&ws, &rel))?;
                 let mut count = count_occurrences(&data, item.old.as_bytes());
                 if count > 0 {
                     let edit = EditRequest {
@@ -345,7 +447,7 @@ pub(crate) async fn replace(State(state): State<Arc<AppState>>, req: Request) ->
                         new: item.new.clone(),
                         replace_all: true,
                     };
-                    count = ws.edit(rel.as_relative(), &edit)?.replacements as u64;
+                    count = ws.edit(&at(&ws, &rel), &edit)?.replacements as u64;
                 }
                 results.insert(
                     p.clone(),
@@ -366,8 +468,9 @@ pub(crate) async fn replace(State(state): State<Arc<AppState>>, req: Request) ->
 
 /// `POST /files/upload`: multipart, the n-th `metadata` part (JSON `FileMetadata`, sent as a file
 /// part by the SDK; a plain field is accepted too) paired with the n-th `file` part. Each file
-/// is written atomically, parents created. `mode`, `owner` and `group` are ignored (new files
-/// get `0644`, existing ones keep their bits).
+/// is written atomically, parents created, with `mode` set before it appears (without one, new
+/// files get `0644` and existing ones keep their bits); `owner`/`group` (names) are applied
+/// after the write. Every path, mode and name is checked before anything is written.
 pub(crate) async fn upload(State(state): State<Arc<AppState>>, req: Request) -> Response {
     respond(upload_inner(state, req).await)
 }
@@ -436,7 +539,7 @@ async fn upload_inner(state: Arc<AppState>, req: Request) -> Result<Response, Ap
     }
     let mut targets = Vec::with_capacity(files.len());
     for m in &metadata {
-        let meta: FileMetadata = parse_json(m).map_err(|e| {
+        let meta: UploadMetadata = parse_json(m).map_err(|e| {
             bad(
                 error_code::INVALID_FILE_METADATA,
                 format!("invalid metadata format: {}", e.message),
@@ -448,17 +551,33 @@ async fn upload_inner(state: Arc<AppState>, req: Request) -> Result<Response, Ap
                 "metadata path is empty".into(),
             ));
         }
-        targets.push(meta.path);
+        let change = meta.spec.check(&meta.path)?;
+        targets.push((meta.path, change));
     }
     let ws = state.ws.clone();
     blocking(move || {
-        let rels = resolve_all(&ws, &targets)?;
-        for (rel, data) in rels.iter().zip(&files) {
-            ws.write(rel.as_relative(), data)?;
+        let mut todo = Vec::with_capacity(targets.len());
+        for (p, change) in &targets {
+            todo.push((at(&ws, &ws.resolve(p)?), *change));
+        }
+        for ((p, c), data) in todo.iter().zip(&files) {
+            ws.write_with_mode(p, data, c.mode)?;
+            if c.uid.is_some() || c.gid.is_some() {
+                ws.set_permissions(p, None, c.uid, c.gid)?;
+            }
         }
         Ok(ok_empty())
     })
     .await
+}
+
+/// One upload `metadata` part: `{path, mode, owner, group}`.
+#[derive(Debug, serde::Deserialize)]
+struct UploadMetadata {
+    #[serde(default)]
+    path: String,
+    #[serde(flatten)]
+    spec: PermissionSpec,
 }
 
 /// One satisfiable byte range, or why there is none.
@@ -506,6 +625,31 @@ fn parse_range(s: &str, size: u64) -> Option<RangeSpec> {
         first.get_or_insert(RangeSpec::Bytes(start, len));
     }
     Some(first.unwrap_or(RangeSpec::Unsatisfiable))
+}
+
+/// Lines `offset` (1-based) .. `offset + limit` of `data`, as upstream's line reads: split on
+/// `\n`, every trailing `\r`/`\n` removed from each line, joined with `\n`, no final newline;
+/// empty past the end.
+fn select_lines(data: &[u8], offset: u64, limit: Option<u64>) -> Vec<u8> {
+    let skip = usize::try_from(offset.saturating_sub(1)).unwrap_or(usize::MAX);
+    let take = limit.map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX));
+    let mut out = Vec::new();
+    for (i, line) in data
+        .split_inclusive(|b| *b == b'\n')
+        .skip(skip)
+        .take(take)
+        .enumerate()
+    {
+        if i > 0 {
+            out.push(b'\n');
+        }
+        let end = line
+            .iter()
+            .rposition(|b| *b != b'\n' && *b != b'\r')
+            .map_or(0, |e| e + 1);
+        out.extend_from_slice(&line[..end]);
+    }
+    out
 }
 
 /// `Content-Disposition: attachment; filename=...`, RFC 5987-encoded when not plain ASCII.
@@ -573,15 +717,7 @@ async fn download_inner(state: Arc<AppState>, req: Request) -> Result<Response, 
         }
         return blocking(move || {
             let data = ws.read(&path)?;
-            let skip = offset.unwrap_or(1).saturating_sub(1) as usize;
-            let take = limit.map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX));
-            let text: Vec<u8> = data
-                .split_inclusive(|b| *b == b'\n')
-                .skip(skip)
-                .take(take)
-                .flatten()
-                .copied()
-                .collect();
+            let text = select_lines(&data, offset.unwrap_or(1), limit);
             let mut r = (StatusCode::OK, text).into_response();
             r.headers_mut().insert(
                 header::CONTENT_TYPE,
@@ -596,7 +732,7 @@ async fn download_inner(state: Arc<AppState>, req: Request) -> Result<Response, 
         let path = path.clone();
         blocking(move || {
             let rel = ws.resolve(&path)?;
-            let st = ws.stat(rel.as_relative())?;
+            let st = ws.stat(&at(&ws, &rel))?;
             if st.kind != FileKind::File {
                 return Err(Error::Conflict(format!(
                     "{} is not a regular file",
@@ -637,7 +773,7 @@ async fn download_inner(state: Arc<AppState>, req: Request) -> Result<Response, 
             }
         };
         let rel2 = rel.clone();
-        let data = blocking(move || Ok(ws.read_range(rel2.as_relative(), start, len)?)).await?;
+        let data = blocking(move || Ok(ws.read_range(&at(&ws, &rel2), start, len)?)).await?;
         let end = start + (data.len() as u64).max(1) - 1;
         if let Ok(v) = HeaderValue::from_str(&format!("bytes {start}-{end}/{size}")) {
             headers.insert(header::CONTENT_RANGE, v);
@@ -645,7 +781,7 @@ async fn download_inner(state: Arc<AppState>, req: Request) -> Result<Response, 
         return Ok((StatusCode::PARTIAL_CONTENT, headers, data).into_response());
     }
     if size <= ws.limits().max_file_bytes {
-        let data = blocking(move || Ok(ws.read(rel.as_relative())?)).await?;
+        let data = blocking(move || Ok(ws.read(&at(&ws, &rel))?)).await?;
         return Ok((StatusCode::OK, headers, data).into_response());
     }
     // Larger than one read may be: stream it in chunks, each read beneath the root.
@@ -655,7 +791,7 @@ async fn download_inner(state: Arc<AppState>, req: Request) -> Result<Response, 
         async move {
             let off = pos?;
             let read = tokio::task::spawn_blocking(move || {
-                ws.read_range(rel.as_relative(), off, DOWNLOAD_CHUNK)
+                ws.read_range(&at(&ws, &rel), off, DOWNLOAD_CHUNK)
             })
             .await;
             match read {
@@ -731,7 +867,7 @@ fn list_into(
         return Ok(());
     }
     let max = ws.limits().max_entries;
-    for entry in ws.list(rel.as_relative())? {
+    for entry in ws.list(&at(ws, rel))? {
         let Ok(child) = rel.join(&entry.name) else {
             continue;
         };
@@ -758,20 +894,20 @@ fn list_into(
     Ok(())
 }
 
-/// `POST /directories`: creates each directory and its parents (`mkdir -p`). The permission
-/// objects are read but not applied.
+/// `POST /directories`: `{path: {mode, owner, group}}`; creates each directory and its parents
+/// (`mkdir -p`). As upstream, mode, owner and group are applied only to a directory this request
+/// created (the last component); parents get the default and an existing directory is left as
+/// it is. Every entry is checked first.
 pub(crate) async fn make_dirs(State(state): State<Arc<AppState>>, req: Request) -> Response {
-    let dirs: BTreeMap<String, Permission> = match json_body(&state, req).await {
+    let dirs: BTreeMap<String, PermissionSpec> = match json_body(&state, req).await {
         Ok(d) => d,
         Err(e) => return e.into_response(),
     };
     let ws = state.ws.clone();
     respond(
         blocking(move || {
-            let paths: Vec<String> = dirs.into_keys().collect();
-            let rels = resolve_all(&ws, &paths)?;
-            for rel in &rels {
-                ws.mkdir(rel.as_relative())?;
+            for (p, c) in check_all(&ws, &dirs)? {
+                ws.mkdir_with(&p, c.mode, c.uid, c.gid)?;
             }
             Ok(ok_empty())
         })
@@ -789,7 +925,7 @@ pub(crate) async fn remove_dirs(State(state): State<Arc<AppState>>, req: Request
         blocking(move || {
             let rels = resolve_all(&ws, &paths)?;
             for rel in &rels {
-                match ws.remove(rel.as_relative(), true) {
+                match ws.remove(&at(&ws, rel), true) {
                     Ok(()) | Err(Error::NotFound(_)) => {}
                     Err(e) => return Err(e.into()),
                 }
@@ -818,6 +954,41 @@ mod tests {
         assert_eq!(parse_range("bytes=5-2", 10), None);
         assert_eq!(parse_range("items=0-1", 10), None);
         assert_eq!(parse_range("bytes=a-b", 10), None);
+    }
+
+    #[test]
+    fn lines_are_selected_as_upstream() {
+        let f = b"line1\nline2\nline3\nline4\nline5";
+        assert_eq!(select_lines(f, 2, Some(2)), b"line2\nline3");
+        assert_eq!(select_lines(f, 4, None), b"line4\nline5");
+        assert_eq!(select_lines(f, 1, Some(2)), b"line1\nline2");
+        assert_eq!(select_lines(f, 9, None), b"");
+        assert_eq!(select_lines(b"a\n\nb\n", 1, None), b"a\n\nb");
+        assert_eq!(select_lines(b"x\r\n", 1, None), b"x");
+        assert_eq!(select_lines(b"x\r\r\ny\r\n", 1, None), b"x\ny");
+        assert_eq!(select_lines(b"", 1, None), b"");
+    }
+
+    #[test]
+    fn modes_are_read_as_upstream_and_special_bits_refused() {
+        assert_eq!(wire_mode(Some(755), "p").unwrap(), Some(0o755));
+        assert_eq!(wire_mode(Some(600), "p").unwrap(), Some(0o600));
+        assert_eq!(wire_mode(Some(0), "p").unwrap(), None);
+        assert_eq!(wire_mode(None, "p").unwrap(), None);
+        assert_eq!(wire_mode(Some(7), "p").unwrap(), Some(0o7));
+        for bad in [4755, 2755, 1777, 800, 79, 10000] {
+            assert_eq!(
+                wire_mode(Some(bad), "p").unwrap_err().status,
+                StatusCode::BAD_REQUEST,
+                "{bad}"
+            );
+        }
+        assert!(
+            wire_mode(Some(4755), "p")
+                .unwrap_err()
+                .message
+                .contains("setuid")
+        );
     }
 
     #[test]

@@ -11,8 +11,13 @@
 //! - **Confinement.** Every file operation and every command's working directory goes through
 //!   [`sessionbox_fs::Workspace`]: the workspace path policy, then `openat2(RESOLVE_BENEATH |
 //!   RESOLVE_NO_MAGICLINKS)` beneath a descriptor of the root. `..`, absolute paths outside the
-//!   root and links that lead out are refused; nothing is ever created outside. Paths are taken
-//!   literally: no `$NAME` or `~` expansion (upstream expands them, so a literal `$` fails there).
+//!   root and links that lead out are refused; nothing is ever created outside. A leading `~`
+//!   is the root (commands' `HOME`), as upstream's `~` is execd's home; `$NAME` is taken
+//!   literally (upstream expands it, so a literal `$` fails there). Permission and ownership
+//!   changes act on a descriptor of the inode found beneath the root; setuid, setgid and sticky
+//!   bits are refused.
+//! - **`/proxy/{port}/...`**: a reverse proxy to `127.0.0.1:{port}` inside the sandbox, behind
+//!   the token check; execd's port 44772 and the agent's own port are served by the agent.
 //! - **Processes.** Every command runs through [`sessionbox_local::process::run`]: `/bin/sh -c` in
 //!   a new session (its own process group), `fchdir` into a directory descriptor, the base
 //!   environment plus the request's `envs` (nothing of the agent's own environment, so never the
@@ -44,6 +49,7 @@ mod egress_relay;
 mod files;
 mod fs_ext;
 mod metrics;
+mod proxy;
 mod server;
 
 use std::future::Future;

@@ -118,7 +118,9 @@ impl Agent {
                 sessionbox_core::MAX_OUTPUT_LIMIT
             )));
         }
-        let ws = Workspace::open(&config.root, &presented_root, config.limits)?;
+        // `~` is the root, as for upstream execd (commands get `HOME` = the root).
+        let ws =
+            Workspace::open(&config.root, &presented_root, config.limits)?.with_home_expansion();
         let (listener, local_addr, socket_path) = bind_listener(&config.listen)?;
         let relay = match &config.egress_relay {
             Some(r) => {
@@ -175,7 +177,11 @@ impl Agent {
             socket_path,
         } = self;
         tracing::info!(listen = %local_addr, root = %state.presented_root, "sessionbox-agent serving");
-        let app = router(state.clone());
+        let own_port = local_addr
+            .strip_prefix("tcp:")
+            .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+            .map(|a| a.port());
+        let app = router(state.clone(), own_port);
         let relay = relay.map(|(l, socket)| tokio::spawn(crate::egress_relay::run(l, socket)));
         let stopper = state.clone();
         let stop = async move {
@@ -303,7 +309,23 @@ async fn idle_watch(state: Arc<AppState>) {
     }
 }
 
-fn router(state: Arc<AppState>) -> Router {
+/// The agent's routes, with `/proxy/{port}/...` ([`crate::proxy`]) behind the same token check;
+/// the proxy serves the agent's own port with a copy of the router without the proxy routes.
+fn router(state: Arc<AppState>, own_port: Option<u16>) -> Router {
+    let finish = |r: Router<Arc<AppState>>| {
+        r.fallback(not_found)
+            .layer(middleware::from_fn_with_state(state.clone(), check_token))
+            .layer(middleware::from_fn_with_state(
+                state.clone(),
+                track_activity,
+            ))
+            .with_state(state.clone())
+    };
+    let internal = finish(api_routes());
+    finish(api_routes().merge(crate::proxy::routes(internal, own_port)))
+}
+
+fn api_routes() -> Router<Arc<AppState>> {
     Router::new()
         .route(wire::PING, get(ping))
         .route(
@@ -339,13 +361,6 @@ fn router(state: Arc<AppState>) -> Router {
             "/sessionbox/v1/commands/{id}/output",
             get(crate::background::output),
         )
-        .fallback(not_found)
-        .layer(middleware::from_fn_with_state(state.clone(), check_token))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            track_activity,
-        ))
-        .with_state(state)
 }
 
 async fn ping() -> StatusCode {

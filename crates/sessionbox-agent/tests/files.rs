@@ -11,6 +11,11 @@ use sessionbox_execd::{
     FileType, Permission, RenameFileItem, ReplaceFileContentItem, RunCommandRequest, UploadFile,
 };
 
+fn mode_of(p: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
 fn replace(path: &str, old: &str, new: &str) -> BTreeMap<String, ReplaceFileContentItem> {
     BTreeMap::from([(
         path.to_owned(),
@@ -54,7 +59,10 @@ async fn every_file_endpoint() {
     assert_eq!(f.path, a.path("d/one.txt"));
     assert_eq!(f.kind, Some(FileType::File));
     assert_eq!(f.size, 18);
-    assert_eq!(f.mode, 644);
+    assert_eq!(
+        f.mode, 755,
+        "the client sends the SDK's default mode, 755, which is applied"
+    );
     assert!(!f.owner.is_empty() && !f.group.is_empty() && f.modified_at.ends_with('Z'));
     assert_eq!(info[&a.path("d")].kind, Some(FileType::Directory));
     let e = c.files_info([a.path("missing")]).await.unwrap_err();
@@ -71,11 +79,11 @@ async fn every_file_endpoint() {
     );
     assert_eq!(
         c.download_lines("d/one.txt", 2, Some(1)).await.unwrap(),
-        "line2\n"
+        "line2"
     );
     assert_eq!(
         c.download_lines("d/one.txt", 2, None).await.unwrap(),
-        "line2\nline3\n"
+        "line2\nline3"
     );
     let r = a
         .raw(&request(
@@ -239,12 +247,11 @@ async fn every_file_endpoint() {
     assert!(c.remove_dirs([a.root.display().to_string()]).await.is_err());
     assert!(a.root.is_dir());
 
-    // permissions: not supported, clearly
-    let e = c
-        .chmod_files(&BTreeMap::from([("m".to_owned(), Permission::mode(700))]))
+    // permissions: chmod through the workspace
+    c.chmod_files(&BTreeMap::from([("m".to_owned(), Permission::mode(700))]))
         .await
-        .unwrap_err();
-    assert_eq!(e.status(), Some(501));
+        .unwrap();
+    assert_eq!(mode_of(&a.root.join("m")), 0o700);
 
     // metrics
     let m = c.metrics().await.unwrap();
@@ -368,5 +375,325 @@ async fn escapes_are_refused_and_nothing_outside_is_touched() {
     );
     assert!(!a.dir.path().join("new.txt").exists());
     assert!(!a.root.join("made-here").exists());
+    a.stop().await;
+}
+
+/// The expectations of upstream's own e2e tests and execd's behaviour for line reads, modes,
+/// ownership and `~`, through the real client and raw HTTP.
+#[tokio::test(flavor = "multi_thread")]
+async fn upstream_lines_modes_and_home() {
+    let a = TestAgent::start().await;
+    let c = &a.client;
+
+    // Line reads: 1-based, no trailing newline, text/plain; 400 with Range or a bad number.
+    c.upload(&[UploadFile::new(
+        a.path("lines.txt"),
+        &b"line1\nline2\nline3\nline4\nline5"[..],
+    )])
+    .await
+    .unwrap();
+    assert_eq!(
+        c.download_lines("lines.txt", 2, Some(2)).await.unwrap(),
+        "line2\nline3"
+    );
+    assert_eq!(
+        c.download_lines("lines.txt", 4, None).await.unwrap(),
+        "line4\nline5"
+    );
+    assert_eq!(
+        c.download_lines("lines.txt", 1, Some(2)).await.unwrap(),
+        "line1\nline2"
+    );
+    assert_eq!(c.download_lines("lines.txt", 9, None).await.unwrap(), "");
+    std::fs::write(a.root.join("crlf.txt"), "a\r\n\r\nb\r\n").unwrap();
+    assert_eq!(
+        c.download_lines("crlf.txt", 1, None).await.unwrap(),
+        "a\n\nb"
+    );
+    let r = a
+        .raw(&request(
+            "GET",
+            "/files/download?path=lines.txt&limit=2",
+            &[],
+            b"",
+        ))
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("text/plain; charset=utf-8"));
+    assert_eq!(r.body, b"line1\nline2");
+    for q in ["offset=0", "limit=0", "offset=x", "limit=-1", "offset=1.5"] {
+        let r = a
+            .raw(&request(
+                "GET",
+                &format!("/files/download?path=lines.txt&{q}"),
+                &[],
+                b"",
+            ))
+            .await;
+        assert_eq!(r.status, 400, "{q}");
+    }
+    let r = a
+        .raw(&request(
+            "GET",
+            "/files/download?path=lines.txt&offset=2",
+            &["Range: bytes=0-3"],
+            b"",
+        ))
+        .await;
+    assert_eq!(r.status, 400, "offset/limit with Range");
+    // Range alone: the first range only, 206.
+    let r = a
+        .raw(&request(
+            "GET",
+            "/files/download?path=lines.txt",
+            &["Range: bytes=0-4, 6-10"],
+            b"",
+        ))
+        .await;
+    assert_eq!(r.status, 206);
+    assert_eq!(r.header("content-range"), Some("bytes 0-4/29"));
+    assert_eq!(r.body, b"line1");
+
+    // Upload modes (the Python SDK always sends one) round trip through /files/info.
+    c.upload(&[
+        UploadFile::new(a.path("m/f644"), &b"a"[..]).mode(644),
+        UploadFile::new(a.path("m/f755"), &b"b"[..]).mode(755),
+        UploadFile::new(a.path("m/f600"), &b"c"[..]).mode(600),
+    ])
+    .await
+    .unwrap();
+    let info = c
+        .files_info([a.path("m/f644"), a.path("m/f755"), a.path("m/f600")])
+        .await
+        .unwrap();
+    for (p, m, bits) in [
+        ("m/f644", 644, 0o644),
+        ("m/f755", 755, 0o755),
+        ("m/f600", 600, 0o600),
+    ] {
+        assert_eq!(info[&a.path(p)].mode, m, "{p}");
+        assert_eq!(mode_of(&a.root.join(p)), bits, "{p}");
+    }
+    // Search and list report the same int form.
+    let found = c.search_files(&a.path("m"), Some("*")).await.unwrap();
+    let mut modes: Vec<_> = found.iter().map(|f| f.mode).collect();
+    modes.sort();
+    assert_eq!(modes, [600, 644, 755]);
+    let listed = c.list_directory(&a.path("m"), None).await.unwrap();
+    assert!(listed.iter().any(|f| f.mode == 600));
+
+    // POST /directories: the mode applies to a new leaf only.
+    c.make_dirs(&BTreeMap::from([
+        (a.path("d1"), Permission::mode(755)),
+        (a.path("d2"), Permission::mode(644)),
+        (a.path("p/leaf"), Permission::mode(700)),
+    ]))
+    .await
+    .unwrap();
+    let info = c
+        .files_info([a.path("d1"), a.path("d2"), a.path("p/leaf"), a.path("p")])
+        .await
+        .unwrap();
+    assert_eq!(info[&a.path("d1")].mode, 755);
+    assert_eq!(info[&a.path("d2")].mode, 644);
+    assert_eq!(info[&a.path("p/leaf")].mode, 700);
+    assert_eq!(info[&a.path("p")].mode, 755, "a parent keeps the default");
+    c.make_dirs(&BTreeMap::from([(a.path("p/leaf"), Permission::mode(777))]))
+        .await
+        .unwrap();
+    assert_eq!(
+        mode_of(&a.root.join("p/leaf")),
+        0o700,
+        "existing: untouched"
+    );
+
+    // POST /files/permissions, 0 = unchanged.
+    c.chmod_files(&BTreeMap::from([
+        (a.path("m/f644"), Permission::mode(755)),
+        ("m/f755".to_owned(), Permission::mode(600)),
+    ]))
+    .await
+    .unwrap();
+    assert_eq!(mode_of(&a.root.join("m/f644")), 0o755);
+    assert_eq!(mode_of(&a.root.join("m/f755")), 0o600);
+    c.chmod_files(&BTreeMap::from([(
+        "m/f755".to_owned(),
+        Permission::mode(0),
+    )]))
+    .await
+    .unwrap();
+    assert_eq!(mode_of(&a.root.join("m/f755")), 0o600);
+
+    // setuid, setgid, sticky, non-octal digits and a string mode: 400, nothing changed.
+    for body in [
+        r#"{"m/f600": {"mode": 4755}}"#,
+        r#"{"m/f600": {"mode": 2755}}"#,
+        r#"{"m/f600": {"mode": 1777}}"#,
+        r#"{"m/f600": {"mode": 789}}"#,
+        r#"{"m/f600": {"mode": "755"}}"#,
+        r#"{"m/f600": {"mode": 755, "owner": "no-such-user-here"}}"#,
+    ] {
+        let r = a
+            .raw(&request(
+                "POST",
+                "/files/permissions",
+                &["Content-Type: application/json"],
+                body.as_bytes(),
+            ))
+            .await;
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        assert_eq!(mode_of(&a.root.join("m/f600")), 0o600, "{body}");
+    }
+    let r = a
+        .raw(&request(
+            "POST",
+            "/files/permissions",
+            &["Content-Type: application/json"],
+            br#"{"m/f600": {"mode": 4755}}"#,
+        ))
+        .await;
+    assert!(r.text().contains("setuid"), "{}", r.text());
+    let e = c
+        .upload(&[UploadFile::new(a.path("suid"), &b"x"[..]).mode(4755)])
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(400));
+    assert!(!a.root.join("suid").exists());
+    let e = c
+        .make_dirs(&BTreeMap::from([(
+            a.path("sticky"),
+            Permission::mode(1777),
+        )]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(400));
+    assert!(!a.root.join("sticky").exists());
+    // Missing: 404.
+    let e = c
+        .chmod_files(&BTreeMap::from([(
+            "nope".to_owned(),
+            Permission::mode(644),
+        )]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(404));
+
+    // Owner and group by name: our own user always works; `nobody`/`nogroup` as root (as in an
+    // OpenSandbox container), a clear 400 otherwise.
+    let me = rustix::process::geteuid().as_raw();
+    let my_name = std::fs::read_to_string("/etc/passwd")
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            let f: Vec<_> = l.split(':').collect();
+            (f.get(2) == Some(&me.to_string().as_str())).then(|| f[0].to_owned())
+        });
+    if let Some(name) = my_name {
+        let mut p = Permission::mode(644);
+        p.owner = Some(name.clone());
+        c.chmod_files(&BTreeMap::from([("m/f600".to_owned(), p)]))
+            .await
+            .unwrap();
+        assert_eq!(
+            c.files_info([a.path("m/f600")]).await.unwrap()[&a.path("m/f600")].owner,
+            name
+        );
+    }
+    let has = |file: &str, name: &str| {
+        std::fs::read_to_string(file)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.split(':').next() == Some(name))
+    };
+    if has("/etc/passwd", "nobody") && has("/etc/group", "nogroup") {
+        let mut up = UploadFile::new(a.path("owned.txt"), &b"o"[..]).mode(755);
+        up.metadata.owner = Some("nobody".into());
+        up.metadata.group = Some("nogroup".into());
+        let r = c.upload(&[up]).await;
+        let mut p = Permission::mode(600);
+        p.owner = Some("nobody".into());
+        p.group = Some("nogroup".into());
+        let r2 = c
+            .chmod_files(&BTreeMap::from([(a.path("m/f644"), p)]))
+            .await;
+        if rustix::process::geteuid().is_root() {
+            r.unwrap();
+            r2.unwrap();
+            let info = c
+                .files_info([a.path("owned.txt"), a.path("m/f644")])
+                .await
+                .unwrap();
+            for p in ["owned.txt", "m/f644"] {
+                assert_eq!(info[&a.path(p)].owner, "nobody");
+                assert_eq!(info[&a.path(p)].group, "nogroup");
+            }
+            assert_eq!(info[&a.path("owned.txt")].mode, 755);
+            assert_eq!(info[&a.path("m/f644")].mode, 600);
+        } else {
+            assert_eq!(r.unwrap_err().status(), Some(400));
+            let e = r2.unwrap_err();
+            assert_eq!(e.status(), Some(400));
+            assert!(e.to_string().contains("not permitted"), "{e}");
+        }
+    }
+
+    // `~` is the root, for every path parameter and a command's cwd; it cannot escape.
+    c.upload(&[UploadFile::new("~/home.txt", &b"h"[..])])
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(a.root.join("home.txt")).unwrap(), b"h");
+    assert_eq!(&c.download("~/home.txt").await.unwrap()[..], b"h");
+    let info = c.files_info(["~/home.txt", "~"]).await.unwrap();
+    assert_eq!(info["~/home.txt"].path, a.path("home.txt"));
+    assert_eq!(info["~"].path, a.root.display().to_string());
+    c.make_dirs(&BTreeMap::from([(
+        "~/hd".to_owned(),
+        Permission::mode(711),
+    )]))
+    .await
+    .unwrap();
+    assert_eq!(mode_of(&a.root.join("hd")), 0o711);
+    c.move_files(&[RenameFileItem {
+        src: "~/home.txt".into(),
+        dest: "~/hd/moved.txt".into(),
+    }])
+    .await
+    .unwrap();
+    assert!(a.root.join("hd/moved.txt").exists());
+    let o = c
+        .run_command(&RunCommandRequest::shell("pwd > pwd.txt").cwd("~/hd"))
+        .await
+        .unwrap();
+    assert_eq!(o.exit_code, Some(0));
+    assert_eq!(
+        std::fs::read_to_string(a.root.join("hd/pwd.txt"))
+            .unwrap()
+            .trim(),
+        a.root.join("hd").display().to_string()
+    );
+    // A literal `~` elsewhere is an ordinary name, and one made at the top stays reachable.
+    c.upload(&[UploadFile::new(a.path("~/lit.txt"), &b"l"[..])])
+        .await
+        .unwrap();
+    assert!(a.root.join("~/lit.txt").exists());
+    assert_eq!(&c.download(&a.path("~/lit.txt")).await.unwrap()[..], b"l");
+    c.remove_files([a.path("~/lit.txt")]).await.unwrap();
+    assert!(!a.root.join("~/lit.txt").exists());
+    assert!(a.root.join("hd/moved.txt").exists());
+    for p in ["~/..", "~/../..", "~/../outside/x"] {
+        let e = c.download(p).await.unwrap_err();
+        assert_eq!(e.status(), Some(400), "{p}");
+        let e = c
+            .upload(&[UploadFile::new(format!("{p}/escaped.txt"), &b"x"[..])])
+            .await
+            .unwrap_err();
+        assert_eq!(e.status(), Some(400), "{p}");
+        let e = c
+            .run_command(&RunCommandRequest::shell("pwd").cwd(p))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("outside"), "{p}: {e}");
+    }
+    assert!(std::fs::read_dir(&a.outside).unwrap().next().is_none());
     a.stop().await;
 }

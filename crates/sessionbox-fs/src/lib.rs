@@ -28,11 +28,13 @@
 //!
 //! Error messages name workspace-relative paths, never the host path of the workspace.
 
+mod perm;
 mod resolve;
 mod tree;
 mod walk;
 mod write;
 
+pub use perm::PERMISSION_BITS;
 pub use tree::remove_tree;
 
 pub use walk::{check_glob, check_grep};
@@ -60,6 +62,7 @@ pub struct Workspace {
     root: OwnedFd,
     presented_root: String,
     limits: Limits,
+    expand_home: bool,
 }
 
 impl Workspace {
@@ -128,7 +131,22 @@ impl Workspace {
             root,
             presented_root,
             limits,
+            expand_home: false,
         })
+    }
+
+    /// Makes [`Workspace::resolve`] (and so every method) read a leading `~` as the presented
+    /// root: `~` is the root and `~/a` is `a`, as a shell whose `HOME` is the root would. `~user`
+    /// and a `~` anywhere else stay literal, and the result passes the path policy as usual, so
+    /// `~/../x` is still refused.
+    ///
+    /// With this on, a path already resolved must be passed back presented
+    /// ([`WorkspacePath::presented`]), not relative: a top-level entry literally named `~` would
+    /// otherwise be read as the root.
+    #[must_use]
+    pub fn with_home_expansion(mut self) -> Workspace {
+        self.expand_home = true;
+        self
     }
 
     /// The workspace root as callers see it (absolute, without a trailing slash).
@@ -148,6 +166,17 @@ impl Workspace {
     /// [`Error::InvalidPath`] (empty, NUL byte, too long) or [`Error::OutsideWorkspace`]
     /// (absolute outside the presented root, `..` above the root).
     pub fn resolve(&self, path: &str) -> Result<WorkspacePath> {
+        if self.expand_home {
+            let rest = if path == "~" {
+                Some("")
+            } else {
+                path.strip_prefix("~/")
+            };
+            if let Some(rest) = rest {
+                let root = self.presented_root.trim_end_matches('/');
+                return WorkspacePath::resolve(&self.presented_root, &format!("{root}/{rest}"));
+            }
+        }
         WorkspacePath::resolve(&self.presented_root, path)
     }
 
@@ -231,7 +260,22 @@ impl Workspace {
     /// one hard link, a dangling in-workspace link, or a parent that is not a directory;
     /// [`Error::TooLarge`] when `data` is above [`Limits::max_file_bytes`].
     pub fn write(&self, path: &str, data: &[u8]) -> Result<()> {
+        self.write_with_mode(path, data, None)
+    }
+
+    /// [`Workspace::write`], with the permission bits of the new content given: `Some(mode)`
+    /// (at most [`PERMISSION_BITS`]) is set on the temporary file before it is renamed into
+    /// place, so the file never appears with other bits; `None` keeps an existing file's bits
+    /// and gives a new one `0o644`, as [`Workspace::write`].
+    ///
+    /// # Errors
+    /// As [`Workspace::write`]; [`Error::InvalidRequest`] for a mode with setuid, setgid or
+    /// sticky bits (nothing is written).
+    pub fn write_with_mode(&self, path: &str, data: &[u8], mode: Option<u32>) -> Result<()> {
         let rel = self.resolve(path)?;
+        if let Some(m) = mode {
+            perm::check_mode(m, rel.as_relative())?;
+        }
         if data.len() as u64 > self.limits.max_file_bytes {
             return Err(Error::TooLarge {
                 what: format!("data for {}", rel.as_relative()),
@@ -239,10 +283,12 @@ impl Workspace {
             });
         }
         let target = write::locate(self, &rel, true)?;
-        let mode = target
-            .existing
-            .map(|st| st.st_mode & 0o777)
-            .unwrap_or(write::NEW_FILE_MODE);
+        let mode = mode.unwrap_or_else(|| {
+            target
+                .existing
+                .map(|st| st.st_mode & 0o777)
+                .unwrap_or(write::NEW_FILE_MODE)
+        });
         write::replace_contents(&target, data, mode)
     }
 
@@ -346,6 +392,77 @@ impl Workspace {
     pub fn mkdir(&self, path: &str) -> Result<()> {
         let rel = self.resolve(path)?;
         resolve::ensure_dirs(self.root.as_fd(), &rel).map(drop)
+    }
+
+    /// [`Workspace::mkdir`], then, only when the last component was created by this call, sets
+    /// its permission bits to `mode` (exactly, whatever the umask) and its owner and group to
+    /// `uid`/`gid` (`None`: unchanged). Parents created on the way get `0o755` before umask; an
+    /// existing directory is left as it is. Returns whether the last component was created.
+    ///
+    /// # Errors
+    /// As [`Workspace::mkdir`]; [`Error::InvalidRequest`] for a `mode` beyond
+    /// [`PERMISSION_BITS`] (checked before anything is created) or an ownership change the
+    /// process may not make (the directory then exists with its mode set).
+    pub fn mkdir_with(
+        &self,
+        path: &str,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    ) -> Result<bool> {
+        let rel = self.resolve(path)?;
+        let shown = rel.as_relative();
+        if let Some(m) = mode {
+            perm::check_mode(m, shown)?;
+        }
+        let (fd, created) = resolve::ensure_dirs_created(self.root.as_fd(), &rel)?;
+        if created {
+            let st = rustix::fs::fstat(&fd).map_err(|e| resolve::io_error(e, "stat", shown))?;
+            perm::chown_fd(fd.as_fd(), uid, gid, shown)?;
+            if let Some(m) = mode {
+                perm::chmod_fd(fd.as_fd(), &st, m, shown, || Err(Errno::NOTDIR))?;
+            }
+        }
+        Ok(created)
+    }
+
+    /// Sets the permission bits (`mode`, at most [`PERMISSION_BITS`]) and the owner and group
+    /// (numeric ids) of an existing regular file or directory; `None` leaves that part
+    /// unchanged. Links that stay inside are followed (a link's own mode cannot be changed on
+    /// Linux); the change is made through a descriptor of the inode found beneath the root, so a
+    /// path swapped meanwhile cannot redirect it. Ownership is changed first, then the mode, so
+    /// the mode ends up exactly as asked.
+    ///
+    /// # Errors
+    /// Path policy errors; [`Error::OutsideWorkspace`] when a link leads out;
+    /// [`Error::NotFound`]; [`Error::InvalidRequest`] for setuid, setgid or sticky bits (nothing
+    /// is changed) and for a change the process may not make (`EPERM`: another user's file, or
+    /// giving a file away without being root); [`Error::Conflict`] for anything but a regular
+    /// file or a directory, and for a file with more than one hard link.
+    pub fn set_permissions(
+        &self,
+        path: &str,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    ) -> Result<()> {
+        let rel = self.resolve(path)?;
+        let shown = rel.as_relative();
+        if let Some(m) = mode {
+            perm::check_mode(m, shown)?;
+        }
+        let (fd, st) = perm::open_target(self.root.as_fd(), &rel)?;
+        perm::chown_fd(fd.as_fd(), uid, gid, shown)?;
+        if let Some(m) = mode {
+            perm::chmod_fd(
+                fd.as_fd(),
+                &st,
+                m,
+                shown,
+                perm::reopen_file(self.root.as_fd(), shown),
+            )?;
+        }
+        Ok(())
     }
 
     /// Renames `from` to `to` (both inside), creating `to`'s missing parents. A link is moved as

@@ -100,18 +100,31 @@ pub(crate) fn open_dir(root: BorrowedFd<'_>, rel: &str) -> Result<OwnedFd> {
 /// and then re-opened from the root with `openat2` `RESOLVE_BENEATH`, so a link anywhere in the
 /// path can never make a directory appear outside.
 pub(crate) fn ensure_dirs(root: BorrowedFd<'_>, rel: &WorkspacePath) -> Result<OwnedFd> {
+    ensure_dirs_created(root, rel).map(|(fd, _)| fd)
+}
+
+/// [`ensure_dirs`], also telling whether the last component was created by this call (`false`
+/// when it already existed, also when another process created it meanwhile; `false` for the
+/// root).
+pub(crate) fn ensure_dirs_created(
+    root: BorrowedFd<'_>,
+    rel: &WorkspacePath,
+) -> Result<(OwnedFd, bool)> {
     let mut cur = open_dir(root, ".")?;
+    let mut created = false;
     let mut prefix = String::new();
     for comp in rel.components() {
         if !prefix.is_empty() {
             prefix.push('/');
         }
         prefix.push_str(comp);
+        created = false;
         match open_dir(root, &prefix) {
             Ok(fd) => cur = fd,
             Err(Error::NotFound(_)) => {
                 match rustix::fs::mkdirat(&cur, comp, Mode::from_raw_mode(0o755)) {
-                    Ok(()) | Err(Errno::EXIST) => {}
+                    Ok(()) => created = true,
+                    Err(Errno::EXIST) => {}
                     Err(e) => return Err(io_error(e, "create directory", &prefix)),
                 }
                 cur = open_dir(root, &prefix).map_err(|e| match e {
@@ -124,7 +137,7 @@ pub(crate) fn ensure_dirs(root: BorrowedFd<'_>, rel: &WorkspacePath) -> Result<O
             Err(e) => return Err(e),
         }
     }
-    Ok(cur)
+    Ok((cur, created))
 }
 
 /// Opens the parent directory of `rel` (which must not be the root) without creating anything;
