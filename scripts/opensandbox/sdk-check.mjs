@@ -24,8 +24,9 @@
 // - Not exercised: the bash session API, the code interpreter, volumes, pause/resume, egress and
 //   signed endpoints: the agent is no code interpreter and has no /session, and the rest belong
 //   to the server, not to execd.
-// - Checked on top (not upstream's, reported apart): a file operation outside the workspace
-//   (upstream's own /tmp path) is refused with a clear error.
+// - Checked on top (not in upstream's suite, counted apart): upstream execd's line framing as its
+//   code has it (an empty line is a "\n" event, a last unterminated line comes at exit), and a
+//   file operation outside the workspace (upstream's own /tmp path) refused with a clear error.
 import { readFileSync } from "node:fs";
 import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
@@ -44,7 +45,7 @@ const IMAGE = process.env.OPENSANDBOX_SANDBOX_IMAGE || "sessionbox/sandbox:local
 const EXECD_PORT = 44772;
 
 const results = []; // upstream's expectations: [name, ok, detail]
-const extras = []; // sessionbox's own, on top
+const extras = []; // on top of upstream's suite
 
 class Unmet extends Error {}
 const need = (cond, detail) => {
@@ -273,6 +274,19 @@ async function foreground(sb, base) {
     same(rec.completes.length, 0, "complete events");
     need(rec.stderr.length && rec.stderr[0].text.includes(name), "onStderr's first message lacks the name");
   });
+}
+
+// On top of upstream's suite: upstream execd's line framing (its code, not its e2e tests): one
+// event per line without its terminator, an empty line as "\n", a last unterminated line at exit.
+async function framing(sb) {
+  const blank = await attempt(sb.commands.run("printf 'a\\n\\nb\\n'"));
+  check(
+    "framing: printf 'a\\n\\nb\\n' gives stdout events a, \\n, b",
+    () => same(texts(blank.v), ["a", "\n", "b"], "stdout events"),
+    extras,
+  );
+  const tail = await attempt(sb.commands.run("printf 'x\\ny'"));
+  check("framing: printf 'x\\ny' gives x, then y at exit", () => same(texts(tail.v), ["x", "y"], "stdout events"), extras);
 }
 
 async function statusAndLogs(sb) {
@@ -631,6 +645,7 @@ async function main() {
     if (mk.raised || mk.value.exitCode !== 0) console.log(`  (could not make ${base}: ${mk.exc ?? show(mk.value.error)})`);
     await lifecycle(sb, cfg);
     await foreground(sb, base);
+    await framing(sb);
     await statusAndLogs(sb);
     await envs(sb);
     await interrupt(sb);
@@ -651,7 +666,8 @@ async function main() {
   console.log(`JS SDK (${mode}): ${held} of ${results.length} upstream expectations hold`);
   for (const [name, ok, detail] of results) if (!ok) console.log(`  differs: ${name}: ${detail}`);
   const extraHeld = extras.filter((r) => r[1]).length;
-  console.log(`JS SDK (${mode}): ${extraHeld} of ${extras.length} sessionbox differences-by-design checks hold`);
+  console.log(`JS SDK (${mode}): ${extraHeld} of ${extras.length} further checks hold (upstream framing, differences by design)`);
+  for (const [name, ok, detail] of extras) if (!ok) console.log(`  differs: ${name}: ${detail}`);
   return held === results.length && extraHeld === extras.length && deleted ? 0 : 1;
 }
 

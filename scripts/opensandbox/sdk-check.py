@@ -27,8 +27,9 @@ Deliberate differences from upstream's suite, each because of what sessionbox is
 - Not exercised: the bash session API (create_session/run_in_session), the code interpreter,
   volumes, pause/resume, egress and signed endpoints: the agent is no code interpreter and has
   no /session, and the rest belong to the server, not to execd.
-- Checked on top (not upstream's, reported apart): a file operation outside the workspace
-  (upstream's own /tmp path) is refused with a clear error.
+- Checked on top (not in upstream's suite, counted apart): upstream execd's line framing as
+  its code has it (an empty line is a "\n" event, a last unterminated line comes at exit), and
+  a file operation outside the workspace (upstream's own /tmp path) refused with a clear error.
 """
 import asyncio
 import logging
@@ -57,7 +58,7 @@ IMAGE = os.environ.get("OPENSANDBOX_SANDBOX_IMAGE", "sessionbox/sandbox:local")
 EXECD_PORT = 44772
 
 results: list[tuple[str, bool, str]] = []  # upstream's expectations
-extras: list[tuple[str, bool, str]] = []  # sessionbox's own, on top
+extras: list[tuple[str, bool, str]] = []  # on top of upstream's suite
 
 
 class Outcome:
@@ -356,6 +357,24 @@ async def foreground(sb: Sandbox, base: str) -> None:
         need(rec.stderr and name in rec.stderr[0].text, "on_stderr's first message lacks the name")
 
     check("run(missing command): handlers see 1 init, an error, 0 completes", fail_handlers)
+
+
+async def framing(sb: Sandbox) -> None:
+    # On top of upstream's suite: upstream execd's line framing (its code, not its e2e tests):
+    # one event per line without its terminator, an empty line as "\n", a last unterminated
+    # line at exit.
+    blank = await attempt(sb.commands.run("printf 'a\\n\\nb\\n'"))
+    check(
+        "framing: printf 'a\\n\\nb\\n' gives stdout events a, \\n, b",
+        lambda: same(stdout_texts(blank.v), ["a", "\n", "b"], "stdout events"),
+        into=extras,
+    )
+    tail = await attempt(sb.commands.run("printf 'x\\ny'"))
+    check(
+        "framing: printf 'x\\ny' gives x, then y at exit",
+        lambda: same(stdout_texts(tail.v), ["x", "y"], "stdout events"),
+        into=extras,
+    )
 
 
 async def status_and_logs(sb: Sandbox) -> None:
@@ -734,6 +753,7 @@ async def main() -> int:
             print(f"  (could not make {base}: {mk.exc or mk.value.error})")
         await lifecycle(sb, cfg)
         await foreground(sb, base)
+        await framing(sb)
         await status_and_logs(sb)
         await envs(sb)
         await interrupt(sb)
@@ -757,7 +777,10 @@ async def main() -> int:
         if not ok:
             print(f"  differs: {name}: {detail}")
     extra_held = sum(ok for _, ok, _ in extras)
-    print(f"python SDK ({mode}): {extra_held} of {len(extras)} sessionbox differences-by-design checks hold")
+    print(f"python SDK ({mode}): {extra_held} of {len(extras)} further checks hold (upstream framing, differences by design)")
+    for name, ok, detail in extras:
+        if not ok:
+            print(f"  differs: {name}: {detail}")
     return 0 if held == len(results) and extra_held == len(extras) and deleted else 1
 
 
