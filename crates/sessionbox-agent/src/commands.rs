@@ -26,12 +26,15 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use futures::Stream;
 use sessionbox_core::{ExecRequest, ExitStatus, MAX_OUTPUT_LIMIT, MAX_TIMEOUT};
 use sessionbox_execd::wire::{self, error_code, query};
-use sessionbox_execd::{CommandEndExtension, CommandStatus, RunCommandRequest, ServerStreamEvent};
+use sessionbox_execd::{
+    CommandEndExtension, CommandStatus, OutputEncoding, RunCommandRequest, ServerStreamEvent,
+};
 use sessionbox_local::process::{self, Spawn, Stream as OutStream};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
+use crate::framing::LineFramer;
 use crate::server::{ApiError, AppState, json_body, ok_empty, query_one, query_pairs};
 
 /// One command, running or finished.
@@ -361,16 +364,20 @@ async fn start(state: Arc<AppState>, req: Request) -> Result<Response, ApiError>
         state
             .commands
             .tasks
-            .spawn(execute(state.clone(), cmd.clone(), exec, cwd, None));
+            .spawn(execute(state.clone(), cmd.clone(), exec, cwd, None, false));
         None
     } else {
-        state
-            .commands
-            .tasks
-            .spawn(execute(state.clone(), cmd.clone(), exec, cwd, Some(tx)));
+        state.commands.tasks.spawn(execute(
+            state.clone(),
+            cmd.clone(),
+            exec,
+            cwd,
+            Some(tx),
+            request.output_encoding == Some(OutputEncoding::Base64),
+        ));
         Some(cmd.cancel.clone().drop_guard())
     };
-    let body = Body::from_stream(EventBody { rx, _guard: guard });
+    let body = Body::from_stream(EventBody::new(rx, guard));
     let mut response = (StatusCode::OK, body).into_response();
     let h = response.headers_mut();
     h.insert(
@@ -383,62 +390,47 @@ async fn start(state: Arc<AppState>, req: Request) -> Result<Response, ApiError>
 
 /// The response body of `POST /command`: frames until the task drops its sender. Dropping it
 /// (the client went away) cancels a foreground command, which kills its process group.
+///
+/// It carries a `ping` event every [`KEEPALIVE_INTERVAL`] (the first right after `init`), as
+/// upstream does, so that a proxy in front (the OpenSandbox server's gives up after 180 s without a
+/// byte) never sees a quiet response.
 struct EventBody {
     rx: UnboundedReceiver<Bytes>,
+    keepalive: tokio::time::Interval,
     _guard: Option<DropGuard>,
+}
+
+/// How often a command's event stream carries a `ping` event while nothing else is sent
+/// (upstream execd: every 3 s).
+pub(crate) const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(3);
+
+impl EventBody {
+    fn new(rx: UnboundedReceiver<Bytes>, guard: Option<DropGuard>) -> Self {
+        // The first `ping` right after `init`, then one every interval, as upstream.
+        let mut keepalive = tokio::time::interval(KEEPALIVE_INTERVAL);
+        keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        EventBody {
+            rx,
+            keepalive,
+            _guard: guard,
+        }
+    }
 }
 
 impl Stream for EventBody {
     type Item = Result<Bytes, Infallible>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.rx.poll_recv(cx).map(|o| o.map(Ok))
-    }
-}
-
-/// Valid UTF-8 out of a byte stream split anywhere: an incomplete sequence at the end of a
-/// chunk waits for the next one; invalid bytes become U+FFFD.
-#[derive(Default)]
-struct Utf8Decoder {
-    pending: Vec<u8>,
-}
-
-impl Utf8Decoder {
-    fn push(&mut self, data: &[u8]) -> String {
-        self.pending.extend_from_slice(data);
-        let mut out = String::new();
-        let mut rest: &[u8] = &self.pending;
-        loop {
-            match std::str::from_utf8(rest) {
-                Ok(s) => {
-                    out.push_str(s);
-                    rest = &[];
-                    break;
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(Some(frame)) => Poll::Ready(Some(Ok(frame))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => match self.keepalive.poll_tick(cx) {
+                Poll::Ready(_) => {
+                    Poll::Ready(Some(Ok(Bytes::from(ServerStreamEvent::ping().to_frame()))))
                 }
-                Err(e) => {
-                    let (valid, after) = rest.split_at(e.valid_up_to());
-                    out.push_str(std::str::from_utf8(valid).unwrap_or_default());
-                    match e.error_len() {
-                        Some(n) => {
-                            out.push(char::REPLACEMENT_CHARACTER);
-                            rest = &after[n..];
-                        }
-                        None => {
-                            rest = after;
-                            break;
-                        }
-                    }
-                }
-            }
+                Poll::Pending => Poll::Pending,
+            },
         }
-        self.pending = rest.to_vec();
-        out
-    }
-
-    fn finish(&mut self) -> String {
-        let s = String::from_utf8_lossy(&self.pending).into_owned();
-        self.pending.clear();
-        s
     }
 }
 
@@ -450,7 +442,10 @@ struct OutputSink<'a> {
     cap: usize,
     kept: [usize; 2],
     truncated: [bool; 2],
-    decoders: [Utf8Decoder; 2],
+    /// The client asked for the exact bytes ([`OutputEncoding::Base64`]): events carry them
+    /// as read. Otherwise, events carry text as upstream frames it (one event per line).
+    exact: bool,
+    lines: [LineFramer; 2],
 }
 
 impl OutputSink<'_> {
@@ -469,9 +464,14 @@ impl OutputSink<'_> {
         }
         self.kept[i] += data.len();
         match self.tx {
+            Some(tx) if self.exact => {
+                let event = ServerStreamEvent::output_bytes(i == 0, data);
+                let _ = tx.send(Bytes::from(event.to_frame()));
+            }
             Some(tx) => {
-                let text = self.decoders[i].push(data);
-                self.send(i, text, tx);
+                for text in self.lines[i].push(data) {
+                    self.send(i, text, tx);
+                }
             }
             None => self.cmd.lock().log.push(i, data, self.truncated[i]),
         }
@@ -492,8 +492,9 @@ impl OutputSink<'_> {
     fn flush(&mut self) {
         if let Some(tx) = self.tx {
             for i in 0..2 {
-                let text = self.decoders[i].finish();
-                self.send(i, text, tx);
+                if let Some(text) = self.lines[i].finish() {
+                    self.send(i, text, tx);
+                }
             }
         }
     }
@@ -509,7 +510,7 @@ pub(crate) fn spawn_background(
     state
         .commands
         .tasks
-        .spawn(execute(state.clone(), cmd, exec, cwd, None));
+        .spawn(execute(state.clone(), cmd, exec, cwd, None, false));
 }
 
 /// Runs one command to its end and records how it ended; for a foreground command, sends the
@@ -520,6 +521,7 @@ async fn execute(
     exec: ExecRequest,
     cwd: OwnedFd,
     tx: Option<UnboundedSender<Bytes>>,
+    exact: bool,
 ) {
     let mut sink = OutputSink {
         cmd: &cmd,
@@ -527,7 +529,8 @@ async fn execute(
         cap: exec.output_limit,
         kept: [0, 0],
         truncated: [false, false],
-        decoders: [Utf8Decoder::default(), Utf8Decoder::default()],
+        exact,
+        lines: [LineFramer::default(), LineFramer::default()],
     };
     let outcome = {
         let mut on_output = |s: OutStream, data: &[u8]| sink.push(s, data);
@@ -700,23 +703,6 @@ pub(crate) async fn command_logs(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn utf8_split_at_every_byte_comes_out_whole() {
-        let text = "aé€😀z";
-        let bytes = text.as_bytes();
-        for cut in 0..=bytes.len() {
-            let mut d = Utf8Decoder::default();
-            let mut out = d.push(&bytes[..cut]);
-            out.push_str(&d.push(&bytes[cut..]));
-            out.push_str(&d.finish());
-            assert_eq!(out, text, "cut at {cut}");
-        }
-        let mut d = Utf8Decoder::default();
-        assert_eq!(d.push(b"a\xffb"), "a\u{fffd}b");
-        assert_eq!(d.push(b"\xe2\x82"), "");
-        assert_eq!(d.finish(), "\u{fffd}");
-    }
 
     #[test]
     fn argv_is_quoted_literally() {

@@ -47,6 +47,7 @@ mod cli;
 mod commands;
 mod egress_relay;
 mod files;
+mod framing;
 mod fs_ext;
 mod metrics;
 mod proxy;

@@ -9,67 +9,64 @@ use common::{TestAgent, alive, eventually, read_pids, request};
 use futures::StreamExt;
 use sessionbox_execd::{EventType, ExecdError, RunCommandRequest};
 
+/// A request for exact output (what sessionbox's own runtimes send).
+fn exact(command: &str) -> RunCommandRequest {
+    RunCommandRequest::shell(command).exact_output()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn foreground_output_and_exit_codes() {
     let a = TestAgent::start().await;
     let o = a
         .client
-        .run_command(&RunCommandRequest::shell("echo out; echo err >&2"))
+        .run_command(&exact("echo out; echo err >&2"))
         .await
         .unwrap();
     assert_eq!(o.exit_code, Some(0));
-    assert_eq!((o.stdout.as_str(), o.stderr.as_str()), ("out\n", "err\n"));
+    assert_eq!(
+        (o.stdout.as_slice(), o.stderr.as_slice()),
+        (&b"out\n"[..], &b"err\n"[..])
+    );
     assert!(o.id.is_some());
     assert!(!o.timed_out && o.signal.is_none() && !o.stdout_truncated);
 
-    let o = a
-        .client
-        .run_command(&RunCommandRequest::shell("exit 42"))
-        .await
-        .unwrap();
+    let o = a.client.run_command(&exact("exit 42")).await.unwrap();
     assert_eq!(o.exit_code, Some(42));
     assert!(!o.timed_out);
 
     // Environment: the base environment plus the request's, nothing of the agent's own.
     let o = a
         .client
-        .run_command(&RunCommandRequest::shell("env | sort").env("EXTRA", "v 1"))
+        .run_command(&exact("env | sort").env("EXTRA", "v 1"))
         .await
         .unwrap();
-    let vars: Vec<&str> = o
-        .stdout
+    let stdout = o.stdout_text();
+    let vars: Vec<&str> = stdout
         .lines()
         .map(|l| l.split('=').next().unwrap())
         .collect();
     assert_eq!(
         vars,
         ["EXTRA", "HOME", "LANG", "PATH", "PWD", "TERM"],
-        "{}",
-        o.stdout
+        "{stdout}"
     );
-    assert!(o.stdout.contains("EXTRA=v 1\n"));
-    assert!(o.stdout.contains(&format!("HOME={}\n", a.root.display())));
+    assert!(stdout.contains("EXTRA=v 1\n"));
+    assert!(stdout.contains(&format!("HOME={}\n", a.root.display())));
 
-    // cwd beneath the root; argv runs literally; non-UTF-8 output is replaced, not fatal.
+    // cwd beneath the root; argv runs literally.
     std::fs::create_dir(a.root.join("sub")).unwrap();
     let o = a
         .client
-        .run_command(&RunCommandRequest::shell("pwd").cwd("sub"))
+        .run_command(&exact("pwd").cwd("sub"))
         .await
         .unwrap();
-    assert_eq!(o.stdout, format!("{}/sub\n", a.root.display()));
+    assert_eq!(o.stdout_text(), format!("{}/sub\n", a.root.display()));
     let o = a
         .client
-        .run_command(&RunCommandRequest::argv(["printf", "%s", "$HOME ' \""]))
+        .run_command(&RunCommandRequest::argv(["printf", "%s", "$HOME ' \""]).exact_output())
         .await
         .unwrap();
-    assert_eq!(o.stdout, "$HOME ' \"");
-    let o = a
-        .client
-        .run_command(&RunCommandRequest::shell("printf 'a\\377b'"))
-        .await
-        .unwrap();
-    assert_eq!(o.stdout, "a\u{fffd}b");
+    assert_eq!(o.stdout_text(), "$HOME ' \"");
 
     // A missing cwd, or a bad environment name, is refused before anything runs.
     for bad in [
@@ -319,7 +316,7 @@ async fn output_is_capped_per_stream() {
         .run_command(&RunCommandRequest::shell("echo 0123456789").max_output_bytes(4))
         .await
         .unwrap();
-    assert_eq!(o.stdout, "0123");
+    assert_eq!(o.stdout_text(), "0123");
     assert!(o.stdout_truncated);
 
     // Background logs keep at most the cap of each stream too.
@@ -400,5 +397,113 @@ async fn warm_command_latency() {
         p90.as_secs_f64() * 1000.0
     );
     assert!(p50 < Duration::from_millis(200), "p50 {p50:?}");
+    a.stop().await;
+}
+
+/// Upstream execd's framing for clients that did not ask for bytes (the official SDKs): one
+/// event per line without its terminator, `"\n"` for an empty line, `\r` ending a line too,
+/// the last unterminated line at exit, U+FFFD for bytes that are not UTF-8.
+#[tokio::test(flavor = "multi_thread")]
+async fn upstream_clients_get_one_event_per_line() {
+    let a = TestAgent::start().await;
+    let cases: &[(&str, &[&str], &[&str])] = &[
+        ("printf 'a\\n\\nb\\n'", &["a", "\n", "b"], &[]),
+        ("printf 'x'", &["x"], &[]),
+        ("printf 'a\\r\\nb'; printf 'e\\n' >&2", &["a", "b"], &["e"]),
+        ("printf '10%%\\r20%%\\r'", &["10%", "20%"], &[]),
+        ("printf 'a\\377b\\n'", &["a\u{fffd}b"], &[]),
+        (
+            "printf 'half'; sleep 0.3; printf 'way\\nnext'",
+            &["halfway", "next"],
+            &[],
+        ),
+        ("true", &[], &[]),
+    ];
+    for (command, stdout, stderr) in cases {
+        let mut events = a
+            .client
+            .run_command_stream(&RunCommandRequest::shell(*command))
+            .await
+            .unwrap();
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        while let Some(e) = events.next().await {
+            let e = e.unwrap();
+            assert!(e.bytes.is_none(), "no bytes unless asked for");
+            match e.kind {
+                EventType::Stdout => out.push(e.text.unwrap()),
+                EventType::Stderr => err.push(e.text.unwrap()),
+                _ => {}
+            }
+        }
+        assert_eq!(out, *stdout, "stdout of {command}");
+        assert_eq!(err, *stderr, "stderr of {command}");
+    }
+    a.stop().await;
+}
+
+/// What sessionbox's own client asks for: every byte as the command wrote it, including NUL,
+/// bytes that are not UTF-8, and characters split across the agent's reads.
+#[tokio::test(flavor = "multi_thread")]
+async fn exact_output_carries_every_byte() {
+    let a = TestAgent::start().await;
+    // Random bytes, compared with the same bytes written to a file by the command.
+    let o = a
+        .client
+        .run_command(&exact(
+            "head -c 65536 /dev/urandom | tee r.bin; cat r.bin >&2",
+        ))
+        .await
+        .unwrap();
+    let on_disk = std::fs::read(a.root.join("r.bin")).unwrap();
+    assert_eq!(on_disk.len(), 65536);
+    assert_eq!(o.stdout, on_disk);
+    assert_eq!(o.stderr, on_disk);
+    // A character split between two writes (and so two reads), NUL, an invalid byte.
+    let o = a
+        .client
+        .run_command(&exact(
+            "printf '\\342\\202'; sleep 0.2; printf '\\254\\000\\377\\n'",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(o.stdout, b"\xe2\x82\xac\x00\xff\n");
+    // A gzip stream, compared by hash with the archive the command wrote.
+    std::fs::create_dir_all(a.root.join("d/e")).unwrap();
+    std::fs::write(a.root.join("d/e/f"), b"tar me").unwrap();
+    let o = a
+        .client
+        .run_command(&exact("tar czf - d | tee d.tgz"))
+        .await
+        .unwrap();
+    assert_eq!(o.exit_code, Some(0), "{}", o.stderr_text());
+    assert_eq!(o.stdout, std::fs::read(a.root.join("d.tgz")).unwrap());
+    assert_eq!(&o.stdout[..2], b"\x1f\x8b", "a gzip stream");
+    a.stop().await;
+}
+
+/// A quiet command's stream carries `ping` events (right after `init`, then every 3 s, as
+/// upstream), so that a proxy in front never sees a silent response.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_quiet_command_stream_carries_keepalives() {
+    let a = TestAgent::start().await;
+    let mut events = a
+        .client
+        .run_command_stream(&RunCommandRequest::shell("sleep 7; echo done"))
+        .await
+        .unwrap();
+    let mut kinds = Vec::new();
+    while let Some(e) = events.next().await {
+        let e = e.unwrap();
+        if e.kind == EventType::Ping {
+            assert_eq!(e.text.as_deref(), Some("pong"));
+            assert!(e.timestamp.is_some());
+        }
+        kinds.push(e.kind);
+    }
+    assert_eq!(kinds[0], EventType::Init);
+    assert_eq!(kinds[1], EventType::Ping, "{kinds:?}");
+    let pings = kinds.iter().filter(|k| **k == EventType::Ping).count();
+    assert!((3..=4).contains(&pings), "{pings} pings in 7 s: {kinds:?}");
+    assert_eq!(kinds.last(), Some(&EventType::ExecutionComplete));
     a.stop().await;
 }

@@ -277,7 +277,7 @@ async fn dollar_names_are_literal() {
         .run_command(&RunCommandRequest::shell("cat 'x$1.txt'").cwd("$HOME"))
         .await
         .unwrap();
-    assert_eq!(o.stdout, "dollar");
+    assert_eq!(o.stdout_text(), "dollar");
     c.move_files(&[RenameFileItem {
         src: "$HOME/x$1.txt".into(),
         dest: "${PATH}".into(),

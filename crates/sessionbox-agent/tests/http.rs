@@ -26,7 +26,7 @@ async fn the_token_is_required_and_never_echoed() {
         .run_command(&RunCommandRequest::shell("echo ok"))
         .await
         .unwrap();
-    assert_eq!(o.stdout, "ok\n");
+    assert_eq!(o.stdout_text(), "ok\n");
 
     // Without it, or with a wrong one: 401 with upstream's body, the presented value not echoed.
     let bare = ExecdClient::unix(&a.socket).unwrap();
@@ -242,12 +242,16 @@ async fn the_binary_takes_the_token_from_the_environment_and_hides_it() {
         .await
         .unwrap();
     assert_eq!(o.exit_code, Some(0));
-    assert!(!o.stdout.contains(TOKEN), "{}", o.stdout);
-    assert!(!o.stdout.contains("EXECD_ACCESS_TOKEN"), "{}", o.stdout);
+    assert!(!o.stdout_text().contains(TOKEN), "{}", o.stdout_text());
     assert!(
-        o.stdout.contains("sessionbox-agent"),
+        !o.stdout_text().contains("EXECD_ACCESS_TOKEN"),
+        "{}",
+        o.stdout_text()
+    );
+    assert!(
+        o.stdout_text().contains("sessionbox-agent"),
         "the parent is the agent: {}",
-        o.stdout
+        o.stdout_text()
     );
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", child.id())).unwrap();
     assert!(!String::from_utf8_lossy(&cmdline).contains(TOKEN));
@@ -306,7 +310,7 @@ async fn the_binary_exits_after_the_idle_timeout() {
         .run_command(&RunCommandRequest::shell("sleep 1.6; echo done"))
         .await
         .unwrap();
-    assert_eq!(o.stdout, "done\n");
+    assert_eq!(o.stdout_text(), "done\n");
     assert!(
         child.try_wait().unwrap().is_none(),
         "alive while a command ran"
@@ -357,7 +361,11 @@ async fn the_binary_serves_an_inherited_socket() {
         .run_command(&RunCommandRequest::shell("ls /proc/self/fd | wc -l"))
         .await
         .unwrap();
-    assert_eq!(o.stdout.trim(), "4", "only 0, 1, 2 and ls's own directory");
+    assert_eq!(
+        o.stdout_text().trim(),
+        "4",
+        "only 0, 1, 2 and ls's own directory"
+    );
     let _ = rustix::process::kill_process(
         rustix::process::Pid::from_raw(child.id() as i32).unwrap(),
         rustix::process::Signal::TERM,

@@ -47,7 +47,7 @@ pub use stream::{DEFAULT_MAX_EVENT_BYTES, EventStreamParser, StreamError};
 pub use token::AccessToken;
 pub use types::{
     CommandEndExtension, CommandLogs, CommandStatus, ErrorResponse, EventError, EventType,
-    FileInfo, FileMetadata, FileType, Metrics, Permission, RenameFileItem, ReplaceFileContentItem,
-    ReplaceFileContentResult, RunCommandRequest, ServerStreamEvent, UploadFile, mode_from_wire,
-    mode_to_wire,
+    FileInfo, FileMetadata, FileType, Metrics, OutputEncoding, Permission, RenameFileItem,
+    ReplaceFileContentItem, ReplaceFileContentResult, RunCommandRequest, ServerStreamEvent,
+    UploadFile, mode_from_wire, mode_to_wire,
 };

@@ -10,10 +10,11 @@ use crate::wire;
 pub struct CommandOutcome {
     /// Command id from the `init` event (use it for status, logs and interrupt).
     pub id: Option<String>,
-    /// All `stdout` text, in order.
-    pub stdout: String,
-    /// All `stderr` text, in order.
-    pub stderr: String,
+    /// All standard output, in order: the exact bytes from a server that honoured
+    /// [`crate::OutputEncoding::Base64`], else the events' text.
+    pub stdout: Vec<u8>,
+    /// All standard error, in order (as `stdout`).
+    pub stderr: Vec<u8>,
     /// Exit code of a foreground command: 0 on `execution_complete`, the integer in
     /// `error.evalue` on `error`, `None` when `evalue` is not a number (the command did not
     /// start) and always `None` for a background command (as the SDK's
@@ -71,8 +72,8 @@ impl CommandOutcome {
             // Upstream reports a kill at the timeout as -1.
             _ => ExitStatus::Signal(9),
         };
-        let mut stdout = self.stdout.into_bytes();
-        let mut stderr = self.stderr.into_bytes();
+        let mut stdout = self.stdout;
+        let mut stderr = self.stderr;
         stdout.truncate(output_limit);
         stderr.truncate(output_limit);
         Ok(sessionbox_core::ExecResult {
@@ -88,6 +89,16 @@ impl CommandOutcome {
 }
 
 impl CommandOutcome {
+    /// Standard output as text (bytes that are not UTF-8 become U+FFFD).
+    pub fn stdout_text(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+
+    /// Standard error as text (bytes that are not UTF-8 become U+FFFD).
+    pub fn stderr_text(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+
     /// True when a foreground command exited 0.
     pub fn success(&self) -> bool {
         self.exit_code == Some(0)
@@ -131,8 +142,8 @@ impl OutcomeCollector {
         let o = &mut self.outcome;
         match &event.kind {
             EventType::Init => o.id = event.text.clone(),
-            EventType::Stdout => o.stdout.push_str(event.text.as_deref().unwrap_or("")),
-            EventType::Stderr => o.stderr.push_str(event.text.as_deref().unwrap_or("")),
+            EventType::Stdout => o.stdout.extend_from_slice(event.output()),
+            EventType::Stderr => o.stderr.extend_from_slice(event.output()),
             EventType::ExecutionComplete => {
                 self.terminal = true;
                 o.elapsed = self.started.elapsed();
@@ -192,7 +203,10 @@ mod tests {
         assert!(c.is_complete());
         let o = c.finish();
         assert_eq!(o.id.as_deref(), Some("id1"));
-        assert_eq!((o.stdout.as_str(), o.stderr.as_str()), ("ac", "b"));
+        assert_eq!(
+            (o.stdout.as_slice(), o.stderr.as_slice()),
+            (&b"ac"[..], &b"b"[..])
+        );
         assert_eq!(o.exit_code, Some(0));
         assert!(o.success());
         assert_eq!(o.execution_time, Some(Duration::from_millis(7)));

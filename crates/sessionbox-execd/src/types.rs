@@ -54,11 +54,29 @@ pub struct RunCommandRequest {
     pub max_output_bytes: Option<u64>,
     /// sessionbox extension: bytes written to the command's stdin, which is then closed (base64,
     /// standard alphabet, in JSON). Absent: stdin is `/dev/null`. Upstream ignores it.
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "stdin_b64")]
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_base64")]
     pub stdin: Option<Vec<u8>>,
+    /// sessionbox extension: how the server frames `stdout`/`stderr` events. Absent: as
+    /// upstream does (text, one event per line; bytes that are not UTF-8 cannot be carried).
+    /// [`OutputEncoding::Base64`]: each event carries the exact bytes read, in
+    /// [`ServerStreamEvent::bytes`], as they arrive. Upstream ignores the field (and then
+    /// frames as it always does); a sessionbox agent refuses a value it does not know (400).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_encoding: Option<OutputEncoding>,
 }
 
-mod stdin_b64 {
+/// How a sessionbox server carries command output in stream events (see
+/// [`RunCommandRequest::output_encoding`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputEncoding {
+    /// The exact bytes, base64 (standard alphabet, padded) in the event's `bytes` field, in
+    /// chunks as the server read them.
+    Base64,
+}
+
+/// `Option<Vec<u8>>` as an optional base64 string (standard alphabet, padded).
+mod opt_base64 {
     use base64::Engine;
     use base64::engine::general_purpose::STANDARD;
     use serde::{Deserialize, Deserializer, Serializer};
@@ -129,6 +147,13 @@ impl RunCommandRequest {
     /// [`RunCommandRequest::stdin`]).
     pub fn stdin(mut self, data: impl Into<Vec<u8>>) -> Self {
         self.stdin = Some(data.into());
+        self
+    }
+
+    /// Asks for the exact bytes of the output (a sessionbox extension; see
+    /// [`RunCommandRequest::output_encoding`]).
+    pub fn exact_output(mut self) -> Self {
+        self.output_encoding = Some(OutputEncoding::Base64);
         self
     }
 
@@ -264,6 +289,11 @@ pub struct ServerStreamEvent {
     /// Output text, the command id (`init`) or `pong` (`ping`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
+    /// sessionbox extension on `stdout`/`stderr` events of a request that asked for
+    /// [`OutputEncoding::Base64`]: the exact bytes of this piece (base64 on the wire), instead
+    /// of `text`. Upstream never sends it.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_base64")]
+    pub bytes: Option<Vec<u8>>,
     /// Cell number (code interpreter).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub execution_count: Option<i64>,
@@ -328,6 +358,7 @@ impl ServerStreamEvent {
         ServerStreamEvent {
             kind,
             text: None,
+            bytes: None,
             execution_count: None,
             execution_time_ms: None,
             timestamp: Some(now_millis()),
@@ -356,6 +387,28 @@ impl ServerStreamEvent {
     /// A piece of standard error.
     pub fn stderr(text: impl Into<String>) -> Self {
         Self::new(EventType::Stderr).with_text(text)
+    }
+
+    /// A piece of standard output or error as exact bytes (the [`OutputEncoding::Base64`]
+    /// framing); `stdout` false means standard error.
+    pub fn output_bytes(stdout: bool, data: &[u8]) -> Self {
+        let mut e = Self::new(if stdout {
+            EventType::Stdout
+        } else {
+            EventType::Stderr
+        });
+        e.bytes = Some(data.to_vec());
+        e
+    }
+
+    /// The output this event carries: its exact `bytes` when present, else its `text` as
+    /// UTF-8. Empty for events without output.
+    pub fn output(&self) -> &[u8] {
+        match (&self.bytes, &self.text) {
+            (Some(b), _) => b,
+            (None, Some(t)) => t.as_bytes(),
+            (None, None) => &[],
+        }
     }
 
     /// Keep-alive, as upstream sends it.

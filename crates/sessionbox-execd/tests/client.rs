@@ -227,8 +227,8 @@ async fn returns_at_terminal_event(server: Server) {
     let elapsed = start.elapsed();
     assert!(elapsed < Duration::from_millis(500), "took {elapsed:?}");
     assert_eq!(outcome.id.as_deref(), Some("cmd-42"));
-    assert_eq!(outcome.stdout, "hello\n");
-    assert_eq!(outcome.stderr, "warn\n");
+    assert_eq!(outcome.stdout_text(), "hello\n");
+    assert_eq!(outcome.stderr_text(), "warn\n");
     assert_eq!(outcome.exit_code, Some(0));
     assert_eq!(outcome.execution_time, Some(Duration::from_millis(7)));
     assert!(!outcome.timed_out);

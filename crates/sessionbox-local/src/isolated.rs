@@ -21,12 +21,12 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+use sessionbox_core::{BackgroundCommand, CommandOutput, OutputRequest, validate_command_id};
 use sessionbox_core::{
     CappedSink, ConversationKey, ConversationRef, DestroyReport, DirEntry, EditRequest, EditResult,
     Error, ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch, GrepRequest, Limits,
     OutputStream, Result, Runtime, RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
 };
-use sessionbox_core::{BackgroundCommand, CommandOutput, OutputRequest, validate_command_id};
 use sessionbox_execd::fs_ext::{FsRequest, FsResponse, FsSession};
 use sessionbox_execd::{ExecdClient, RunCommandRequest};
 
@@ -828,6 +828,7 @@ impl IsolatedSession {
         request.validate()?;
         let cwd = checked(request.cwd.as_deref().unwrap_or("."))?;
         let mut run = RunCommandRequest::shell(request.command.clone())
+            .exact_output()
             .cwd(cwd)
             .timeout(request.timeout)
             .max_output_bytes(request.output_limit as u64);
@@ -864,10 +865,9 @@ impl IsolatedSession {
                             sessionbox_execd::EventType::Stderr => OutputStream::Stderr,
                             _ => return,
                         };
-                        let text = event.text.as_deref().unwrap_or("");
                         sink.lock()
                             .unwrap_or_else(|e| e.into_inner())
-                            .push(stream, text.as_bytes());
+                            .push(stream, event.output());
                     })
                 },
                 || taken.load(std::sync::atomic::Ordering::SeqCst),

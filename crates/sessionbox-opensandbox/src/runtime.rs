@@ -43,14 +43,14 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sessionbox_core::{
-    ConversationKey, ConversationRef, DestroyReport, DirEntry, EditRequest, EditResult, Error,
-    ExecRequest, ExecResult, FileStat, GrepMatch, GrepRequest, Result, Runtime,
-    RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
+    CappedSink, ConversationKey, ConversationRef, DestroyReport, DirEntry, EditRequest, EditResult,
+    Error, ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch, GrepRequest, OutputStream,
+    Result, Runtime, RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
 };
 use sessionbox_egress::Policy;
 pub use sessionbox_egress::token::GatewayAccess;
 use sessionbox_execd::fs_ext::{FsRequest, FsResponse, FsSession};
-use sessionbox_execd::{Endpoint, ExecdClient, RunCommandRequest};
+use sessionbox_execd::{Endpoint, EventType, ExecdClient, RunCommandRequest};
 use sessionbox_store::Store;
 
 use crate::error::OpenSandboxError;
@@ -816,6 +816,54 @@ struct OpenSandboxSession {
 }
 
 impl OpenSandboxSession {
+    /// Runs a command through the agent's event stream (exact bytes), handing output to `sink`
+    /// as it arrives when there is one.
+    async fn run(&self, request: ExecRequest, sink: Option<ExecSink<'_>>) -> Result<ExecResult> {
+        request.validate()?;
+        let _in_use = self.in_use.enter(&self.key);
+        let cwd = checked(request.cwd.as_deref().unwrap_or("."))?;
+        let mut run = RunCommandRequest::shell(request.command.clone())
+            .exact_output()
+            .cwd(cwd)
+            .timeout(request.timeout)
+            .max_output_bytes(request.output_limit as u64);
+        if let Some(gateway) = &self.gateway {
+            // The policy in force now; a fresh token for this command alone.
+            let policy = policy_in_force(&self.store, &self.conversation).await?;
+            let ttl = request.timeout + TOKEN_MARGIN;
+            for (k, v) in gateway.command_env(self.key.as_str(), &policy, ttl) {
+                run = run.env(k, v);
+            }
+        }
+        // The caller's own variables come last and win (as on the isolated runtime).
+        for (k, v) in &request.env {
+            run = run.env(k, v);
+        }
+        if let Some(stdin) = &request.stdin {
+            run = run.stdin(stdin.clone());
+        }
+        let sink = sink.map(|s| std::sync::Mutex::new(CappedSink::new(s, request.output_limit)));
+        let out = self
+            .client
+            .run_command_with(&run, |event| {
+                let Some(sink) = &sink else { return };
+                let stream = match event.kind {
+                    EventType::Stdout => OutputStream::Stdout,
+                    EventType::Stderr => OutputStream::Stderr,
+                    _ => return,
+                };
+                sink.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(stream, event.output());
+            })
+            .await
+            .map_err(Error::from)?;
+        out.into_exec_result(
+            request.output_limit,
+            &format!(" in sandbox {}", self.sandbox_id),
+        )
+    }
+
     async fn send_fs(&self, request: FsRequest) -> Result<FsResponse> {
         let _in_use = self.in_use.enter(&self.key);
         self.client.fs(&request).await.map_err(Error::from)
@@ -846,7 +894,8 @@ impl OpenSandboxSession {
             .spawn_background(&run)
             .await
             .map_err(Error::from)
-    }}
+    }
+}
 
 /// Checks a path here, before anything is sent (the agent checks it again beneath its root).
 fn checked(path: &str) -> Result<String> {
@@ -879,33 +928,11 @@ impl Session for OpenSandboxSession {
     }
 
     async fn exec(&self, request: ExecRequest) -> Result<ExecResult> {
-        request.validate()?;
-        let _in_use = self.in_use.enter(&self.key);
-        let cwd = checked(request.cwd.as_deref().unwrap_or("."))?;
-        let mut run = RunCommandRequest::shell(request.command.clone())
-            .cwd(cwd)
-            .timeout(request.timeout)
-            .max_output_bytes(request.output_limit as u64);
-        if let Some(gateway) = &self.gateway {
-            // The policy in force now; a fresh token for this command alone.
-            let policy = policy_in_force(&self.store, &self.conversation).await?;
-            let ttl = request.timeout + TOKEN_MARGIN;
-            for (k, v) in gateway.command_env(self.key.as_str(), &policy, ttl) {
-                run = run.env(k, v);
-            }
-        }
-        // The caller's own variables come last and win (as on the isolated runtime).
-        for (k, v) in &request.env {
-            run = run.env(k, v);
-        }
-        if let Some(stdin) = &request.stdin {
-            run = run.stdin(stdin.clone());
-        }
-        let out = self.client.run_command(&run).await.map_err(Error::from)?;
-        out.into_exec_result(
-            request.output_limit,
-            &format!(" in sandbox {}", self.sandbox_id),
-        )
+        self.run(request, None).await
+    }
+
+    async fn exec_stream(&self, request: ExecRequest, sink: ExecSink<'_>) -> Result<ExecResult> {
+        self.run(request, Some(sink)).await
     }
 
     async fn read(&self, path: &str) -> Result<Vec<u8>> {

@@ -452,3 +452,39 @@ async fn pause_resume_and_the_proxied_endpoint() {
     let e = c.get(&s.id).await.unwrap_err();
     assert!(matches!(e, OpenSandboxError::NotFound { .. }), "{e:?}");
 }
+
+/// A command that prints nothing for longer than the OpenSandbox 1.1.1 server's proxy waits
+/// for a byte (its HTTP client's 180 s read timeout) still reports its output and exit code:
+/// the agent's `ping` events every 3 s keep the proxied stream alive. Before the keepalive
+/// this failed after 180 s with "the command event stream ended without a terminal event".
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_command_quiet_for_200_seconds_survives_the_server_proxy() {
+    let Some((domain, key)) = server() else {
+        return;
+    };
+    let (rt, _store) = runtime(&domain, key, "quiet");
+    let c = conv("quiet");
+    let s = rt.open(&c).await.unwrap();
+    let started = Instant::now();
+    let r = s
+        .exec(
+            ExecRequest::new("sleep 200; printf 'done\\n'; exit 7")
+                .timeout(Duration::from_secs(400)),
+        )
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(
+        r.shell_exit_code(),
+        7,
+        "{:?}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    assert_eq!(r.stdout, b"done\n");
+    assert!(!r.timed_out);
+    assert!(took >= Duration::from_secs(200), "{took:?}");
+    eprintln!("opensandbox: a 200 s quiet command returned after {took:?}");
+    s.close().await.unwrap();
+    rt.destroy(&c.key).await.unwrap();
+    assert_nothing_left(&rt).await;
+}

@@ -598,8 +598,8 @@ impl Tools {
             Run::Bash(req) => {
                 let timeout_ms = req.timeout.as_millis();
                 let r = session.exec(req).await?;
-                let mut text = String::from_utf8_lossy(&r.stdout).into_owned();
-                let stderr = String::from_utf8_lossy(&r.stderr);
+                let mut text = model_text("stdout", &r.stdout);
+                let stderr = model_text("stderr", &r.stderr);
                 if !stderr.is_empty() {
                     if !text.is_empty() && !text.ends_with('\n') {
                         text.push('\n');
@@ -801,5 +801,30 @@ impl ServerHandler for Tools {
         };
         self.audit(&caller, &request.name, outcome, started).await;
         Ok(out.into())
+    }
+}
+
+/// A command's output stream as the model reads it: the text when the bytes are valid UTF-8;
+/// otherwise a line saying so, with the exact bytes in base64 (standard alphabet) so that
+/// nothing is lost, or only the line when the base64 would not fit in a tool result.
+fn model_text(name: &str, bytes: &[u8]) -> String {
+    use base64::Engine;
+    match std::str::from_utf8(bytes) {
+        Ok(s) => s.to_owned(),
+        Err(_) => {
+            let encoded = base64::engine::general_purpose::STANDARD.encode(bytes);
+            if encoded.len() <= MAX_OUTPUT_CHARS / 2 {
+                format!(
+                    "[{name} is not valid UTF-8: {} bytes, shown as base64]\n{encoded}\n",
+                    bytes.len()
+                )
+            } else {
+                format!(
+                    "[{name} is not valid UTF-8: {} bytes, too many to show; redirect it to a \
+                     file and read that]\n",
+                    bytes.len()
+                )
+            }
+        }
     }
 }

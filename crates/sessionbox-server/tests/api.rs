@@ -53,7 +53,8 @@ impl Server {
     async fn start(mut config: ServerConfig, with_key: bool) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("sessionbox.db")).unwrap();
-        let runtime: Arc<dyn Runtime> = Arc::new(HostRuntime::new(host_config(dir.path())).unwrap());
+        let runtime: Arc<dyn Runtime> =
+            Arc::new(HostRuntime::new(host_config(dir.path())).unwrap());
         let key = if with_key {
             store
                 .create_api_key(&TenantId::new("acme").unwrap(), Some("test"), Utc::now())
@@ -2416,4 +2417,38 @@ async fn revoking_every_key_never_reopens_the_server() {
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(s.workspaces(), 0);
     s.stop().await;
+}
+
+/// A quiet command's event stream carries a `: keepalive` comment every few seconds, so that a
+/// proxy in front of the server never sees a silent response; the events themselves are
+/// unchanged by them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_quiet_event_stream_carries_keepalive_comments() {
+    bounded(async {
+        let s = Server::start(ServerConfig::default(), true).await;
+        let mut r = s
+            .json(
+                Method::POST,
+                "/v1/conversations/quiet/exec",
+                &json!({"command": "sleep 11; echo done"}),
+            )
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        let mut body = Vec::new();
+        while let Some(chunk) = r.chunk().await.unwrap() {
+            body.extend_from_slice(&chunk);
+        }
+        let body = String::from_utf8(body).unwrap();
+        let comments = body.lines().filter(|l| *l == ": keepalive").count();
+        assert!(
+            (2..=3).contains(&comments),
+            "{comments} keepalives in 11 s:\n{body}"
+        );
+        assert!(body.contains("\"text\":\"done\\n\""), "{body}");
+        assert!(body.contains("event: exit"), "{body}");
+    })
+    .await;
 }

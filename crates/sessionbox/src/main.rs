@@ -45,8 +45,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use sessionbox_core::{
-    ConversationRef, EditRequest, Error, ExecRequest, FileKind, GrepRequest, Runtime, Session,
-    TenantId,
+    ConversationRef, EditRequest, Error, ExecRequest, FileKind, GrepRequest, OutputStream, Runtime,
+    Session, TenantId,
 };
 use sessionbox_local::host::{HostConfig, HostRuntime};
 use sessionbox_local::isolated::{IsolatedConfig, IsolatedRuntime};
@@ -963,10 +963,30 @@ async fn run_on_session(
     let mut out = std::io::stdout().lock();
     match command {
         Command::Exec { .. } => {
-            let r = s.exec(exec.expect("built above")).await?;
-            out.write_all(&r.stdout)?;
-            out.flush()?;
-            std::io::stderr().write_all(&r.stderr)?;
+            drop(out);
+            // The output as it comes, byte for byte: each chunk is written (and flushed) when
+            // the runtime hands it over. The first write error (a reader that went away) is
+            // kept and returned once the command has ended.
+            let mut failed: Option<std::io::Error> = None;
+            let mut sink = |stream: OutputStream, data: &[u8]| {
+                if failed.is_some() {
+                    return;
+                }
+                let written = match stream {
+                    OutputStream::Stdout => {
+                        let mut o = std::io::stdout();
+                        o.write_all(data).and_then(|()| o.flush())
+                    }
+                    OutputStream::Stderr => std::io::stderr().write_all(data),
+                };
+                if let Err(e) = written {
+                    failed = Some(e);
+                }
+            };
+            let r = s.exec_stream(exec.expect("built above"), &mut sink).await?;
+            if let Some(e) = failed {
+                return Err(e.into());
+            }
             if r.stdout_truncated || r.stderr_truncated {
                 eprintln!("sessionbox: output was cut at the output limit");
             }
