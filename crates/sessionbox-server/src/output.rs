@@ -36,13 +36,17 @@ impl OutputText {
 /// How many bytes at the end of `bytes` are the start of a UTF-8 character that is not
 /// complete yet (0 to 3). Invalid bytes elsewhere do not count: they are sent as they are.
 pub(crate) fn incomplete_tail(bytes: &[u8]) -> usize {
-    match std::str::from_utf8(bytes) {
-        Ok(_) => 0,
-        Err(e) if e.error_len().is_none() => bytes.len() - e.valid_up_to(),
-        Err(e) => {
-            // Invalid bytes inside; look at the tail after the last invalid sequence only.
-            let rest = &bytes[e.valid_up_to() + e.error_len().unwrap_or(1)..];
-            incomplete_tail(rest)
+    // A loop, not recursion: random bytes hold an invalid sequence every few bytes, and one
+    // stack frame per sequence overflowed the stack on 64 KiB of them.
+    let mut rest = bytes;
+    loop {
+        match std::str::from_utf8(rest) {
+            Ok(_) => return 0,
+            Err(e) => match e.error_len() {
+                None => return rest.len() - e.valid_up_to(),
+                // Invalid bytes inside; look at what follows them.
+                Some(n) => rest = &rest[e.valid_up_to() + n..],
+            },
         }
     }
 }
@@ -106,5 +110,9 @@ mod tests {
         assert_eq!(end.base64.as_deref(), Some("4g=="));
         assert_eq!(incomplete_tail(b"abc"), 0);
         assert_eq!(incomplete_tail(&[0xf0, 0x9f]), 2);
+        // Many invalid sequences (random bytes): no recursion, the right tail.
+        let mut many = [0xffu8, b'a'].repeat(1 << 20);
+        many.extend_from_slice(&[0xe2, 0x82]);
+        assert_eq!(incomplete_tail(&many), 2);
     }
 }

@@ -5,6 +5,9 @@ use std::process::{Command, Output, Stdio};
 
 use std::io::Write;
 
+#[path = "support/exact.rs"]
+mod exact;
+
 fn sessionbox(data: &Path, args: &[&str]) -> Output {
     sessionbox_with_stdin(data, args, b"")
 }
@@ -822,4 +825,29 @@ fn restore_refuses_while_a_server_runs_on_the_data_directory() {
     server.wait().unwrap();
     let out = sessionbox(&data, &["restore", backup.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+/// Issue 15 on every runtime: `sessionbox exec` writes a command's stdout and stderr to its own
+/// byte for byte (random bytes, NUL, invalid UTF-8, a character split across writes, a
+/// `tar czf -` archive compared by SHA-256 with the one written on disk).
+#[test]
+fn exec_writes_the_exact_bytes_on_every_runtime() {
+    for rt in exact::runtimes("cli") {
+        for case in exact::cases(65536) {
+            let out = rt.run(&["exec", "-c", "exact", "--", &case.command], b"");
+            let what = format!("{} {}", rt.name, case.name);
+            assert!(out.status.success(), "{what}: {}", text(&out.stderr));
+            exact::assert_same(&what, &out.stdout, &rt.expected("exact", &case));
+            exact::assert_same(&format!("{what} stderr"), &out.stderr, case.stderr);
+        }
+        let listed = text(&rt.run(&["conversations"], b"").stdout);
+        assert!(
+            listed
+                .lines()
+                .any(|l| l.contains(" exact ") && l.contains(rt.name)),
+            "{}: {listed}",
+            rt.name
+        );
+        rt.destroy("exact");
+    }
 }

@@ -9,6 +9,9 @@ use std::time::Duration;
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
 
+#[path = "support/exact.rs"]
+mod exact;
+
 fn sessionbox(data: &Path, args: &[&str]) -> Output {
     setup(data);
     Command::new(env!("CARGO_BIN_EXE_sessionbox"))
@@ -450,4 +453,147 @@ fn schemathesis_finds_no_5xx_and_no_answer_off_the_schema() {
         "no call got through among {} records",
         entries.len()
     );
+}
+
+/// The text of one output field: `base64` decoded when present (it must be, exactly when the
+/// bytes are not UTF-8), else `text`.
+fn field_bytes(v: &Value, text_key: &str, b64_key: &str, utf8: bool, what: &str) -> Vec<u8> {
+    match v.get(b64_key) {
+        Some(b) => {
+            assert!(!utf8, "{what}: valid UTF-8 came with {b64_key}: {v}");
+            exact::base64_decode(b.as_str().unwrap())
+        }
+        None => {
+            let t = v[text_key]
+                .as_str()
+                .unwrap_or_else(|| panic!("{what}: {v}"));
+            t.as_bytes().to_vec()
+        }
+    }
+}
+
+/// Issue 15 on every runtime, through `sessionbox serve`: REST JSON gives text when the bytes
+/// are UTF-8 (no base64 field) and `stdout_base64`/`stderr_base64` holding them exactly
+/// otherwise; the SSE `stdout`/`stderr` chunks concatenated (base64 where present, else text)
+/// are the bytes, a character split across writes included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rest_json_and_sse_carry_the_exact_bytes_on_every_runtime() {
+    for rt in exact::runtimes("serve") {
+        let key = create_key(&rt.data, "default");
+        let served = Served::start(&rt.data);
+        let base = served.base.clone();
+        let client = Client::builder()
+            .timeout(Duration::from_secs(120))
+            .build()
+            .unwrap();
+        let exec = |cmd: &str, sse: bool| {
+            let mut r = client
+                .post(format!("{base}/v1/conversations/exact/exec"))
+                .bearer_auth(&key)
+                .header("content-type", "application/json")
+                .body(json!({ "command": cmd }).to_string());
+            if sse {
+                r = r.header("accept", "text/event-stream");
+            }
+            r.send()
+        };
+        for case in exact::cases(65536) {
+            let what = format!("{} {}", rt.name, case.name);
+            let (st, v) = json_of(exec(&case.command, false).await.unwrap()).await;
+            assert_eq!(
+                (st, &v["exit_code"]),
+                (StatusCode::OK, &json!(0)),
+                "{what}: {v}"
+            );
+            let want = match &case.stdout {
+                exact::Expect::Bytes(b) => b.clone(),
+                exact::Expect::File(f) => {
+                    let r = client
+                        .get(format!("{base}/v1/conversations/exact/files/{f}"))
+                        .bearer_auth(&key)
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status(), StatusCode::OK, "{what}");
+                    r.bytes().await.unwrap().to_vec()
+                }
+            };
+            let got = field_bytes(&v, "stdout", "stdout_base64", case.utf8, &what);
+            exact::assert_same(&format!("{what} json stdout"), &got, &want);
+            let stderr_utf8 = std::str::from_utf8(case.stderr).is_ok();
+            let got = field_bytes(&v, "stderr", "stderr_base64", stderr_utf8, &what);
+            exact::assert_same(&format!("{what} json stderr"), &got, case.stderr);
+
+            // SSE: the same command again (it writes the same file; compare with the new one).
+            let r = exec(&case.command, true).await.unwrap();
+            assert_eq!(r.status(), StatusCode::OK, "{what}");
+            let body = r.text().await.unwrap();
+            let (mut out, mut err, mut exit) = (Vec::new(), Vec::new(), None);
+            for event in body.split("\n\n") {
+                let mut name = "";
+                let mut data = String::new();
+                for line in event.lines() {
+                    if let Some(n) = line.strip_prefix("event:") {
+                        name = n.trim();
+                    } else if let Some(d) = line.strip_prefix("data:") {
+                        data.push_str(d.strip_prefix(' ').unwrap_or(d));
+                    }
+                }
+                match name {
+                    "stdout" | "stderr" => {
+                        let chunk: Value = serde_json::from_str(&data).unwrap();
+                        let valid = chunk.get("base64").is_none();
+                        let bytes = field_bytes(&chunk, "text", "base64", valid, &what);
+                        if chunk.get("base64").is_some() {
+                            assert!(
+                                std::str::from_utf8(&bytes).is_err(),
+                                "{what}: base64 on UTF-8: {chunk}"
+                            );
+                        }
+                        if name == "stdout" {
+                            out.extend(bytes)
+                        } else {
+                            err.extend(bytes)
+                        }
+                    }
+                    "exit" => exit = Some(serde_json::from_str::<Value>(&data).unwrap()),
+                    "error" => panic!("{what}: {data}"),
+                    _ => {}
+                }
+            }
+            assert_eq!(
+                exit.as_ref().map(|e| &e["exit_code"]),
+                Some(&json!(0)),
+                "{what}: {body}"
+            );
+            let want = match &case.stdout {
+                exact::Expect::Bytes(b) => b.clone(),
+                exact::Expect::File(f) => client
+                    .get(format!("{base}/v1/conversations/exact/files/{f}"))
+                    .bearer_auth(&key)
+                    .send()
+                    .await
+                    .unwrap()
+                    .bytes()
+                    .await
+                    .unwrap()
+                    .to_vec(),
+            };
+            exact::assert_same(&format!("{what} sse stdout"), &out, &want);
+            exact::assert_same(&format!("{what} sse stderr"), &err, case.stderr);
+        }
+        let r = client
+            .delete(format!("{base}/v1/conversations/exact"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            r.status().is_success(),
+            "{}: destroy {}",
+            rt.name,
+            r.status()
+        );
+        served.stop();
+    }
 }
