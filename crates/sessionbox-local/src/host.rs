@@ -10,12 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sessionbox_core::{BackgroundCommand, CommandOutput, OutputRequest};
 use sessionbox_core::{
     CappedSink, ConversationKey, ConversationRef, DestroyReport, DirEntry, EditRequest, EditResult,
     Error, ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch, GrepRequest, Limits,
     OutputStream, Result, Runtime, RuntimeConversation, RuntimeInfo, Session,
 };
-use sessionbox_core::{BackgroundCommand, CommandOutput, OutputRequest};
 use sessionbox_fs::Workspace;
 
 use crate::process;
@@ -269,15 +269,15 @@ impl HostSession {
     }
 
     fn commands(&self) -> Result<&CommandDir> {
-        self.commands.as_ref().ok_or_else(|| {
-            Error::RuntimeUnavailable {
+        self.commands
+            .as_ref()
+            .ok_or_else(|| Error::RuntimeUnavailable {
                 runtime: "host".into(),
                 reason: "no supervisor binary is configured for background commands".into(),
                 hint: "run the command in the foreground, or serve through the sessionbox \
                        binary, which supervises them"
                     .into(),
-            }
-        })
+            })
     }
 
     async fn fs<T: Send + 'static>(
