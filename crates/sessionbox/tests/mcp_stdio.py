@@ -1,10 +1,18 @@
 """Drives `sessionbox mcp --conversation ID` (MCP over stdio) with the official MCP Python SDK.
 
-Usage: mcp_stdio.py SESSIONBOX_EXE DATA_DIR RUNTIME. Starts one server process per
-conversation, as an MCP client configured with `command: sessionbox` would. Prints OK and
-exits 0 when every check passes; any failure raises. Run by tests/mcp_stdio.rs.
+Usage: mcp_stdio.py SESSIONBOX_EXE DATA_DIR RUNTIME [--exact CASES_JSON OUT_DIR]. Starts one
+server process per conversation, as an MCP client configured with `command: sessionbox` would.
+Prints OK and exits 0 when every check passes; any failure raises. Run by tests/mcp_stdio.rs.
+
+With --exact, runs each case of CASES_JSON (a list of {"name", "command"}) with the bash tool
+in conversation `exact` instead, and writes the bytes the result carries to OUT_DIR/NAME.out and
+NAME.err: base64 decoded where the result says a stream is not UTF-8, else the text. The Rust
+side compares them with the bytes the command wrote.
 """
 
+import base64
+import json
+import os
 import sys
 
 import anyio
@@ -12,6 +20,7 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 EXE, DATA, RUNTIME = sys.argv[1], sys.argv[2], sys.argv[3]
+EXACT = sys.argv[5:7] if len(sys.argv) > 4 and sys.argv[4] == "--exact" else None
 
 
 def dump(m):
@@ -28,7 +37,9 @@ async def with_conversation(conversation, body):
     params = StdioServerParameters(
         command=EXE,
         args=["--data-dir", DATA, "--runtime", RUNTIME, "mcp", "--conversation", conversation],
-        env={"PATH": "/usr/bin:/bin"},
+        # The server's own settings pass (the opensandbox runtime reads its server from them).
+        env={"PATH": "/usr/bin:/bin",
+             **{k: v for k, v in os.environ.items() if k.startswith("OPEN_SANDBOX_")}},
     )
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:
@@ -36,7 +47,52 @@ async def with_conversation(conversation, body):
             return await body(session)
 
 
+def split_result(text):
+    """(stdout bytes, stderr bytes, exit code) of a bash tool result. A stream that is not UTF-8
+    is a marker line and its base64; text streams are run together, so text is all stdout."""
+    body, _, code = text.rpartition("Exit code: ")
+
+    def take(name, rest):
+        if rest.startswith(f"[{name} is not valid UTF-8: "):
+            line, b64, rest = rest.split("\n", 2)
+            assert line.endswith("bytes, shown as base64]"), line
+            return base64.b64decode(b64, validate=True), rest
+        return None, rest
+
+    out, rest = take("stdout", body)
+    if out is None:
+        i = rest.find("[stderr is not valid UTF-8: ")
+        out, rest = (rest, "") if i < 0 else (rest[:i], rest[i:])
+        out = out.encode()
+    err, rest = take("stderr", rest)
+    if err is None:
+        err = rest.encode()
+    return out, err, int(code)
+
+
+async def exact(cases_json, out_dir):
+    with open(cases_json) as f:
+        cases = json.load(f)
+
+    async def run(session):
+        for case in cases:
+            text, err = await call(session, "bash", {"command": case["command"]})
+            assert not err, (case["name"], text)
+            out, err_bytes, code = split_result(text)
+            assert code == 0, (case["name"], text)
+            with open(os.path.join(out_dir, case["name"] + ".out"), "wb") as f:
+                f.write(out)
+            with open(os.path.join(out_dir, case["name"] + ".err"), "wb") as f:
+                f.write(err_bytes)
+
+    with anyio.fail_after(240):
+        await with_conversation("exact", run)
+    print("OK")
+
+
 async def main():
+    if EXACT:
+        return await exact(*EXACT)
     with anyio.fail_after(90):
         async def list_tools(session):
             return {t["name"]: t["inputSchema"] for t in dump(await session.list_tools())["tools"]}

@@ -5,6 +5,9 @@
 use std::path::Path;
 use std::process::Command;
 
+#[path = "support/exact.rs"]
+mod exact;
+
 fn drive(runtime: &str, data: &Path) {
     std::fs::write(
         data.join("sessionbox.toml"),
@@ -115,4 +118,59 @@ fn audit_of_a_data_directory_without_a_store_is_empty_and_creates_nothing() {
     };
     assert_eq!(v, serde_json::json!([]));
     assert!(!data.exists(), "audit created the data directory");
+}
+
+/// Issue 15 on every runtime through the MCP `bash` tool, driven by the official Python SDK: a
+/// stream that is not UTF-8 comes as a marker line and base64 that decodes to the exact bytes
+/// (random bytes, NUL, invalid UTF-8, a split character, a tar archive compared with the one on
+/// disk); UTF-8 comes as text. Cases of 8 KiB: the base64 must fit in one tool result.
+#[test]
+fn the_bash_tool_carries_the_exact_bytes_on_every_runtime() {
+    for rt in exact::runtimes("mcp") {
+        let work = tempfile::tempdir().unwrap();
+        let cases = exact::cases(8192);
+        let list: Vec<serde_json::Value> = cases
+            .iter()
+            .map(|c| serde_json::json!({"name": c.name, "command": c.command}))
+            .collect();
+        let cases_json = work.path().join("cases.json");
+        std::fs::write(&cases_json, serde_json::to_vec(&list).unwrap()).unwrap();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_stdio.py");
+        let out = Command::new("python3")
+            .arg(script)
+            .arg(env!("CARGO_BIN_EXE_sessionbox"))
+            .arg(&rt.data)
+            .arg(rt.name)
+            .arg("--exact")
+            .arg(&cases_json)
+            .arg(work.path())
+            .output()
+            .expect("python3 runs (scripts/test installs the mcp package)");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.trim_end().ends_with("OK"),
+            "the MCP stdio client failed on {}:\n{stdout}\n{}",
+            rt.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for case in &cases {
+            let what = format!("{} {}", rt.name, case.name);
+            let got_out = std::fs::read(work.path().join(format!("{}.out", case.name))).unwrap();
+            let got_err = std::fs::read(work.path().join(format!("{}.err", case.name))).unwrap();
+            let want = rt.expected("exact", case);
+            if case.utf8 {
+                // Text streams reach the model run together, ending in a newline.
+                let mut all = want.clone();
+                all.extend_from_slice(case.stderr);
+                if !all.ends_with(b"\n") {
+                    all.push(b'\n');
+                }
+                exact::assert_same(&what, &got_out, &all);
+            } else {
+                exact::assert_same(&what, &got_out, &want);
+                exact::assert_same(&format!("{what} stderr"), &got_err, case.stderr);
+            }
+        }
+        rt.destroy("exact");
+    }
 }
