@@ -23,7 +23,7 @@ async fn the_token_is_required_and_never_echoed() {
     a.client.ping().await.unwrap();
     let o = a
         .client
-        .run_command(&RunCommandRequest::shell("echo ok"))
+        .run_command(&RunCommandRequest::shell("echo ok").exact_output())
         .await
         .unwrap();
     assert_eq!(o.stdout_text(), "ok\n");
@@ -307,7 +307,7 @@ async fn the_binary_exits_after_the_idle_timeout() {
     let client = ExecdClient::unix(&sock).unwrap();
     // A running command keeps it alive past the timeout.
     let o = client
-        .run_command(&RunCommandRequest::shell("sleep 1.6; echo done"))
+        .run_command(&RunCommandRequest::shell("sleep 1.6; echo done").exact_output())
         .await
         .unwrap();
     assert_eq!(o.stdout_text(), "done\n");

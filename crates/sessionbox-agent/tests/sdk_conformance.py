@@ -36,11 +36,13 @@ except ImportError as e:  # pragma: no cover - reported by tests/sdk.rs
 
 
 def stdout_of(execution):
-    return "".join(m.text for m in execution.logs.stdout)
+    # One event per line without its terminator, as upstream execd frames output; joined as
+    # upstream's own e2e tests join them.
+    return "\n".join(m.text for m in execution.logs.stdout)
 
 
 def stderr_of(execution):
-    return "".join(m.text for m in execution.logs.stderr)
+    return "\n".join(m.text for m in execution.logs.stderr)
 
 
 def main():
@@ -57,8 +59,8 @@ def main():
     started = time.monotonic()
     ex = commands.run("echo hello; echo oops >&2")
     assert ex.exit_code == 0, ex
-    assert stdout_of(ex) == "hello\n", stdout_of(ex)
-    assert stderr_of(ex) == "oops\n", stderr_of(ex)
+    assert [m.text for m in ex.logs.stdout] == ["hello"], ex.logs.stdout
+    assert stderr_of(ex) == "oops", stderr_of(ex)
     assert ex.id, "the init event carries the command id"
     assert ex.complete is not None and ex.error is None, ex
     # The SDK drains a foreground stream to EOF: the agent closes right after the terminal
