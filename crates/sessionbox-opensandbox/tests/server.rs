@@ -488,3 +488,79 @@ async fn a_command_quiet_for_200_seconds_survives_the_server_proxy() {
     rt.destroy(&c.key).await.unwrap();
     assert_nothing_left(&rt).await;
 }
+
+/// Issue 15: a command's output comes back byte for byte through `exec` and `exec_stream`
+/// (random bytes compared with the copy the command wrote, NUL and invalid UTF-8 on both
+/// streams, a character split across two writes, a `tar czf -` archive compared with the one
+/// `tee` wrote).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn output_is_exact_bytes_through_exec_and_exec_stream() {
+    use sessionbox_core::{ExitStatus, OutputStream};
+    let Some((domain, key)) = server() else {
+        return;
+    };
+    let (rt, _store) = runtime(&domain, key, "exact");
+    let s = rt.open(&conv("exact")).await.unwrap();
+    let cases: [(&str, &str, Option<&[u8]>, &[u8]); 4] = [
+        (
+            "random",
+            "head -c 65536 /dev/urandom > r.bin && cat r.bin",
+            None,
+            b"",
+        ),
+        (
+            "nul-invalid",
+            r"printf 'a\000b\377\376c\n'; printf 'e\000\377' >&2",
+            Some(b"a\0b\xff\xfec\n"),
+            b"e\0\xff",
+        ),
+        (
+            "split",
+            r"printf '\342\202'; sleep 0.2; printf '\254\000\377'",
+            Some(b"\xe2\x82\xac\x00\xff"),
+            b"",
+        ),
+        (
+            "tar",
+            "rm -rf d && mkdir -p d/sub && head -c 20000 /dev/urandom > d/sub/x && \
+             echo hi > d/y && tar czf - d | tee r.bin",
+            None,
+            b"",
+        ),
+    ];
+    for (name, command, stdout, stderr) in cases {
+        let r = s.exec(ExecRequest::new(command)).await.unwrap();
+        assert_eq!(r.status, ExitStatus::Code(0), "{name}: {r:?}");
+        let want = match stdout {
+            Some(b) => b.to_vec(),
+            None => s.read("r.bin").await.unwrap(),
+        };
+        assert!(
+            r.stdout == want,
+            "{name}: stdout differs ({} bytes, want {})",
+            r.stdout.len(),
+            want.len()
+        );
+        assert_eq!(r.stderr, stderr, "{name}: stderr");
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let mut sink = |stream: OutputStream, b: &[u8]| match stream {
+            OutputStream::Stdout => out.extend_from_slice(b),
+            OutputStream::Stderr => err.extend_from_slice(b),
+        };
+        let r = s
+            .exec_stream(ExecRequest::new(command), &mut sink)
+            .await
+            .unwrap();
+        let want = match stdout {
+            Some(b) => b.to_vec(),
+            None => s.read("r.bin").await.unwrap(),
+        };
+        assert!(
+            out == want && r.stdout == want,
+            "{name}: streamed stdout differs"
+        );
+        assert_eq!(err, stderr, "{name}: streamed stderr");
+    }
+    rt.destroy(s.key()).await.unwrap();
+    assert_nothing_left(&rt).await;
+}
