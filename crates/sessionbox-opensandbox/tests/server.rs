@@ -501,7 +501,9 @@ async fn output_is_exact_bytes_through_exec_and_exec_stream() {
     };
     let (rt, _store) = runtime(&domain, key, "exact");
     let s = rt.open(&conv("exact")).await.unwrap();
-    let cases: [(&str, &str, Option<&[u8]>, &[u8]); 4] = [
+    // (name, command, stdout (None: the file r.bin the command wrote), stderr)
+    type Case<'a> = (&'a str, &'a str, Option<&'a [u8]>, &'a [u8]);
+    let cases: [Case; 4] = [
         (
             "random",
             "head -c 65536 /dev/urandom > r.bin && cat r.bin",
