@@ -146,12 +146,12 @@ fn status(cmd: &Command) -> BackgroundCommand {
 }
 
 /// The background command `id`, or a typed 404.
-fn find(state: &AppState, id: &str) -> Result<Arc<Command>, Response> {
+fn find(state: &AppState, id: &str) -> Result<Arc<Command>, Error> {
     state
         .commands
         .get(id)
         .filter(|c| c.background)
-        .ok_or_else(|| typed_error(&Error::NotFound(format!("no background command {id:?}"))))
+        .ok_or_else(|| Error::NotFound(format!("no background command {id:?}")))
 }
 
 /// Waits until `done` holds for the command's state, or `deadline`; returns what `answer`
@@ -216,7 +216,7 @@ pub(crate) async fn list(State(state): State<Arc<AppState>>) -> Response {
 pub(crate) async fn get(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
     match find(&state, &id) {
         Ok(cmd) => axum::Json(status(&cmd)).into_response(),
-        Err(r) => r,
+        Err(e) => typed_error(&e),
     }
 }
 
@@ -225,7 +225,7 @@ pub(crate) async fn get(State(state): State<Arc<AppState>>, Path(id): Path<Strin
 pub(crate) async fn kill(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
     let cmd = match find(&state, &id) {
         Ok(c) => c,
-        Err(r) => return r,
+        Err(e) => return typed_error(&e),
     };
     cmd.interrupt("killed through the sessionbox commands extension");
     let deadline = tokio::time::Instant::now() + KILL_WAIT;
@@ -234,13 +234,13 @@ pub(crate) async fn kill(State(state): State<Arc<AppState>>, Path(id): Path<Stri
 }
 
 /// Reads an optional unsigned number from the query; a typed 400 when it is not one.
-fn number(pairs: &[(String, String)], name: &str, default: u64) -> Result<u64, Response> {
+fn number(pairs: &[(String, String)], name: &str, default: u64) -> Result<u64, Error> {
     match query_one(pairs, name) {
         None => Ok(default),
         Some(v) => v.trim().parse().map_err(|_| {
-            typed_error(&Error::InvalidRequest(format!(
+            Error::InvalidRequest(format!(
                 "query parameter {name} must be an unsigned number, not {v:?}"
-            )))
+            ))
         }),
     }
 }
@@ -253,7 +253,7 @@ pub(crate) async fn output(
 ) -> Response {
     let pairs = query_pairs(&req);
     let read = (|| {
-        Ok::<_, Response>(OutputRequest {
+        Ok::<_, Error>(OutputRequest {
             stdout_from: number(&pairs, output_query::STDOUT, 0)?,
             stderr_from: number(&pairs, output_query::STDERR, 0)?,
             max_bytes: usize::try_from(number(
@@ -267,14 +267,14 @@ pub(crate) async fn output(
     })();
     let read = match read {
         Ok(r) => r,
-        Err(r) => return r,
+        Err(e) => return typed_error(&e),
     };
     if let Err(e) = read.validate() {
         return typed_error(&e);
     }
     let cmd = match find(&state, &id) {
         Ok(c) => c,
-        Err(r) => return r,
+        Err(e) => return typed_error(&e),
     };
     let from =
         [read.stdout_from, read.stderr_from].map(|n| usize::try_from(n).unwrap_or(usize::MAX));

@@ -113,6 +113,10 @@ enum Command {
         /// Pass this process's stdin to the command.
         #[arg(long)]
         stdin: bool,
+        /// Start it in the background and print its id at once (see `commands`, `logs`,
+        /// `kill`); it runs on after this process, owned by the runtime.
+        #[arg(long)]
+        background: bool,
         /// The command.
         #[arg(last = true, required = true, value_name = "CMD")]
         command: Vec<String>,
@@ -228,6 +232,32 @@ enum Command {
     Restore {
         /// The backup file.
         path: PathBuf,
+    },
+    /// List a conversation's background commands (running ones and the recent finished ones).
+    Commands {
+        #[command(flatten)]
+        conv: Conv,
+        /// Print them as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a background command's output (stdout and stderr byte for byte, each to its own
+    /// stream); with --follow, until it ends, exiting with its exit code.
+    Logs {
+        #[command(flatten)]
+        conv: Conv,
+        /// The command id (from `exec --background` or `commands`).
+        id: String,
+        /// Keep printing output as it comes until the command ends.
+        #[arg(long, short = 'f')]
+        follow: bool,
+    },
+    /// Kill a background command's process group; prints its final status as JSON.
+    Kill {
+        #[command(flatten)]
+        conv: Conv,
+        /// The command id.
+        id: String,
     },
     /// End a conversation: kill its processes, remove its workspace and record. Idempotent.
     Destroy {
@@ -784,6 +814,9 @@ fn command_conversation(c: &Command) -> Option<&str> {
         | Command::Mkdir { conv, .. }
         | Command::Glob { conv, .. }
         | Command::Grep { conv, .. }
+        | Command::Commands { conv, .. }
+        | Command::Logs { conv, .. }
+        | Command::Kill { conv, .. }
         | Command::Destroy { conv }
         | Command::Mcp { conv } => Some(&conv.conversation),
         Command::Conversations { .. }
@@ -928,7 +961,12 @@ async fn session_command(
     );
     // Held for the whole operation, as the server does: one operation at a time per
     // conversation across processes (and, with PostgreSQL, machines).
-    let _held = hold(ctx, conv).await?;
+    // Except a read of background output, which may wait long (`logs --follow`): it changes
+    // nothing, and the command it reads belongs to the runtime.
+    let _held = match command {
+        Command::Logs { .. } => None,
+        _ => Some(hold(ctx, conv).await?),
+    };
     let store = ctx.manager.store().clone();
     let key = conv.key.clone();
     let record = tokio::task::spawn_blocking(move || store.get(&key)).await??;
@@ -962,6 +1000,56 @@ async fn run_on_session(
 ) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     match command {
+        Command::Exec {
+            background: true, ..
+        } => {
+            let c = s.spawn(exec.expect("built above")).await?;
+            writeln!(out, "{}", c.id)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Commands { json, .. } => {
+            let all = s.commands().await?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&all)?)?;
+            } else {
+                for c in &all {
+                    let state = if c.running { "running" } else { "ended" };
+                    let code = c
+                        .shell_exit_code()
+                        .map_or_else(|| "-".to_owned(), |c| c.to_string());
+                    writeln!(out, "{}  {state:<7}  {code:>4}  {}", c.id, c.command)?;
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Logs { id, follow, .. } => {
+            drop(out);
+            let mut read = sessionbox_core::OutputRequest::from_start();
+            if follow {
+                read.wait = std::time::Duration::from_secs(20);
+            }
+            loop {
+                let o = s.command_output(&id, read).await?;
+                let mut so = std::io::stdout();
+                so.write_all(&o.stdout).and_then(|()| so.flush())?;
+                std::io::stderr().write_all(&o.stderr)?;
+                read.stdout_from = o.stdout_next();
+                read.stderr_from = o.stderr_next();
+                if o.complete() {
+                    let code = o.command.shell_exit_code().unwrap_or(1);
+                    return Ok(ExitCode::from(u8::try_from(code & 0xff).unwrap_or(1)));
+                }
+                let more = o.stdout.len() + o.stderr.len() >= sessionbox_core::MAX_OUTPUT_CHUNK;
+                if !follow && !more {
+                    return Ok(ExitCode::SUCCESS);
+                }
+            }
+        }
+        Command::Kill { id, .. } => {
+            let c = s.kill_command(&id).await?;
+            writeln!(out, "{}", serde_json::to_string_pretty(&c)?)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Exec { .. } => {
             drop(out);
             // The output as it comes, byte for byte: each chunk is written (and flushed) when

@@ -203,7 +203,11 @@ async fn a_running_command_outlives_a_killed_serve_and_the_next_one_lists_reads_
         assert_eq!(st, StatusCode::OK, "{runtime}: {k}");
         assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
         assert_eq!(
-            (k["running"].clone(), k["killed"].clone(), k["exit_code"].clone()),
+            (
+                k["running"].clone(),
+                k["killed"].clone(),
+                k["exit_code"].clone()
+            ),
             (json!(false), json!(true), json!(137)),
             "{runtime}: {k}"
         );
@@ -216,7 +220,10 @@ async fn a_running_command_outlives_a_killed_serve_and_the_next_one_lists_reads_
         )
         .await;
         assert_eq!(again["exit_code"], 137, "{runtime}: {again}");
-        assert_eq!(again["stdout_bytes"], 8, "'done' was never written: {again}");
+        assert_eq!(
+            again["stdout_bytes"], 8,
+            "'done' was never written: {again}"
+        );
         let r = c
             .delete(format!("{base}/v1/conversations/r"))
             .send()
@@ -253,8 +260,15 @@ async fn slots_free_on_finish_kill_of_a_finished_command_is_at_once_and_destroy_
         )
         .await;
         assert_eq!(st, StatusCode::OK, "{k}");
-        assert!(t.elapsed() < Duration::from_millis(1000), "{runtime}: {:?}", t.elapsed());
-        assert_eq!((k["killed"].clone(), k["exit_code"].clone()), (json!(false), json!(0)));
+        assert!(
+            t.elapsed() < Duration::from_millis(1000),
+            "{runtime}: {:?}",
+            t.elapsed()
+        );
+        assert_eq!(
+            (k["killed"].clone(), k["exit_code"].clone()),
+            (json!(false), json!(0))
+        );
 
         // The gauge counts running commands and the limit is on running ones.
         for _ in 0..16 {
@@ -275,11 +289,17 @@ async fn slots_free_on_finish_kill_of_a_finished_command_is_at_once_and_destroy_
             .unwrap();
         assert_eq!(r.status(), StatusCode::NO_CONTENT);
         let took = t.elapsed();
-        assert!(took < Duration::from_secs(5), "{runtime}: destroy took {took:?}");
+        assert!(
+            took < Duration::from_secs(5),
+            "{runtime}: destroy took {took:?}"
+        );
         println!("{runtime}: destroy with 16 running and 20 finished commands: {took:?}");
         let t = Instant::now();
         while gauge(&c, base).await != 0 {
-            assert!(t.elapsed() < Duration::from_secs(30), "{runtime}: the gauge stays up");
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "{runtime}: the gauge stays up"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -319,8 +339,14 @@ async fn logs_follow_a_command_live_over_sse_with_exact_bytes() {
         let total = t.elapsed();
         let first = first_output_at.expect("a stdout event");
         // The first line came while the command still ran (it takes 1.8 s).
-        assert!(first < Duration::from_millis(1200), "{runtime}: first after {first:?}");
-        assert!(total >= Duration::from_millis(1500), "{runtime}: ended after {total:?}");
+        assert!(
+            first < Duration::from_millis(1200),
+            "{runtime}: first after {first:?}"
+        );
+        assert!(
+            total >= Duration::from_millis(1500),
+            "{runtime}: ended after {total:?}"
+        );
         let events: Vec<(String, Value)> = body
             .split("\n\n")
             .filter_map(|e| {
@@ -358,6 +384,87 @@ async fn logs_follow_a_command_live_over_sse_with_exact_bytes() {
             .text()
             .await
             .unwrap();
-        assert!(body.contains("event: exit") && !body.contains("event: stdout"), "{body}");
+        assert!(
+            body.contains("event: exit") && !body.contains("event: stdout"),
+            "{body}"
+        );
     }
+}
+
+/// `sessionbox` on the host runtime with `dir` as its data directory.
+fn cli(dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_sessionbox"))
+        .arg("--data-dir")
+        .arg(dir)
+        .args(["--runtime", "host"])
+        .args(args)
+        .env_remove("SESSIONBOX_RUNTIME")
+        .env_remove("SESSIONBOX_TENANT")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_cli_starts_lists_follows_and_kills_background_commands() {
+    let d = tempfile::tempdir().unwrap();
+    let out = cli(
+        d.path(),
+        &[
+            "exec",
+            "-c",
+            "x",
+            "--background",
+            "--",
+            "printf 'a\\000\\377'; printf e >&2; sleep 0.5; exit 5",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    sessionbox_core::validate_command_id(&id).unwrap();
+    // Follow: the exact bytes on each stream, and the command's exit code.
+    let out = cli(d.path(), &["logs", "-c", "x", &id, "--follow"]);
+    assert_eq!(out.stdout, b"a\0\xff");
+    assert_eq!(out.stderr, b"e");
+    assert_eq!(out.status.code(), Some(5));
+    let slow = cli(
+        d.path(),
+        &["exec", "-c", "x", "--background", "--", "sleep 30"],
+    );
+    let slow = String::from_utf8(slow.stdout).unwrap().trim().to_owned();
+    let out = cli(d.path(), &["commands", "-c", "x"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(
+        lines[0].starts_with(&format!("{id}  ended")) && lines[0].contains("   5  "),
+        "{text}"
+    );
+    assert!(lines[1].starts_with(&format!("{slow}  running")), "{text}");
+    let out = cli(d.path(), &["kill", "-c", "x", &slow]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["killed"].clone(), v["running"].clone()),
+        (json!(true), json!(false))
+    );
+    let out = cli(d.path(), &["commands", "-c", "x", "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 2);
+    assert_eq!(v[1]["status"], json!({"signal": 9}));
+    // A malformed id is refused as invalid input (exit 2) and an unknown conversation is not
+    // created.
+    let out = cli(d.path(), &["logs", "-c", "x", "../etc"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cli(d.path(), &["commands", "-c", "nope"]);
+    assert!(!out.status.success());
+    assert_eq!(d.path().join("workspaces").read_dir().unwrap().count(), 1);
 }
