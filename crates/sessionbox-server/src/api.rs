@@ -894,6 +894,9 @@ pub(crate) struct ExecExit {
 /// Runs the command of `opened` in a task that sends its output as server-sent events; the
 /// turn is held until the command ends. When the client goes away, the exec future is dropped,
 /// which kills the command's process group.
+/// How often an exec event stream carries a `: keepalive` comment while nothing else is sent.
+pub(crate) const SSE_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(5);
+
 fn event_stream(opened: Opened, request: ExecRequest) -> Response {
     use axum::response::sse::{Event, KeepAlive, Sse};
     use sessionbox_core::OutputStream;
@@ -963,8 +966,10 @@ fn event_stream(opened: Opened, request: ExecRequest) -> Response {
             .await
             .map(|e| (Ok::<_, std::convert::Infallible>(e), rx))
     });
+    // A comment every few seconds while the command is quiet, for proxies in front of the
+    // server that give up on a silent response (the OpenSandbox server's own waits 180 s).
     let mut r = Sse::new(events)
-        .keep_alive(KeepAlive::default())
+        .keep_alive(KeepAlive::new().interval(SSE_KEEPALIVE).text("keepalive"))
         .into_response();
     r.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
@@ -1177,8 +1182,10 @@ fn follow_command(
             .await
             .map(|e| (Ok::<_, std::convert::Infallible>(e), rx))
     });
+    // A comment every few seconds while the command is quiet, for proxies in front of the
+    // server that give up on a silent response (the OpenSandbox server's own waits 180 s).
     let mut r = Sse::new(events)
-        .keep_alive(KeepAlive::default())
+        .keep_alive(KeepAlive::new().interval(SSE_KEEPALIVE).text("keepalive"))
         .into_response();
     r.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
