@@ -891,12 +891,12 @@ pub(crate) struct ExecExit {
     duration_ms: u64,
 }
 
-/// Runs the command of `opened` in a task that sends its output as server-sent events; the
-/// turn is held until the command ends. When the client goes away, the exec future is dropped,
-/// which kills the command's process group.
 /// How often an exec event stream carries a `: keepalive` comment while nothing else is sent.
 pub(crate) const SSE_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Runs the command of `opened` in a task that sends its output as server-sent events; the
+/// turn is held until the command ends. When the client goes away, the exec future is dropped,
+/// which kills the command's process group.
 fn event_stream(opened: Opened, request: ExecRequest) -> Response {
     use axum::response::sse::{Event, KeepAlive, Sse};
     use sessionbox_core::OutputStream;
