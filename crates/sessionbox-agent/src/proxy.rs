@@ -85,7 +85,7 @@ fn parse_port(s: &str) -> Option<u16> {
 }
 
 impl Proxy {
-    async fn handle(&self, mut req: Request) -> Response {
+    async fn handle(&self, req: Request) -> Response {
         let path = req.uri().path().to_owned();
         let Some((port, rest)) = split(&path) else {
             return ApiError::bad_request("port is required: use /proxy/PORT/PATH").into_response();
@@ -105,8 +105,16 @@ impl Proxy {
                 .into_response();
         };
         if port == EXECD_PORT || Some(port) == self.own_port {
-            *req.uri_mut() = uri;
-            return self.internal_call(req).await;
+            // A fresh request, not this one with a new URI: the outer route's matched path
+            // parameters (`{port}`, `{*rest}`) live in its extensions, and an inner route such
+            // as `/command/status/{id}` would see them as extra parameters.
+            let (parts, body) = req.into_parts();
+            let mut inner = Request::new(body);
+            *inner.method_mut() = parts.method;
+            *inner.uri_mut() = uri;
+            *inner.version_mut() = parts.version;
+            *inner.headers_mut() = parts.headers;
+            return self.internal_call(inner).await;
         }
         forward(port, uri, req).await
     }

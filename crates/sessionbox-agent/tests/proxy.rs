@@ -255,6 +255,34 @@ async fn execd_port_and_own_port_reach_the_agent_itself() {
         .raw(&request("GET", "/proxy/44772/no-such-endpoint", &[], b""))
         .await;
     assert_eq!(r.status, 404);
+    // Routes with path parameters of their own (the SDKs' status and logs of a background
+    // command, through `/proxy/44772` on their default settings).
+    let o = a
+        .client
+        .run_command(&sessionbox_execd::RunCommandRequest::shell("echo bg").background(true))
+        .await
+        .unwrap();
+    let id = o.id.unwrap();
+    let r = a
+        .raw(&request(
+            "GET",
+            &format!("/proxy/44772/command/status/{id}"),
+            &[],
+            b"",
+        ))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains(&id), "{}", r.text());
+    let r = a
+        .raw(&request(
+            "GET",
+            &format!("/proxy/44772/command/{id}/logs?cursor=0"),
+            &[],
+            b"",
+        ))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.header("execd-commands-tail-cursor").is_some());
     a.stop().await;
 
     // On TCP: its own port too (what the SDK's readiness check asks in bridge mode).
