@@ -47,6 +47,10 @@ use sessionbox_store::{ConversationRecord, ConversationState, OrphanClaim, Store
 
 use crate::{Manager, blocking};
 
+/// How long the notice of an expired conversation is kept for the next use of its id: 30
+/// days. A use after that makes a new conversation without saying that an old one expired.
+pub const EXPIRED_NOTICE_DAYS: i64 = 30;
+
 /// How a collection runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GcOptions {
@@ -243,6 +247,15 @@ impl Manager {
                 Kind::Idle => report.idle_stopped.push(it),
             }
         }
+        if !options.dry_run {
+            // Notices of expired conversations are kept for a while, for the next use of
+            // their ids (see `Conversation::previous_expired`).
+            let store = self.store.clone();
+            let before = now - chrono::Duration::days(EXPIRED_NOTICE_DAYS);
+            if let Err(e) = blocking(move || store.prune_expired_notices(before)).await {
+                tracing::warn!(error = %e, "garbage collection could not prune expired notices");
+            }
+        }
         Ok(report)
     }
 
@@ -272,8 +285,9 @@ impl Manager {
                 if !blocking(move || store.claim_expired(&k, Utc::now())).await? {
                     return Ok(Some("renewed before it could be claimed".into()));
                 }
+                self.note_expired(&r).await;
                 let conv = ConversationRef::new(r.tenant.clone(), r.conversation_id.clone());
-                let result = self.finish_destroy(key, r.generation).await;
+                let result = self.finish_destroy(&conv, r.generation).await;
                 let detail = result
                     .as_ref()
                     .ok()
@@ -289,7 +303,7 @@ impl Manager {
                     return Ok(Some("changed since it was found".into()));
                 };
                 let conv = ConversationRef::new(r.tenant.clone(), r.conversation_id.clone());
-                let result = self.finish_destroy(key, r.generation).await;
+                let result = self.finish_destroy(&conv, r.generation).await;
                 self.audit(&conv, "destroy", &result, Some("gc stuck".into()))
                     .await;
                 result.map(|_| None)
@@ -311,7 +325,7 @@ impl Manager {
                     return Ok(Some("changed since it was found".into()));
                 }
                 let conv = ConversationRef::new(r.tenant.clone(), r.conversation_id.clone());
-                let result = self.finish_destroy(key, r.generation).await;
+                let result = self.finish_destroy(&conv, r.generation).await;
                 self.audit(&conv, "destroy", &result, Some("gc dangling".into()))
                     .await;
                 result.map(|_| None)

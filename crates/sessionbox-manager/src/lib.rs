@@ -35,7 +35,8 @@ use sessionbox_core::{
 };
 use sessionbox_skills::{Catalog, Delivery, Skills};
 use sessionbox_store::{
-    AuditEntry, ConversationRecord, ConversationState, LifecyclePolicy, OrphanClaim, Store,
+    AuditEntry, ConversationRecord, ConversationState, ExpiredNotice, LifecyclePolicy, OrphanClaim,
+    Store,
 };
 
 pub use gc::{GcItem, GcOptions, GcReport};
@@ -167,7 +168,14 @@ impl Manager {
         match &result {
             Ok((conv, created)) => {
                 let detail = match (created, conv.session.state_lost()) {
-                    (true, _) => Some("created".to_owned()),
+                    (true, _) => Some(match &conv.previous_expired {
+                        Some(n) => format!(
+                            "created previous_expired_at={}",
+                            n.expired_at
+                                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+                        ),
+                        None => "created".to_owned(),
+                    }),
                     // The sandbox had vanished and was replaced: its files are gone.
                     (false, true) => Some("state_lost".to_owned()),
                     (false, false) => None,
@@ -194,6 +202,7 @@ impl Manager {
         let runtime_name = self.runtime.info().name;
         let lifecycle = self.lifecycle.for_tenant(&conversation.tenant);
         let mut expired_once = false;
+        let mut expired_here = None;
         let (record, created) = loop {
             let store = self.store.clone();
             let conv = conversation.clone();
@@ -218,6 +227,26 @@ impl Manager {
             }
             expired_once = true;
             self.destroy_expired(conversation, &record).await?;
+            expired_here = Some(record);
+        };
+        // A new record of a key whose last conversation expired: the caller is told, never
+        // handed a silently empty workspace. The notice is the store's (it outlives garbage
+        // collection); this open destroyed it itself when the notice is missing.
+        let previous_expired = if created {
+            let store = self.store.clone();
+            let key = conversation.key.clone();
+            let taken = blocking(move || store.take_expired_notice(&key)).await?;
+            taken.or_else(|| {
+                expired_here.map(|r| ExpiredNotice {
+                    key: r.key.clone(),
+                    tenant: r.tenant.clone(),
+                    conversation_id: r.conversation_id.clone(),
+                    expired_at: r.expires_at.unwrap_or_else(Utc::now),
+                    destroyed_at: Utc::now(),
+                })
+            })
+        } else {
+            None
         };
         if !created {
             let store = self.store.clone();
@@ -252,6 +281,7 @@ impl Manager {
                         conversation: conversation.clone(),
                         record,
                         created,
+                        previous_expired,
                         store: self.store.clone(),
                     },
                     created,
@@ -300,9 +330,8 @@ impl Manager {
         if !claimed {
             return Ok(());
         }
-        let result = self
-            .finish_destroy(&conversation.key, record.generation)
-            .await;
+        self.note_expired(record).await;
+        let result = self.finish_destroy(conversation, record.generation).await;
         let detail = result.as_ref().ok().map(|o| {
             format!(
                 "expired_at={} processes_killed={}",
@@ -342,20 +371,43 @@ impl Manager {
     }
 
     /// The runtime's teardown, then the record of generation `generation` (claimed
-    /// `destroying` by the caller; a later record of the key is left alone).
+    /// `destroying` by the caller; a later record of the key is left alone), then what egress
+    /// kept of the conversation (its own policy and its verdicts): a new conversation of the
+    /// id starts with its tenant's policy.
     async fn finish_destroy(
         &self,
-        key: &ConversationKey,
+        conversation: &ConversationRef,
         generation: i64,
     ) -> Result<DestroyOutcome> {
+        let key = &conversation.key;
         let runtime = self.runtime.destroy(key).await?;
         let store = self.store.clone();
         let k = key.clone();
         let record_removed = blocking(move || store.delete_generation(&k, generation)).await?;
+        if record_removed {
+            self.forget_egress(conversation).await?;
+        }
         Ok(DestroyOutcome {
             runtime,
             record_removed,
         })
+    }
+
+    /// Removes the conversation's own network policy and egress verdicts.
+    async fn forget_egress(&self, conversation: &ConversationRef) -> Result<()> {
+        let store = self.store.clone();
+        let c = conversation.clone();
+        blocking(move || store.forget_conversation_egress(&c).map(drop)).await
+    }
+
+    /// Keeps a notice that `record` expired, for the next use of its id. Best effort: a
+    /// failure is logged (the destroy goes on).
+    pub(crate) async fn note_expired(&self, record: &ConversationRecord) {
+        let store = self.store.clone();
+        let r = record.clone();
+        if let Err(e) = blocking(move || store.note_expired(&r, Utc::now())).await {
+            tracing::warn!(error = %e, "cannot keep the notice of an expired conversation");
+        }
     }
 
     /// Brings the conversation's skills up to date and runs the bootstraps it has not run.
@@ -431,7 +483,7 @@ impl Manager {
     /// The record is marked `destroying` first, so no open makes a sandbox for it meanwhile;
     /// if the runtime fails, it stays so and garbage collection finishes the job.
     pub async fn destroy(&self, conversation: &ConversationRef) -> Result<DestroyOutcome> {
-        let result = self.destroy_inner(&conversation.key).await;
+        let result = self.destroy_inner(conversation).await;
         let detail = result.as_ref().ok().map(|o| {
             format!(
                 "processes_killed={} workspace_removed={} sandbox_removed={} record_removed={}",
@@ -445,7 +497,12 @@ impl Manager {
         result
     }
 
-    async fn destroy_inner(&self, key: &ConversationKey) -> Result<DestroyOutcome> {
+    async fn destroy_inner(&self, conversation: &ConversationRef) -> Result<DestroyOutcome> {
+        let key = &conversation.key;
+        // Destroyed on purpose: a later use of the id is not told it expired.
+        let store = self.store.clone();
+        let k = key.clone();
+        blocking(move || store.forget_expired_notice(&k)).await?;
         // A conversation is destroyed by the runtime that holds it: another runtime would remove
         // the record and leave the sandbox running.
         let store = self.store.clone();
@@ -465,6 +522,8 @@ impl Manager {
             let store = self.store.clone();
             let k = key.clone();
             blocking(move || store.release_orphan(&k)).await?;
+            // A policy set for the id before it was ever used goes too: destroy ends it all.
+            self.forget_egress(conversation).await?;
             return Ok(DestroyOutcome {
                 runtime: runtime?,
                 record_removed: false,
@@ -481,7 +540,7 @@ impl Manager {
         let k = key.clone();
         let generation = record.generation;
         blocking(move || store.claim_for_destroy(&k, generation)).await?;
-        self.finish_destroy(key, generation).await
+        self.finish_destroy(conversation, generation).await
     }
 
     /// The recorded conversations, of one tenant or all, most recently used first.
@@ -542,6 +601,7 @@ pub struct Conversation {
     conversation: ConversationRef,
     record: ConversationRecord,
     created: bool,
+    previous_expired: Option<ExpiredNotice>,
     store: Store,
 }
 
@@ -549,6 +609,13 @@ impl Conversation {
     /// True when this open created the conversation (it did not exist before).
     pub fn created(&self) -> bool {
         self.created
+    }
+
+    /// When this open created the conversation anew because the last one of its id expired
+    /// (destroyed by this open or, earlier, by garbage collection): that conversation, whose
+    /// files are gone. Front ends tell the caller so.
+    pub fn previous_expired(&self) -> Option<&ExpiredNotice> {
+        self.previous_expired.as_ref()
     }
 
     /// The store record as it was when opened.

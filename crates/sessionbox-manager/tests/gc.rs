@@ -148,6 +148,78 @@ async fn an_expired_conversation_is_destroyed_by_gc_and_a_used_one_is_renewed() 
     Box::new(s).close().await.unwrap();
 }
 
+/// An expired conversation shows as expired before any collection; the next use of its id,
+/// before or after the collection, makes a new one that says the old one expired (its files
+/// are gone); one destroyed on purpose says nothing; a conversation's network policy and
+/// egress log go with it when it expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_use_of_an_expired_id_is_told_the_old_conversation_expired() {
+    let d = tempfile::tempdir().unwrap();
+    let m = manager(d.path(), Some(Duration::from_millis(300)));
+    let (before_gc, after_gc, destroyed) = (conv("before-gc"), conv("after-gc"), conv("gone"));
+    for c in [&before_gc, &after_gc, &destroyed] {
+        let s = m.open(c).await.unwrap();
+        assert!(s.previous_expired().is_none());
+        s.write("f", b"x").await.unwrap();
+        Box::new(s).close().await.unwrap();
+    }
+    m.store()
+        .set_egress_policy(
+            &sessionbox_store::PolicyScope::Conversation(after_gc.clone()),
+            "P",
+            &"a".repeat(64),
+            Utc::now(),
+        )
+        .unwrap();
+    let expires = m.store().get(&before_gc.key).unwrap().unwrap().expires_at;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Shown as expired, not active, while its record waits for the collection.
+    let listed = m.list(None).await.unwrap();
+    assert!(
+        listed.iter().all(|r| r.status(Utc::now()) == "expired"),
+        "{listed:?}"
+    );
+    m.destroy(&destroyed).await.unwrap();
+
+    // Opened again before any collection: a new conversation, and the notice.
+    let s = m.open(&before_gc).await.unwrap();
+    assert!(s.created());
+    let n = s
+        .previous_expired()
+        .expect("no notice of the expired conversation");
+    assert_eq!(Some(n.expired_at), expires);
+    assert_eq!(n.conversation_id.as_str(), "before-gc");
+    assert_eq!(s.read("f").await.unwrap_err().code(), "not_found");
+    Box::new(s).close().await.unwrap();
+    // Told once.
+    let s = m.open(&before_gc).await.unwrap();
+    assert!(s.previous_expired().is_none() && !s.created());
+    Box::new(s).close().await.unwrap();
+
+    // Collected first, opened after: still told; its policy did not survive it.
+    let r = m.collect_garbage(NOW).await.unwrap();
+    assert_eq!(r.expired.len(), 1, "{r:?}");
+    assert!(
+        m.store()
+            .effective_egress_policy(&after_gc)
+            .unwrap()
+            .is_none(),
+        "the expired conversation's policy survived it"
+    );
+    let s = m.open(&after_gc).await.unwrap();
+    assert!(s.created());
+    assert!(
+        s.previous_expired().is_some(),
+        "the notice did not outlive gc"
+    );
+    Box::new(s).close().await.unwrap();
+
+    // Destroyed on purpose: a new conversation without a notice.
+    let s = m.open(&destroyed).await.unwrap();
+    assert!(s.created() && s.previous_expired().is_none());
+    Box::new(s).close().await.unwrap();
+}
+
 /// `host` has no sandbox to stop (it keeps the default `Runtime::stop_idle`): a conversation
 /// idle past its idle timeout is neither reported nor touched by a collection, dry or real,
 /// and is not garbage.

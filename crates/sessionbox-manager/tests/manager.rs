@@ -122,3 +122,72 @@ async fn destroy_through_another_runtime_is_refused_and_removes_nothing() {
     assert!(err.to_string().contains("--runtime isolated"), "{err}");
     assert_eq!(m.list(None).await.unwrap().len(), 1);
 }
+
+/// `destroy` ends it all: the conversation's own network policy and its egress verdicts go
+/// with it, and a new conversation of the same id starts with its tenant's policy.
+#[tokio::test]
+async fn destroy_removes_the_conversations_policy_and_egress_log() {
+    use sessionbox_store::{EgressLogEntry, EgressLogFilter, PolicyScope};
+    let d = tempfile::tempdir().unwrap();
+    let m = manager(d.path());
+    let conv = ConversationRef::parse("acme", "net").unwrap();
+    let (tenant_hash, own_hash) = ("a".repeat(64), "b".repeat(64));
+    let store = m.store();
+    store
+        .set_egress_policy(
+            &PolicyScope::Tenant(conv.tenant.clone()),
+            "TENANT",
+            &tenant_hash,
+            chrono::Utc::now(),
+        )
+        .unwrap();
+    store
+        .set_egress_policy(
+            &PolicyScope::Conversation(conv.clone()),
+            "OWN",
+            &own_hash,
+            chrono::Utc::now(),
+        )
+        .unwrap();
+    let s = m.open(&conv).await.unwrap();
+    Box::new(s).close().await.unwrap();
+    store
+        .log_egress(&EgressLogEntry {
+            at: chrono::Utc::now(),
+            tenant: conv.tenant.clone(),
+            conversation_key: conv.key.clone(),
+            allowed: true,
+            method: "CONNECT".into(),
+            target: "api.example.com:443".into(),
+            address: None,
+            rule: "api.example.com:443".into(),
+            bytes_up: 1,
+            bytes_down: 1,
+            duration_ms: 1,
+            end: None,
+        })
+        .unwrap();
+    m.destroy(&conv).await.unwrap();
+    let s = m.open(&conv).await.unwrap();
+    assert!(s.created());
+    Box::new(s).close().await.unwrap();
+    let p = store.effective_egress_policy(&conv).unwrap().unwrap();
+    assert_eq!(
+        p.hash, tenant_hash,
+        "the new conversation inherited the old allowlist"
+    );
+    let log = store
+        .egress_log(&EgressLogFilter {
+            key: Some(conv.key.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(log.is_empty(), "{log:?}");
+    assert!(
+        store
+            .egress_policy(&PolicyScope::Tenant(conv.tenant.clone()))
+            .unwrap()
+            .is_some(),
+        "the tenant's policy went too"
+    );
+}

@@ -3,13 +3,15 @@
 //! The store keeps a policy as the text and hash the caller gives (the egress crate owns its
 //! meaning); it knows only its scope. A conversation's own policy wins over its tenant's; with
 //! neither, the profile is `none`. Policies are kept by scope, so one can be set before the
-//! conversation exists, and it stays after `destroy` (like the audit and egress logs).
+//! conversation exists. Destroying a conversation removes its own policy and its verdicts
+//! ([`Store::forget_conversation_egress`]): a new conversation of the same id starts with its
+//! tenant's policy. The tenant's policy and the audit log stay.
 
 use chrono::{DateTime, Utc};
 use sessionbox_core::{ConversationKey, ConversationRef, Error, Result, TenantId};
 
 use crate::db::Row;
-use crate::{Store, time};
+use crate::{Store, TxLock, time};
 
 /// Whose policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -287,6 +289,36 @@ impl Store {
             )
         })?;
         Ok(n > 0)
+    }
+}
+
+impl Store {
+    /// Removes everything egress kept of one conversation: its own policy and its verdicts in
+    /// the egress log (both at once). Called when the conversation is destroyed, so a new
+    /// conversation of the same id starts with its tenant's policy and an empty log. Returns
+    /// whether it had a policy of its own.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when the database fails.
+    pub fn forget_conversation_egress(&self, conv: &ConversationRef) -> Result<bool> {
+        let scope = PolicyScope::Conversation(conv.clone());
+        self.write(
+            "forget the conversation's egress state",
+            TxLock::Record(&conv.key),
+            |db| {
+                let n = db.execute(
+                    "remove the conversation's egress policy",
+                    "DELETE FROM egress_policies WHERE scope = $1",
+                    &[scope.key().into()],
+                )?;
+                db.execute(
+                    "remove the conversation's egress verdicts",
+                    "DELETE FROM egress_log WHERE conversation_key = $1",
+                    &[conv.key.as_str().into()],
+                )?;
+                Ok(n > 0)
+            },
+        )
     }
 }
 

@@ -37,6 +37,7 @@
 mod bootstraps;
 mod db;
 mod egress;
+mod expired;
 mod keys;
 mod pg;
 mod remote;
@@ -58,6 +59,7 @@ use crate::pg::PgBackend;
 
 pub use bootstraps::{BootstrapRecord, BootstrapState};
 pub use egress::{EgressLogEntry, EgressLogFilter, EgressLogRecord, PolicyScope, StoredPolicy};
+pub use expired::ExpiredNotice;
 pub use keys::{API_KEY_PREFIX, ApiKeyRecord, NewApiKey};
 pub use remote::RemoteSandbox;
 pub use schema::SCHEMA_VERSION;

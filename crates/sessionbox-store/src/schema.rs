@@ -228,6 +228,26 @@ const MIGRATIONS: &[Step] = &[
         claimed_at BIGINT NOT NULL
     );",
     },
+    // 8: notices of expired conversations, so the next use of the id says the old one expired
+    // and its files are gone (see `expired.rs`).
+    Step {
+        sqlite: "CREATE TABLE expired_conversations (
+        key             TEXT PRIMARY KEY NOT NULL CHECK (length(key) = 64),
+        tenant          TEXT NOT NULL,
+        conversation_id TEXT NOT NULL,
+        expired_at      INTEGER NOT NULL,
+        destroyed_at    INTEGER NOT NULL
+    );
+    CREATE INDEX expired_conversations_by_time ON expired_conversations (destroyed_at);",
+        postgres: "CREATE TABLE expired_conversations (
+        key             TEXT PRIMARY KEY NOT NULL CHECK (length(key) = 64),
+        tenant          TEXT NOT NULL,
+        conversation_id TEXT NOT NULL,
+        expired_at      BIGINT NOT NULL,
+        destroyed_at    BIGINT NOT NULL
+    );
+    CREATE INDEX expired_conversations_by_time ON expired_conversations (destroyed_at);",
+    },
 ];
 
 /// The schema version this build writes: the number of migrations.

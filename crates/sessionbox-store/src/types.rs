@@ -100,6 +100,16 @@ impl ConversationRecord {
     pub fn is_expired(&self, now: DateTime<Utc>) -> bool {
         self.expires_at.is_some_and(|e| e <= now)
     }
+
+    /// What the conversation is at `now`, as front ends show it: `active`, `expired` (an
+    /// active record past its expiry: its next use, or garbage collection, destroys it, and
+    /// its files are gone then) or `destroying`.
+    pub fn status(&self, now: DateTime<Utc>) -> &'static str {
+        match self.state {
+            ConversationState::Active if self.is_expired(now) => "expired",
+            state => state.as_str(),
+        }
+    }
 }
 
 /// The lifecycle a conversation is created with: how long its sandbox may idle, how long it

@@ -569,6 +569,49 @@ both! {
         assert_eq!(s.egress_log(&EgressLogFilter::default()).unwrap().len(), 3);
     }
 
+    fn forgetting_a_conversations_egress_removes_its_policy_and_verdicts_only(fx) {
+        let s = fx.open();
+        let a = ConversationRef::parse("acme", "a").unwrap();
+        let b = ConversationRef::parse("acme", "b").unwrap();
+        let h = |c: char| c.to_string().repeat(64);
+        let tenant = PolicyScope::Tenant(a.tenant.clone());
+        s.set_egress_policy(&tenant, "T", &h('a'), Utc::now()).unwrap();
+        for c in [&a, &b] {
+            s.set_egress_policy(&PolicyScope::Conversation(c.clone()), "C", &h('b'), Utc::now())
+                .unwrap();
+            s.log_egress(&EgressLogEntry {
+                at: Utc::now(),
+                tenant: c.tenant.clone(),
+                conversation_key: c.key.clone(),
+                allowed: true,
+                method: "CONNECT".into(),
+                target: "x:443".into(),
+                address: None,
+                rule: "r".into(),
+                bytes_up: 0,
+                bytes_down: 0,
+                duration_ms: 0,
+                end: None,
+            })
+            .unwrap();
+        }
+        assert!(s.forget_conversation_egress(&a).unwrap());
+        assert!(!s.forget_conversation_egress(&a).unwrap(), "twice");
+        // a falls back to its tenant's policy, with an empty log; b and the tenant keep theirs.
+        assert_eq!(s.effective_egress_policy(&a).unwrap().unwrap().policy, "T");
+        assert_eq!(s.effective_egress_policy(&b).unwrap().unwrap().policy, "C");
+        let log = |c: &ConversationRef| {
+            s.egress_log(&EgressLogFilter {
+                key: Some(c.key.clone()),
+                ..Default::default()
+            })
+            .unwrap()
+            .len()
+        };
+        assert_eq!((log(&a), log(&b)), (0, 1));
+        assert!(s.egress_policy(&tenant).unwrap().is_some());
+    }
+
     fn a_bootstrap_is_claimed_once_per_digest_and_again_after_a_failure_or_when_stale(fx) {
         let store = fx.open();
         let conv = ConversationRef::new(TenantId::new("t").unwrap(), "c".parse().unwrap());
@@ -687,6 +730,37 @@ both! {
             store.get(&c.key).unwrap().unwrap().state,
             ConversationState::Destroying
         );
+    }
+
+    fn an_expired_notice_is_taken_once_forgotten_and_pruned(fx) {
+        let store = fx.open();
+        let c = conv("acme", "noticed");
+        let (r, _) = store
+            .get_or_create_with(&c, "host", t(0), &policy(Some(1_000), None))
+            .unwrap();
+        assert_eq!(r.status(t(999)), "active");
+        assert_eq!(r.status(t(1_000)), "expired");
+        assert!(store.take_expired_notice(&c.key).unwrap().is_none());
+        store.note_expired(&r, t(5_000)).unwrap();
+        let other = fx.open();
+        let n = other.expired_notice(&c.key).unwrap().unwrap();
+        assert_eq!(
+            (n.tenant.as_str(), n.conversation_id.as_str(), n.expired_at, n.destroyed_at),
+            ("acme", "noticed", t(1_000), t(5_000))
+        );
+        // Taken once, by one of two stores.
+        let got = [store.take_expired_notice(&c.key).unwrap(), other.take_expired_notice(&c.key).unwrap()];
+        assert_eq!(got.iter().filter(|g| g.is_some()).count(), 1);
+        store.note_expired(&r, t(5_000)).unwrap();
+        assert!(store.forget_expired_notice(&c.key).unwrap());
+        assert!(!store.forget_expired_notice(&c.key).unwrap());
+        store.note_expired(&r, t(5_000)).unwrap();
+        assert_eq!(store.prune_expired_notices(t(5_000)).unwrap(), 0);
+        assert_eq!(store.prune_expired_notices(t(5_001)).unwrap(), 1);
+        assert!(store.expired_notice(&c.key).unwrap().is_none());
+        let claimed = store.claim_expired(&c.key, t(1_000)).unwrap();
+        assert!(claimed);
+        assert_eq!(store.get(&c.key).unwrap().unwrap().status(t(1_000)), "destroying");
     }
 
     fn renew_racing_expiry_has_exactly_one_winner(fx) {
