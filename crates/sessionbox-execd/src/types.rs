@@ -150,6 +150,34 @@ impl RunCommandRequest {
         self
     }
 
+    /// The request a sessionbox runtime sends for `exec`, running in `cwd` (a path the agent
+    /// resolves beneath its root): shell text, exact output, its timeout, output cap,
+    /// environment and stdin.
+    pub fn for_exec(exec: &sessionbox_core::ExecRequest, cwd: impl Into<String>) -> Self {
+        let mut run = Self::shell(exec.command.clone())
+            .exact_output()
+            .cwd(cwd)
+            .timeout(exec.timeout)
+            .max_output_bytes(exec.output_limit as u64);
+        for (k, v) in &exec.env {
+            run = run.env(k, v);
+        }
+        if let Some(stdin) = &exec.stdin {
+            run = run.stdin(stdin.clone());
+        }
+        run
+    }
+
+    /// Adds an environment variable unless the request already sets it (the caller's own
+    /// variables win over ones a runtime adds).
+    pub fn env_default(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.envs
+            .get_or_insert_with(BTreeMap::new)
+            .entry(name.into())
+            .or_insert_with(|| value.into());
+        self
+    }
+
     /// Asks for the exact bytes of the output (a sessionbox extension; see
     /// [`RunCommandRequest::output_encoding`]).
     pub fn exact_output(mut self) -> Self {
@@ -409,6 +437,16 @@ impl ServerStreamEvent {
             (None, Some(t)) => t.as_bytes(),
             (None, None) => &[],
         }
+    }
+
+    /// The output stream and bytes of a `stdout`/`stderr` event; `None` for other events.
+    pub fn output_stream(&self) -> Option<(sessionbox_core::OutputStream, &[u8])> {
+        let stream = match self.kind {
+            EventType::Stdout => sessionbox_core::OutputStream::Stdout,
+            EventType::Stderr => sessionbox_core::OutputStream::Stderr,
+            _ => return None,
+        };
+        Some((stream, self.output()))
     }
 
     /// Keep-alive, as upstream sends it.
