@@ -64,6 +64,16 @@ pub trait Runtime: Send + Sync {
         None
     }
 
+    /// For a runtime that mounts skills: the names of the skills mounted in the conversation's
+    /// running sandbox, which keeps the skills it started with. `None`, the default, when no
+    /// sandbox runs (the next start mounts the tenant's skills as they are then), when the
+    /// runtime copies skills, or when it does not know. Front ends announce only these, so a
+    /// skill added while a sandbox runs is not announced before it is there.
+    fn present_skills(&self, key: &ConversationKey) -> Option<Vec<String>> {
+        let _ = key;
+        None
+    }
+
     /// Where the workspace of `key` lives from the runtime's side (a host directory, a path in a
     /// container). Used by the isolation experiment to aim one conversation at another's files.
     fn workspace_location(&self, key: &ConversationKey) -> String;

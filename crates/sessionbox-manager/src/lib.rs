@@ -110,18 +110,43 @@ impl Manager {
         &self.skills
     }
 
-    /// Discovers `tenant`'s skills now (an empty catalog when it has none).
+    /// Discovers `tenant`'s skills now (an empty catalog when it has none). A skill that
+    /// breaks a rule is left out and listed in [`Catalog::skipped`] with the rule; the server
+    /// log gets a warning the first time this process sees each such fault.
     ///
     /// # Errors
-    /// [`Error::Backend`] naming the skill and the rule it broke (see
-    /// [`sessionbox_skills::SkillError`]).
+    /// [`Error::Backend`] when the discovery task fails.
     pub async fn skill_catalog(&self, tenant: &TenantId) -> Result<Catalog> {
         if self.skills.roots(tenant).is_empty() {
             return Ok(Catalog::default());
         }
         let skills = self.skills.clone();
-        let tenant = tenant.clone();
-        blocking(move || skills.catalog(&tenant).map_err(sessionbox_skills::to_error)).await
+        let t = tenant.clone();
+        let catalog = blocking(move || Ok(skills.catalog(&t))).await?;
+        warn_skipped(tenant, &catalog);
+        Ok(catalog)
+    }
+
+    /// The skills to announce to `conversation`'s model: its tenant's catalog, less those its
+    /// running sandbox does not have (a runtime that mounts skills keeps those it started
+    /// with: see [`Runtime::present_skills`]). A skill added meanwhile is announced once the
+    /// sandbox has started again (after it stops when idle).
+    ///
+    /// # Errors
+    /// As [`Manager::skill_catalog`].
+    pub async fn announced_skills(&self, conversation: &ConversationRef) -> Result<Catalog> {
+        let mut catalog = self.skill_catalog(&conversation.tenant).await?;
+        if self.runtime.mounted_skills().is_some() {
+            let runtime = self.runtime.clone();
+            let key = conversation.key.clone();
+            let present = blocking(move || Ok(runtime.present_skills(&key))).await?;
+            if let Some(present) = present {
+                catalog
+                    .skills
+                    .retain(|s| present.iter().any(|p| p == s.name()));
+            }
+        }
+        Ok(catalog)
     }
 
     /// How `conversation` receives skills, hence where a skill's base directory is.
@@ -420,6 +445,15 @@ impl Manager {
         let catalog = self.skill_catalog(&conversation.tenant).await?;
         let delivery = self.skill_delivery(conversation);
         let mut detail = format!("skills={}", catalog.skills.len());
+        if !catalog.skipped.is_empty() {
+            // Left out, each with the rule it broke: the audit's warning.
+            let skipped: Vec<String> = catalog
+                .skipped
+                .iter()
+                .map(|k| format!("{} ({})", k.name(), k.error))
+                .collect();
+            detail.push_str(&format!(" skipped={}", skipped.join("; ")));
+        }
         if matches!(delivery, Delivery::Copied { .. }) {
             let report = sessionbox_skills::sync_copies(session, &catalog).await?;
             if !report.copied.is_empty() {
@@ -558,6 +592,25 @@ impl Manager {
         detail: Option<String>,
     ) {
         audit(&self.store, conversation, operation, outcome, detail).await;
+    }
+}
+
+/// Logs a warning for each skill `catalog` left out, once per process and fault (every open
+/// scans the skills again; the log need not repeat itself).
+fn warn_skipped(tenant: &TenantId, catalog: &Catalog) {
+    static WARNED: std::sync::Mutex<std::collections::BTreeSet<String>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    for k in &catalog.skipped {
+        let fault = format!("{tenant}\n{}", k.error);
+        let new = WARNED.lock().map(|mut w| w.insert(fault)).unwrap_or(true);
+        if new {
+            tracing::warn!(
+                tenant = %tenant,
+                skill = %k.name(),
+                "skill left out: {}",
+                k.error
+            );
+        }
     }
 }
 

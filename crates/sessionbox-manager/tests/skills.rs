@@ -194,20 +194,49 @@ async fn a_bootstrap_runs_once_across_resumes_and_again_only_when_the_skill_chan
     assert_eq!(out, "hello\n");
 }
 
+/// A skill that breaks a rule is left out, with the rule in the catalog and the audit; the
+/// conversation opens, and its tenant's other skills are delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_invalid_skill_fails_the_open_with_the_rule_it_broke() {
+async fn an_invalid_skill_is_left_out_with_the_rule_it_broke_and_the_rest_delivered() {
     let d = tempfile::tempdir().unwrap();
     let skills = skills_dir(d.path());
     std::os::unix::fs::symlink("/etc/hostname", skills.join("hello/link")).unwrap();
-    let (m, _) = manager(d.path(), &skills);
+    let (m, store) = manager(d.path(), &skills);
     let conv = ConversationRef::parse("default", "chat").unwrap();
-    let e = m.open(&conv).await.err().unwrap();
-    assert_eq!(e.code(), "backend_error");
-    assert!(
-        e.to_string().contains("link in a skill must be relative"),
-        "{e}"
+    let s = m.open(&conv).await.expect("one bad skill failed the open");
+    let (code, out) = sh(&s, "ls .skills").await;
+    assert_eq!(
+        (code, out.trim()),
+        (0, "broken-boot"),
+        "the bad skill was delivered"
     );
-    // Another tenant has no skills and is not affected.
-    let other = ConversationRef::parse("acme", "chat").unwrap();
-    assert!(m.open(&other).await.is_ok());
+    Box::new(s).close().await.unwrap();
+    let catalog = m.skill_catalog(&conv.tenant).await.unwrap();
+    assert_eq!(catalog.skills.len(), 1);
+    assert_eq!(catalog.skipped.len(), 1);
+    assert_eq!(catalog.skipped[0].name(), "hello");
+    assert!(
+        catalog.skipped[0]
+            .error
+            .to_string()
+            .contains("link in a skill must be relative"),
+        "{}",
+        catalog.skipped[0].error
+    );
+    let log = store
+        .audit_log(&AuditFilter {
+            key: Some(conv.key.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+    let skills_entry = log
+        .iter()
+        .find(|e| e.entry.operation == "skills")
+        .expect("no skills audit entry");
+    let detail = skills_entry.entry.detail.clone().unwrap_or_default();
+    assert_eq!(skills_entry.entry.outcome, "ok");
+    assert!(
+        detail.contains("skipped=hello (") && detail.contains("must be relative"),
+        "{detail}"
+    );
 }

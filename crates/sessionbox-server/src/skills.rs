@@ -2,7 +2,9 @@
 //! description); `GET /v1/conversations/{id}/skills/{name}` loads one: its SKILL.md body and
 //! its base directory as that conversation's commands see it (`/skills/<name>` where the runtime
 //! mounts skills, `<workspace>/.skills/<name>` where they are copied). MCP's `skill` tool runs
-//! the same two functions.
+//! the same two functions. A skill that breaks a rule is left out of both (the server log,
+//! the audit and `sessionbox skills` name it and the rule); a conversation is told only of the
+//! skills its sandbox has (see `Manager::announced_skills`).
 //!
 //! Neither opens a conversation: the catalog is the host's skills directories, and the base
 //! path follows from the runtime. The skills are in place once the conversation is opened (by
@@ -51,17 +53,29 @@ pub(crate) struct SkillView {
     pub base_path: String,
 }
 
-/// The skills of `tenant`.
+/// The skills of `tenant` (a skill that breaks a rule is left out).
 pub(crate) async fn list(s: &AppState, tenant: &TenantId) -> Result<Vec<SkillSummary>, Error> {
-    let catalog = s.manager.skill_catalog(tenant).await?;
-    Ok(catalog
+    Ok(summaries(s.manager.skill_catalog(tenant).await?))
+}
+
+/// The skills `conversation`'s commands can use now: its tenant's, less a skill its running
+/// sandbox does not have yet (see `Manager::announced_skills`).
+pub(crate) async fn list_for(
+    s: &AppState,
+    conversation: &ConversationRef,
+) -> Result<Vec<SkillSummary>, Error> {
+    Ok(summaries(s.manager.announced_skills(conversation).await?))
+}
+
+fn summaries(catalog: sessionbox_skills::Catalog) -> Vec<SkillSummary> {
+    catalog
         .skills
         .into_iter()
         .map(|k| SkillSummary {
             name: k.doc.name,
             description: k.doc.description,
         })
-        .collect())
+        .collect()
 }
 
 /// The skill `name` for `conversation`.
@@ -71,7 +85,7 @@ pub(crate) async fn load(
     name: &str,
 ) -> Result<SkillView, Error> {
     sessionbox_skills::check_name(name).map_err(Error::InvalidRequest)?;
-    let catalog = s.manager.skill_catalog(&conversation.tenant).await?;
+    let catalog = s.manager.announced_skills(conversation).await?;
     let Some(skill) = catalog.get(name) else {
         return Err(Error::NotFound(format!(
             "no skill named {name:?}; list the skills to see their names"
@@ -88,8 +102,7 @@ pub(crate) async fn load(
 /// This tenant's skills: name and description of each.
 #[utoipa::path(get, path = "/v1/skills", tag = "skills",
     responses((status = 200, body = SkillsView),
-              (status = 401, description = "no valid API key", body = ErrorBody),
-              (status = 500, description = "a skill breaks a rule (the message names it)", body = ErrorBody)))]
+              (status = 401, description = "no valid API key", body = ErrorBody)))]
 pub(crate) async fn list_skills(State(s): State<AppState>, p: Principal) -> Response {
     let started = Instant::now();
     let result = list(&s, &p.tenant)
@@ -104,8 +117,7 @@ pub(crate) async fn list_skills(State(s): State<AppState>, p: Principal) -> Resp
     params(("id" = String, Path, description = "conversation id"), ("name" = String, Path, description = "skill name")),
     responses((status = 200, body = SkillView), (status = 400, description = "invalid input", body = ErrorBody),
               (status = 401, description = "no valid API key", body = ErrorBody),
-              (status = 404, description = "no such skill", body = ErrorBody),
-              (status = 500, description = "a skill breaks a rule (the message names it)", body = ErrorBody)))]
+              (status = 404, description = "no such skill (one that breaks a rule is left out; one added while the conversation's sandbox runs is there once it restarts)", body = ErrorBody)))]
 pub(crate) async fn load_skill(
     State(s): State<AppState>,
     p: Principal,

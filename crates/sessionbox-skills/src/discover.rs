@@ -152,6 +152,28 @@ impl Skill {
 pub struct Catalog {
     /// The skills.
     pub skills: Vec<Skill>,
+    /// What [`scan`] left out, in the order found: a skill that breaks a rule, or a skills
+    /// directory that cannot be read. Empty from [`discover`], which fails instead.
+    pub skipped: Vec<SkippedSkill>,
+}
+
+/// A skill (or a skills directory) left out of a [`Catalog`] because it breaks a rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedSkill {
+    /// The skill's directory, or the skills directory that could not be read.
+    pub dir: PathBuf,
+    /// The rule it broke.
+    pub error: SkillError,
+}
+
+impl SkippedSkill {
+    /// The directory's last component (the skill's name, when it follows the rules).
+    pub fn name(&self) -> String {
+        self.dir.file_name().map_or_else(
+            || self.dir.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        )
+    }
 }
 
 impl Catalog {
@@ -180,12 +202,53 @@ pub fn is_excluded(name: &str) -> bool {
 /// # Errors
 /// The first [`SkillError`] found, in root order then name order.
 pub fn discover(roots: &[PathBuf], limits: &SkillLimits) -> Result<Catalog, SkillError> {
+    collect(roots, limits, true)
+}
+
+/// Finds the skills in `roots` as [`discover`] does, but leaves out each skill that breaks a
+/// rule (and each root that cannot be read), listing it in [`Catalog::skipped`] with the rule:
+/// one faulty skill costs only itself. Of two skills with one name, the first (in root order)
+/// is kept.
+pub fn scan(roots: &[PathBuf], limits: &SkillLimits) -> Catalog {
+    collect(roots, limits, false).unwrap_or_else(|error| Catalog {
+        skills: Vec::new(),
+        skipped: vec![SkippedSkill {
+            dir: PathBuf::new(),
+            error,
+        }],
+    })
+}
+
+fn collect(roots: &[PathBuf], limits: &SkillLimits, strict: bool) -> Result<Catalog, SkillError> {
     let mut by_name: BTreeMap<String, Skill> = BTreeMap::new();
+    let mut skipped = Vec::new();
+    let mut skip = |dir: &Path, error: SkillError| {
+        if strict {
+            return Err(error);
+        }
+        skipped.push(SkippedSkill {
+            dir: dir.to_owned(),
+            error,
+        });
+        Ok(())
+    };
     for root in roots {
-        let entries = std::fs::read_dir(root).map_err(|e| io(root, &e))?;
+        let entries = match std::fs::read_dir(root) {
+            Ok(e) => e,
+            Err(e) => {
+                skip(root, io(root, &e))?;
+                continue;
+            }
+        };
         let mut dirs = Vec::new();
         for entry in entries {
-            let entry = entry.map_err(|e| io(root, &e))?;
+            let entry = match entry {
+                Ok(e) => e,
+                Err(e) => {
+                    skip(root, io(root, &e))?;
+                    continue;
+                }
+            };
             let name = entry.file_name();
             if name.as_encoded_bytes().starts_with(b".") {
                 continue;
@@ -199,19 +262,28 @@ pub fn discover(roots: &[PathBuf], limits: &SkillLimits) -> Result<Catalog, Skil
         }
         dirs.sort();
         for dir in dirs {
-            let skill = load_skill(&dir, limits)?;
+            let skill = match load_skill(&dir, limits) {
+                Ok(s) => s,
+                Err(e) => {
+                    skip(&dir, e)?;
+                    continue;
+                }
+            };
             if let Some(first) = by_name.get(skill.name()) {
-                return Err(SkillError::DuplicateName {
+                let e = SkillError::DuplicateName {
                     name: skill.doc.name.clone(),
                     first: first.dir.clone(),
                     second: skill.dir,
-                });
+                };
+                skip(&dir, e)?;
+                continue;
             }
             by_name.insert(skill.doc.name.clone(), skill);
         }
     }
     Ok(Catalog {
         skills: by_name.into_values().collect(),
+        skipped,
     })
 }
 

@@ -6,6 +6,8 @@
 //!   (name 1-64 lowercase letters, digits and hyphens, equal to the directory's name;
 //!   description 1-1024 characters); names are unique per tenant, sizes are limited
 //!   ([`SkillLimits`]), links must stay inside their skill. Failures are typed ([`SkillError`]).
+//!   [`scan`] (what front ends use) leaves a faulty skill out and lists it with its rule in
+//!   [`Catalog::skipped`], so one bad skill never costs its tenant the others.
 //! - Each skill has a content address ([`Skill::digest`]): SHA-256 over its delivered files'
 //!   paths, modes and contents, leaving out `.git`, `.env*` and `credentials*`.
 //! - Delivery: a runtime that mounts skills (`isolated`) binds a [`snapshot`] of each read-only
@@ -48,8 +50,8 @@ pub use deliver::{
     COPY_DIR, Delivery, MOUNT_ROOT, SyncReport, run_bootstrap, sync_copies, to_error,
 };
 pub use discover::{
-    Catalog, Skill, SkillError, SkillFile, SkillLimits, discover, is_excluded, load_skill,
-    read_checked,
+    Catalog, Skill, SkillError, SkillFile, SkillLimits, SkippedSkill, discover, is_excluded,
+    load_skill, read_checked, scan,
 };
 pub use frontmatter::{
     BOOTSTRAP_KEY, MAX_DESCRIPTION_CHARS, MAX_NAME_CHARS, SkillDoc, check_name, parse_skill_md,
@@ -85,33 +87,33 @@ impl Skills {
     }
 
     /// Discovers `tenant`'s skills now (no caching: a changed skill is seen on the next call).
-    ///
-    /// # Errors
-    /// See [`discover`].
-    pub fn catalog(&self, tenant: &TenantId) -> Result<Catalog, SkillError> {
-        discover(self.roots(tenant), &self.limits)
+    /// A skill that breaks a rule is left out and listed in [`Catalog::skipped`] (see
+    /// [`scan`]); the others are there.
+    pub fn catalog(&self, tenant: &TenantId) -> Catalog {
+        scan(self.roots(tenant), &self.limits)
     }
 
     /// The read-only binds that present `tenant`'s skills at `/skills/<name>`: a snapshot of each
-    /// (written beneath `snapshots` if new) and its inside path.
-    ///
-    /// # Errors
-    /// See [`discover`] and [`snapshot`].
+    /// (written beneath `snapshots` if new) and its inside path. A skill left out of the
+    /// catalog, or whose snapshot cannot be written, is not bound (and is reported with the
+    /// rule or the reason in the second list).
     pub fn mount_binds(
         &self,
         tenant: &TenantId,
         snapshots: &Path,
-    ) -> Result<Vec<(PathBuf, PathBuf)>, SkillError> {
-        let catalog = self.catalog(tenant)?;
-        catalog
-            .skills
-            .iter()
-            .map(|s| {
-                Ok((
-                    snapshot(s, snapshots)?,
-                    PathBuf::from(format!("{MOUNT_ROOT}/{}", s.name())),
-                ))
-            })
-            .collect()
+    ) -> (Vec<(PathBuf, PathBuf)>, Vec<SkippedSkill>) {
+        let catalog = self.catalog(tenant);
+        let mut skipped = catalog.skipped;
+        let mut binds = Vec::new();
+        for s in &catalog.skills {
+            match snapshot(s, snapshots) {
+                Ok(dir) => binds.push((dir, PathBuf::from(format!("{MOUNT_ROOT}/{}", s.name())))),
+                Err(error) => skipped.push(SkippedSkill {
+                    dir: s.dir.clone(),
+                    error,
+                }),
+            }
+        }
+        (binds, skipped)
     }
 }

@@ -4,7 +4,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use sessionbox_skills::{SkillError, SkillLimits, discover};
+use sessionbox_skills::{SkillError, SkillLimits, discover, scan};
 
 fn skill(root: &Path, name: &str, front: &str, body: &str) -> PathBuf {
     let dir = root.join(name);
@@ -224,4 +224,37 @@ fn names_the_delivery_cannot_carry_and_a_missing_root_are_refused() {
     assert!(matches!(run(root.path()), Err(SkillError::BadEntry { .. })));
     let e = discover(&[root.path().join("nope")], &SkillLimits::default()).unwrap_err();
     assert!(matches!(e, SkillError::Io { .. }), "{e}");
+}
+
+#[test]
+fn scan_leaves_out_each_faulty_skill_and_root_and_keeps_the_rest() {
+    let a = tempfile::tempdir().unwrap();
+    let b = tempfile::tempdir().unwrap();
+    named(a.path(), "good");
+    named(a.path(), "same");
+    skill(a.path(), "bad-name", "name: other\ndescription: d\n", "");
+    skill(a.path(), "no-desc", "name: no-desc\n", "");
+    named(b.path(), "same");
+    named(b.path(), "also-good");
+    let roots = [
+        a.path().to_owned(),
+        a.path().join("missing"),
+        b.path().to_owned(),
+    ];
+    let c = scan(&roots, &SkillLimits::default());
+    let names: Vec<&str> = c.skills.iter().map(|s| s.name()).collect();
+    assert_eq!(names, ["also-good", "good", "same"]);
+    assert_eq!(
+        c.get("same").unwrap().dir,
+        a.path().join("same").canonicalize().unwrap()
+    );
+    let skipped: Vec<(String, &SkillError)> =
+        c.skipped.iter().map(|k| (k.name(), &k.error)).collect();
+    assert_eq!(skipped.len(), 4, "{skipped:?}");
+    assert!(matches!(skipped[0], (ref n, SkillError::NameMismatch { .. }) if n == "bad-name"));
+    assert!(matches!(skipped[1], (ref n, SkillError::BadFrontMatter { .. }) if n == "no-desc"));
+    assert!(matches!(skipped[2], (ref n, SkillError::Io { .. }) if n == "missing"));
+    assert!(matches!(skipped[3], (ref n, SkillError::DuplicateName { .. }) if n == "same"));
+    // discover still fails on the first fault.
+    assert!(discover(&roots, &SkillLimits::default()).is_err());
 }

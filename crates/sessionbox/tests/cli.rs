@@ -851,3 +851,121 @@ fn exec_writes_the_exact_bytes_on_every_runtime() {
         rt.destroy("exact");
     }
 }
+
+/// An existing conversation keeps the runtime that created it: after `--runtime host`
+/// created it, every command on it (read, exec, destroy) runs there without `--runtime`,
+/// although the default runtime is `isolated`.
+#[test]
+fn commands_on_an_existing_conversation_use_its_recorded_runtime() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    let out = sessionbox(
+        &data,
+        &[
+            "--runtime",
+            "host",
+            "exec",
+            "-c",
+            "kept",
+            "--",
+            "echo hi > f",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = sessionbox(&data, &["read", "-c", "kept", "f"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "hi\n");
+    let out = sessionbox(&data, &["exec", "-c", "kept", "--", "cat f"]);
+    assert_eq!(text(&out.stdout), "hi\n", "{}", text(&out.stderr));
+    let out = sessionbox(&data, &["destroy", "-c", "kept"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(workspaces(&data).is_empty());
+    // An explicit, different runtime is still refused, naming the owner.
+    sessionbox(
+        &data,
+        &["--runtime", "host", "exec", "-c", "kept", "--", "true"],
+    );
+    let out = sessionbox(&data, &["--runtime", "isolated", "ls", "-c", "kept"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("belongs to the host runtime"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// An expired conversation shows as `expired` before any collection; a read says it expired;
+/// the next exec makes a new, empty one and says on stderr that the old one expired and its
+/// files are gone.
+#[test]
+fn an_expired_conversation_shows_as_expired_and_its_next_use_says_so() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(
+        data.join("sessionbox.toml"),
+        "runtime = \"host\"\n[lifecycle]\nttl_secs = 1\n",
+    )
+    .unwrap();
+    let out = sessionbox(&data, &["exec", "-c", "old", "--", "echo x > f"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    std::thread::sleep(std::time::Duration::from_millis(1300));
+    let lines = conversation_lines(&data);
+    assert!(
+        lines.len() == 1 && lines[0].contains(" expired "),
+        "{lines:?}"
+    );
+    let out = sessionbox(&data, &["conversations", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v[0]["state"], "expired", "{v}");
+    let out = sessionbox(&data, &["read", "-c", "old", "f"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("expired at") && text(&out.stderr).contains("files are gone"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = sessionbox(&data, &["exec", "-c", "old", "--", "ls"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "", "the old files are there");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("conversation old expired at") && err.contains("its files are gone"),
+        "{err}"
+    );
+    // Said once: the conversation is new now.
+    let out = sessionbox(&data, &["exec", "-c", "old", "--", "true"]);
+    assert_eq!(text(&out.stderr), "");
+}
+
+/// `destroy` ends it all: a conversation's own network policy goes with it, and a new
+/// conversation of the id starts with its tenant's policy.
+#[test]
+fn destroy_removes_the_conversations_network_policy() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    let run = |args: &[&str]| {
+        let out = sessionbox(&data, args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    run(&["policy", "set", "--allow", "pypi.org:443"]);
+    run(&[
+        "policy",
+        "set",
+        "-c",
+        "net",
+        "--allow",
+        "api.example.com:443",
+    ]);
+    run(&["--runtime", "host", "exec", "-c", "net", "--", "true"]);
+    assert!(run(&["policy", "show", "-c", "net"]).contains("(conversation,"));
+    run(&["destroy", "-c", "net"]);
+    let shown = run(&["policy", "show", "-c", "net"]);
+    assert!(
+        shown.contains("(tenant default,") && !shown.contains("api.example.com"),
+        "{shown}"
+    );
+    run(&["--runtime", "host", "exec", "-c", "net", "--", "true"]);
+    assert!(!run(&["policy", "show", "-c", "net"]).contains("api.example.com"));
+}

@@ -2,7 +2,8 @@
 //! read-only at `/skills/<name>` (its script runs there; writing fails and the host's skill
 //! directory is unchanged; secrets are not in it) and its bootstrap runs once across resumes,
 //! also across an idle stop; on `host` the skills of `[skills.tenants]` are copied, and
-//! `sessionbox skills` lists them or reports the rule a broken one breaks; on `aio` (against the
+//! `sessionbox skills` lists them and warns of a broken one (left out, with the rule it breaks);
+//! on `aio` (against the
 //! AIO test server) they are uploaded through the runtime's API, and a changed copy is restored.
 //!
 //! The isolated test needs root (CI runs it as root); without it, it prints SKIPPED and passes.
@@ -182,7 +183,14 @@ fn host_copies_the_tenants_skills_from_the_config_file_and_skills_lists_them() {
     ]);
     assert_eq!(stdout(&o), "SKILL.md\nscripts\nboot\n");
 
-    // A broken skill: the error names it and the rule.
+    // A broken skill is left out with a warning naming it and the rule; the tenant's other
+    // skills and its conversations carry on.
+    std::fs::create_dir_all(skills.join("other")).unwrap();
+    std::fs::write(
+        skills.join("other/SKILL.md"),
+        "---\nname: other\ndescription: Still here.\n---\nBody.\n",
+    )
+    .unwrap();
     std::fs::write(
         skills.join("hello/SKILL.md"),
         "---\nname: Hello\ndescription: d\n---\n",
@@ -190,10 +198,20 @@ fn host_copies_the_tenants_skills_from_the_config_file_and_skills_lists_them() {
     .unwrap();
     let o = cli(&["skills"]);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert_eq!(stdout(&o), "other: Still here.\n");
     assert!(
-        err.contains("hello/SKILL.md") && err.contains("invalid name"),
+        err.contains("warning: skill hello is left out")
+            && err.contains("hello/SKILL.md")
+            && err.contains("invalid name"),
         "{err}"
+    );
+    let o = cli(&["exec", "-c", "c", "--", "ls .skills"]);
+    assert_eq!(
+        stdout(&o),
+        "other\n",
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
     );
 }
 
