@@ -192,6 +192,9 @@ pub(crate) struct Opened {
     /// The hash of the network policy in force when the session was opened (`None`: the
     /// profile `none`).
     policy: Option<String>,
+    /// When this request created it because the last one of its id expired: when that one
+    /// expired.
+    previous_expired_at: Option<DateTime<Utc>>,
     _turn: Turn,
 }
 
@@ -205,6 +208,12 @@ impl Opened {
 
     /// Keeps the session for the conversation's next request (closing one that the cache lets
     /// go), then ends the turn.
+    /// When this request made the conversation anew because the last one of its id expired:
+    /// when that one expired (its files are gone). See [`notify_expired`].
+    pub(crate) fn previous_expired_at(&self) -> Option<DateTime<Utc>> {
+        self.previous_expired_at
+    }
+
     pub(crate) async fn done(self) {
         let Opened {
             conv,
@@ -334,19 +343,21 @@ impl AppState {
                     });
                 }
                 Ok(None) => crate::sessions::close_all(vec![c.conv]).await,
+                        previous_expired_at: None,
                 Err(e) => {
                     crate::sessions::close_all(vec![c.conv]).await;
                     return Err(e);
                 }
             }
         }
-        if !create
-            && self
-                .record(&conv.key)
-                .await?
-                .is_none_or(|r| r.is_expired(chrono::Utc::now()))
-        {
-            return Err(conversation_not_found(conv));
+        if !create {
+            match self.record(&conv.key).await? {
+                None => return Err(conversation_not_found(conv)),
+                Some(r) if r.is_expired(chrono::Utc::now()) => {
+                    return Err(conversation_expired(conv, &r));
+                }
+                Some(_) => {}
+            }
         }
         // Read before the runtime opens it: a change after this makes the next request
         // reopen, never keeps a session opened under another policy.
@@ -364,6 +375,7 @@ impl AppState {
             _turn: turn,
         })
     }
+            previous_expired_at: opened.previous_expired().map(|n| n.expired_at),
 
     /// Audits one API call and turns its result into the response.
     pub(crate) async fn finish(
@@ -411,6 +423,21 @@ fn conversation_not_found(conv: &ConversationRef) -> ApiError {
 }
 
 /// Runs `body` and audits it as `operation` on conversation `id` (when the id is valid).
+/// The response header that tells a caller its request made the conversation anew because the
+/// last one of its id expired (its files are gone): when that one expired, in RFC 3339.
+pub(crate) const PREVIOUS_EXPIRED_HEADER: &str = "sessionbox-previous-expired-at";
+
+/// Adds [`PREVIOUS_EXPIRED_HEADER`] to `r` when `at` is some.
+pub(crate) fn notify_expired(mut r: Response, at: Option<DateTime<Utc>>) -> Response {
+    if let Some(at) = at
+        && let Ok(v) =
+            HeaderValue::from_str(&at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+    {
+        r.headers_mut().insert(PREVIOUS_EXPIRED_HEADER, v);
+    }
+    r
+}
+
 macro_rules! audited {
     ($state:expr, $p:expr, $op:literal, $id:expr, |$conv:ident| $body:expr) => {{
         let started = Instant::now();
@@ -419,6 +446,22 @@ macro_rules! audited {
         let result: Result<Response, ApiError> = async {
             let $conv = conv?;
             $body
+/// 404 for a conversation past its expiry, read by a request that does not create.
+fn conversation_expired(conv: &ConversationRef, r: &ConversationRecord) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!(
+            "conversation {:?} expired at {} and its files are gone; exec, write, mkdir or \
+             POST /v1/conversations/{{id}} make a new one",
+            conv.id.as_str(),
+            r.expires_at
+                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                .unwrap_or_default()
+        ),
+    )
+}
+
         }
         .await;
         $state.finish(&$p, $op, key, started, result).await
@@ -478,6 +521,9 @@ pub(crate) struct ConversationView {
     /// only; absent in lists).
     #[serde(skip_serializing_if = "Option::is_none")]
     usage: Option<UsageView>,
+    /// `active`, `expired` (past its expiry: its files are gone at its next use or garbage
+    /// collection, whichever comes first; the next use makes a new conversation) or
+    /// `destroying`.
 }
 
 /// Operations run on a conversation since its creation, from the audit log.
@@ -496,7 +542,6 @@ impl From<ConversationRecord> for ConversationView {
     fn from(r: ConversationRecord) -> Self {
         ConversationView {
             id: r.conversation_id.into(),
-            state: r.state.as_str().to_owned(),
             runtime: r.runtime,
             created_at: r.created_at,
             last_used_at: r.last_used_at,
@@ -504,6 +549,7 @@ impl From<ConversationRecord> for ConversationView {
             usage: None,
         }
     }
+            state: r.status(Utc::now()).to_owned(),
 }
 
 /// A page of conversations.
@@ -629,6 +675,10 @@ pub(crate) struct OpenedView {
     conversation: ConversationView,
 }
 
+    /// Set when this call created the conversation because the last one of its id expired:
+    /// when that one expired. Its files are gone; this one starts empty.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    previous_expired_at: Option<DateTime<Utc>>,
 /// Opens a conversation, creating it (workspace and sandbox) when it does not exist: 201 when
 /// created, 200 when it existed. Idempotent; concurrent first calls create it once.
 #[utoipa::path(post, path = "/v1/conversations/{id}", tag = "conversations", params(("id" = String, Path, description = "conversation id")),
@@ -653,6 +703,7 @@ pub(crate) async fn open_conversation(
         let status = if created {
             StatusCode::CREATED
         } else {
+        let previous_expired_at = o.previous_expired_at();
             StatusCode::OK
         };
         let view = OpenedView {
@@ -661,11 +712,15 @@ pub(crate) async fn open_conversation(
             key: conv.key.to_string(),
             conversation: record.into(),
         };
-        Ok((status, Json(view)).into_response())
+        Ok(notify_expired(
+            (status, Json(view)).into_response(),
+            previous_expired_at,
+        ))
     })
 }
 
 /// Destroys a conversation: processes, sandbox, workspace, record. 204 also when absent.
+            previous_expired_at,
 #[utoipa::path(delete, path = "/v1/conversations/{id}", tag = "conversations", params(("id" = String, Path, description = "conversation id")),
     responses((status = 204, description = "destroyed, or was absent"), (status = 400, description = "invalid input", body = ErrorBody),
               (status = 401, description = "no valid API key", body = ErrorBody),
@@ -752,6 +807,10 @@ fn text_and_base64(bytes: Vec<u8>) -> (String, Option<String>) {
             let b = e.into_bytes();
             (
                 String::from_utf8_lossy(&b).into_owned(),
+    /// Set when this request created the conversation because the last one of its id expired:
+    /// when that one expired. Its files are gone; this one started empty.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    previous_expired_at: Option<DateTime<Utc>>,
                 Some(BASE64.encode(&b)),
             )
         }
@@ -832,11 +891,18 @@ pub(crate) async fn exec(
             o.done().await;
             let cmd = cmd?;
             crate::commands::started(&s, &conv, &cmd);
-            return Ok((StatusCode::ACCEPTED, Json(CommandView::from(&cmd))).into_response());
+            return Ok(notify_expired(
+                (StatusCode::ACCEPTED, Json(CommandView::from(&cmd))).into_response(),
+                previous_expired_at,
+            ));
         }
+        let previous_expired_at = o.previous_expired_at();
         if stream {
             s.metrics.execs.with_label_values(&["stream"]).inc();
-            return Ok(crate::api::event_stream(o, req));
+            return Ok(notify_expired(
+                crate::api::event_stream(o, req),
+                previous_expired_at,
+            ));
         }
         s.metrics.execs.with_label_values(&["json"]).inc();
         let r = o.conv.exec(req).await;
@@ -864,8 +930,10 @@ pub(crate) async fn exec(
 fn wants_event_stream(headers: &HeaderMap) -> bool {
     headers
         .get_all(header::ACCEPT)
+            previous_expired_at,
         .iter()
         .filter_map(|v| v.to_str().ok())
+        .map(|r| notify_expired(r, previous_expired_at))
         .flat_map(|v| v.split(','))
         .any(|m| {
             m.split(';')
@@ -1414,7 +1482,11 @@ pub(crate) async fn write_file(
         let r = o.conv.write(&path, &body).await;
         o.done().await;
         r?;
-        Ok(StatusCode::NO_CONTENT.into_response())
+        Ok(notify_expired(
+            StatusCode::NO_CONTENT.into_response(),
+            previous_expired_at,
+        ))
+        let previous_expired_at = o.previous_expired_at();
     })
 }
 
@@ -1529,6 +1601,7 @@ pub(crate) async fn upload_files(
         let mut failed = None;
         for (path, data) in files {
             if let Err(e) = o.conv.write(&path, &data).await {
+        let previous_expired_at = o.previous_expired_at();
                 failed = Some(e);
                 break;
             }
@@ -1541,7 +1614,10 @@ pub(crate) async fn upload_files(
         if let Some(e) = failed {
             return Err(e.into());
         }
-        Ok(Json(UploadView { files: written }).into_response())
+        Ok(notify_expired(
+            Json(UploadView { files: written }).into_response(),
+            previous_expired_at,
+        ))
     })
 }
 
@@ -1653,7 +1729,10 @@ pub(crate) async fn mkdir(
         let r = o.conv.mkdir(&b.path).await;
         o.done().await;
         r?;
-        Ok(StatusCode::NO_CONTENT.into_response())
+        Ok(notify_expired(
+            StatusCode::NO_CONTENT.into_response(),
+            previous_expired_at,
+        ))
     })
 }
 
@@ -1669,6 +1748,7 @@ pub(crate) struct PathQuery {
     params(("id" = String, Path, description = "conversation id"), ("path" = Option<String>, Query, description = "default the workspace root")),
     responses((status = 200, body = LsView), (status = 400, description = "invalid input", body = ErrorBody),
               (status = 401, description = "no valid API key", body = ErrorBody),
+        let previous_expired_at = o.previous_expired_at();
               (status = 403, description = "path outside the workspace", body = ErrorBody),
               (status = 404, description = "no such conversation or file", body = ErrorBody),
               (status = 409, description = "conflict", body = ErrorBody),

@@ -568,6 +568,27 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 RuntimeKind::Opensandbox => sessionbox_opensandbox::runtime::WORKSPACE.to_owned(),
                 RuntimeKind::Host => HostRuntime::workspace_path(&data_dir, &conv.key)
                     .to_string_lossy()
+    // An existing conversation keeps the runtime that created it: without `--runtime` (or
+    // SESSIONBOX_RUNTIME) its record names the runtime, whatever the configured default; a
+    // runtime given explicitly that differs is refused by the store. The store is opened here
+    // only when it exists, so bad input still creates nothing.
+    let db = data_dir.join("sessionbox.db");
+    let mut early_store = None;
+    let mut kind = kind;
+    if let Some(conv) = &conversation
+        && cli.runtime.is_none()
+        && (store_url.is_some() || db.exists())
+    {
+        let store = off_runtime(|| Store::open_configured(store_url.as_deref(), &db))?;
+        let key = conv.key.clone();
+        let recorded = off_runtime(|| store.get(&key))?;
+        if let Some(r) = recorded
+            && let Ok(k) = <RuntimeKind as clap::ValueEnum>::from_str(&r.runtime, false)
+        {
+            kind = k;
+        }
+        early_store = Some(store);
+    }
                     .into_owned(),
                 RuntimeKind::Aio => aio_runtime(&cli, &file)?.presented_root(&conv.key),
             };
@@ -579,8 +600,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let skills = file
         .skills
         .resolve(std::env::var("SESSIONBOX_SKILLS_DIR").ok().as_deref())?;
-    let db = data_dir.join("sessionbox.db");
-    let store = off_runtime(|| Store::open_configured(store_url.as_deref(), &db))?;
+    let store = match early_store {
+        Some(s) => s,
+        None => off_runtime(|| Store::open_configured(store_url.as_deref(), &db))?,
+    };
     let runtime: Arc<dyn Runtime> = match kind {
         RuntimeKind::Isolated => {
             let iso = &file.isolated;
@@ -630,9 +653,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     let record = store
                         .get(key)?
                         .ok_or_else(|| Error::NotFound(format!("conversation {}", key.short())))?;
-                    skills
-                        .mount_binds(&record.tenant, &snapshots)
-                        .map_err(sessionbox_skills::to_error)
+                    // A faulty skill is left out (the manager reports it on each open).
+                    let (binds, _skipped) = skills.mount_binds(&record.tenant, &snapshots);
+                    Ok(binds)
                 })))
             }
         }
@@ -692,6 +715,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             sessionbox_server::serve_stdio(state, conv).await?;
             Ok(ExitCode::SUCCESS)
         }
+            for k in &catalog.skipped {
+                eprintln!("warning: skill {} is left out: {}", k.name(), k.error);
+            }
         Command::Doctor | Command::Agent { .. } => unreachable!("handled before the runtime"),
         Command::Skills { name } => {
             let catalog = ctx.manager.skill_catalog(&ctx.tenant).await?;
@@ -970,11 +996,34 @@ async fn session_command(
     let store = ctx.manager.store().clone();
     let key = conv.key.clone();
     let record = tokio::task::spawn_blocking(move || store.get(&key)).await??;
-    if !creates && record.is_none_or(|r| r.is_expired(chrono::Utc::now())) {
+    if !creates
+        && let Some(r) = &record
+        && r.is_expired(chrono::Utc::now())
+    {
+        return Err(Error::NotFound(format!(
+            "conversation {} expired at {} and its files are gone; exec, write or mkdir \
+             create a new one",
+            conv.id,
+            r.expires_at
+                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                .unwrap_or_default()
+        ))
+        .into());
+    }
+    if !creates && record.is_none() {
         return Err(Error::NotFound(format!(
             "conversation {} does not exist in tenant {}; exec, write or mkdir create one",
             conv.id, conv.tenant
         ))
+    if let Some(n) = session.previous_expired() {
+        eprintln!(
+            "sessionbox: conversation {} expired at {} and its files are gone; this is a new, \
+             empty conversation",
+            conv.id,
+            n.expired_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        );
+    }
         .into());
     }
     let session = ctx.manager.open(conv).await?;
@@ -1220,11 +1269,13 @@ fn print_conversations(
                     "id": r.conversation_id.as_str(),
                     "key": r.key.as_str(),
                     "runtime": r.runtime,
-                    "state": r.state.as_str(),
+                    "state": r.status(now),
                     "created_at": t(r.created_at),
                     "last_used_at": t(r.last_used_at),
                     "expires_at": r.expires_at.map(t),
                     "idle_timeout_secs": secs(r.idle_timeout),
+    // A record past its expiry shows as expired: its files go at the next use or collection.
+    let now = chrono::Utc::now();
                     "ttl_secs": secs(r.ttl),
                     "max_lifetime_secs": secs(r.max_lifetime),
                 })
@@ -1254,7 +1305,7 @@ fn print_conversations(
             r.tenant.as_str(),
             r.conversation_id.as_str(),
             r.runtime,
-            r.state.as_str(),
+            r.status(now),
             t(r.created_at),
             t(r.last_used_at),
             r.expires_at.map_or_else(|| "never".to_owned(), t),
