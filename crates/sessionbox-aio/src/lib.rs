@@ -18,10 +18,12 @@
 //! # Ok(()) }
 //! ```
 
+mod background;
 pub mod client;
 mod runtime;
 mod scripts;
 
+pub use background::MAX_FINISHED_COMMANDS;
 pub use client::{AioClient, AioError, AuthHeader, Endpoint, Secret};
 pub use runtime::{
     AioConfig, AioEgress, AioRuntime, DEFAULT_ROOT, MAX_COMMAND_BYTES, MAX_STDIN_BYTES,

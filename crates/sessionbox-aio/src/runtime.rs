@@ -31,11 +31,13 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use sessionbox_core::{
-    ConversationKey, ConversationRef, DestroyReport, DirEntry, EditRequest, EditResult, Error,
-    ExecRequest, ExecResult, ExitStatus, FileKind, FileStat, GrepMatch, GrepRequest, Limits,
-    Result, Runtime, RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
+    BackgroundCommand, CommandOutput as BackgroundOutput, ConversationKey, ConversationRef,
+    DestroyReport, DirEntry, EditRequest, EditResult, Error, ExecRequest, ExecResult, ExitStatus,
+    FileKind, FileStat, GrepMatch, GrepRequest, Limits, OutputRequest, Result, Runtime,
+    RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
 };
 
+use crate::background::Commands;
 use crate::client::{
     AioClient, AioError, BashExecRequest, BashOutputRequest, CommandStatus, Endpoint,
     FileGrepRequest,
@@ -271,11 +273,11 @@ fn refusal(code: &str, detail: &str, shown: &str) -> Error {
 }
 
 /// The end of a command run through `/v1/bash/exec` and `/v1/bash/output`.
-struct CommandOutput {
-    status: CommandStatus,
+pub(crate) struct CommandOutput {
+    pub(crate) status: CommandStatus,
     exit_code: Option<i32>,
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
+    pub(crate) stdout: Vec<u8>,
+    pub(crate) stderr: Vec<u8>,
     stdout_truncated: bool,
     stderr_truncated: bool,
     client_timed_out: bool,
@@ -294,7 +296,7 @@ fn append_capped(buf: &mut Vec<u8>, data: &str, cap: usize, truncated: &mut bool
 
 /// Runs `command` in a fresh session named `sb-<key>-<unique>` (or `sb-x-<unique>`), polls its
 /// output until it ends, and closes the session (which ends whatever it left running).
-async fn run_command(
+pub(crate) async fn run_command(
     client: &AioClient,
     key: Option<&ConversationKey>,
     command: &str,
@@ -392,7 +394,7 @@ async fn run_command(
 
 /// The most wrapper output a command with this output limit can give: both streams as base64
 /// (one byte past the limit each) and the marker lines.
-fn trailer_cap(limit: usize) -> usize {
+pub(crate) fn trailer_cap(limit: usize) -> usize {
     limit
         .saturating_add(1)
         .div_ceil(3)
@@ -569,6 +571,55 @@ impl AioSession {
         WorkspacePath::resolve(&self.ws, path)
     }
 
+    /// Checks a request and builds the wrapper's environment: the base environment, the
+    /// gateway's proxy variables with a token for this command, the caller's variables, then
+    /// `SB_WS`, `SB_CWD`, `SB_CMD` and `SB_STDIN` (base64) for [`scripts::EXEC`] and
+    /// [`scripts::SPAWN`].
+    async fn command_env(&self, request: &ExecRequest) -> Result<BTreeMap<String, String>> {
+        request.validate()?;
+        let cwd = match &request.cwd {
+            Some(c) => self.resolve(c)?,
+            None => WorkspacePath::root(),
+        };
+        if request.command.len() > MAX_COMMAND_BYTES {
+            return Err(Error::InvalidRequest(format!(
+                "the command is longer than {MAX_COMMAND_BYTES} bytes (the aio runtime's limit)"
+            )));
+        }
+        let mut env = sessionbox_core::base_environment(&self.ws);
+        if let Some(egress) = &self.runtime.egress {
+            // The policy in force now; a token for this command alone.
+            let (lookup, conv) = (egress.policy.clone(), self.conversation.clone());
+            let policy = tokio::task::spawn_blocking(move || lookup(&conv))
+                .await
+                .map_err(|e| Error::Backend(format!("the policy lookup failed: {e}")))??;
+            let ttl = request.timeout + TOKEN_MARGIN;
+            env.extend(egress.gateway.command_env(self.key.as_str(), &policy, ttl));
+        }
+        // The caller's own variables come last and win (as on the other runtimes).
+        env.extend(request.env.clone());
+        env.insert("SB_WS".into(), self.ws.clone());
+        env.insert("SB_CWD".into(), cwd.presented(&self.ws));
+        env.insert("SB_CMD".into(), request.command.clone());
+        if let Some(stdin) = &request.stdin {
+            if stdin.len() > MAX_STDIN_BYTES {
+                return Err(Error::InvalidRequest(format!(
+                    "stdin is longer than {MAX_STDIN_BYTES} bytes (the aio runtime's limit)"
+                )));
+            }
+            use base64::Engine as _;
+            env.insert(
+                "SB_STDIN".into(),
+                base64::engine::general_purpose::STANDARD.encode(stdin),
+            );
+        }
+        Ok(env)
+    }
+
+    fn background(&self) -> Commands<'_> {
+        Commands::new(&self.runtime.client, &self.runtime.root, self.key.as_str())
+    }
+
     /// Runs a check and returns its fields, or the refusal as an error naming `shown`.
     async fn check(
         &self,
@@ -698,43 +749,7 @@ impl Session for AioSession {
     }
 
     async fn exec(&self, request: ExecRequest) -> Result<ExecResult> {
-        request.validate()?;
-        let cwd = match &request.cwd {
-            Some(c) => self.resolve(c)?,
-            None => WorkspacePath::root(),
-        };
-        if request.command.len() > MAX_COMMAND_BYTES {
-            return Err(Error::InvalidRequest(format!(
-                "the command is longer than {MAX_COMMAND_BYTES} bytes (the aio runtime's limit)"
-            )));
-        }
-        let mut env = sessionbox_core::base_environment(&self.ws);
-        if let Some(egress) = &self.runtime.egress {
-            // The policy in force now; a token for this command alone.
-            let (lookup, conv) = (egress.policy.clone(), self.conversation.clone());
-            let policy = tokio::task::spawn_blocking(move || lookup(&conv))
-                .await
-                .map_err(|e| Error::Backend(format!("the policy lookup failed: {e}")))??;
-            let ttl = request.timeout + TOKEN_MARGIN;
-            env.extend(egress.gateway.command_env(self.key.as_str(), &policy, ttl));
-        }
-        // The caller's own variables come last and win (as on the other runtimes).
-        env.extend(request.env.clone());
-        env.insert("SB_WS".into(), self.ws.clone());
-        env.insert("SB_CWD".into(), cwd.presented(&self.ws));
-        env.insert("SB_CMD".into(), request.command.clone());
-        if let Some(stdin) = &request.stdin {
-            if stdin.len() > MAX_STDIN_BYTES {
-                return Err(Error::InvalidRequest(format!(
-                    "stdin is longer than {MAX_STDIN_BYTES} bytes (the aio runtime's limit)"
-                )));
-            }
-            use base64::Engine as _;
-            env.insert(
-                "SB_STDIN".into(),
-                base64::engine::general_purpose::STANDARD.encode(stdin),
-            );
-        }
+        let mut env = self.command_env(&request).await?;
         // The command's output goes to files in a directory of its own and comes back as
         // base64 (see scripts::EXEC): AIO's JSON text cannot carry bytes that are not UTF-8.
         let out_dir = format!(
@@ -1054,6 +1069,27 @@ impl Session for AioSession {
     async fn mkdir(&self, path: &str) -> Result<()> {
         let p = self.resolve(path)?;
         self.check("mkdir", &p, path, &[]).await.map(drop)
+    }
+
+    async fn spawn(&self, request: ExecRequest) -> Result<BackgroundCommand> {
+        let env = self.command_env(&request).await?;
+        self.background().spawn(env, &request).await
+    }
+
+    async fn commands(&self) -> Result<Vec<BackgroundCommand>> {
+        self.background().list().await
+    }
+
+    async fn command(&self, id: &str) -> Result<BackgroundCommand> {
+        self.background().get(id).await
+    }
+
+    async fn command_output(&self, id: &str, read: OutputRequest) -> Result<BackgroundOutput> {
+        self.background().output(id, read).await
+    }
+
+    async fn kill_command(&self, id: &str) -> Result<BackgroundCommand> {
+        self.background().kill(id).await
     }
 
     async fn close(self: Box<Self>) -> Result<()> {

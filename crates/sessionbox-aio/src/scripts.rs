@@ -4,6 +4,45 @@
 //! text), so no path or command needs quoting. Scripts answer on stdout with one line:
 //! `ok<TAB>fields...` or `err<TAB>code<TAB>detail`.
 
+/// Shell functions shared by the background-command scripts (see [`SPAWN`]):
+///
+/// - `sb_ticks PID`: the start time of a live, non-zombie process (field 22 of its stat line),
+///   which tells a recycled pid apart;
+/// - `sb_now`: milliseconds since the epoch;
+/// - `sb_state DIR`: sets `sb_st` to `running`, `ended` (then `sb_end` holds the end record) or
+///   `lost` (no end record and no live runner);
+/// - `sb_line DIR ID`: prints one command's status line,
+///   `C ID STARTED LIMIT STATE STDOUT_SIZE STDERR_SIZE BASE64(COMMAND) END`, tab-separated, with
+///   the state read before the sizes (so an ended state comes with final sizes).
+macro_rules! common {
+    () => {
+        r#"sb_ticks() { sb_s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; sb_r=${sb_s##*") "}; set -- $sb_r; [ "$1" = Z ] && return 1; [ $# -ge 20 ] || return 1; shift 19; printf '%s' "$1"; }
+sb_now() { date +%s%3N; }
+sb_state() {
+  sb_end=
+  if [ -f "$1/end" ]; then sb_st=ended; IFS= read -r sb_end < "$1/end"; return 0; fi
+  if [ -f "$1/runner" ]; then
+    read -r sb_rp sb_rt < "$1/runner"
+    if [ "$(sb_ticks "$sb_rp")" = "$sb_rt" ]; then sb_st=running; return 0; fi
+    if [ -f "$1/end" ]; then sb_st=ended; IFS= read -r sb_end < "$1/end"; return 0; fi
+    sb_st=lost; return 0
+  fi
+  read -r sb_t0 < "$1/started" 2>/dev/null || sb_t0=0
+  if [ $(( $(sb_now) - sb_t0 )) -lt 10000 ]; then sb_st=running; else sb_st=lost; fi
+}
+sb_size() { if [ -f "$1" ]; then stat -c %s -- "$1"; else printf '0\n'; fi; }
+sb_line() {
+  sb_state "$1"
+  read -r sb_t0 < "$1/started" 2>/dev/null || sb_t0=0
+  read -r sb_l < "$1/limit" 2>/dev/null || sb_l=0
+  sb_o=$(sb_size "$1/o"); sb_e=$(sb_size "$1/e")
+  sb_c=$(base64 -w 0 < "$1/cmd" 2>/dev/null)
+  printf 'C\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$2" "$sb_t0" "$sb_l" "$sb_st" "$sb_o" "$sb_e" "$sb_c" "$sb_end"
+}
+"#
+    };
+}
+
 /// Creates the conversations root and the workspace (mode 0700), refusing a workspace that is a
 /// symbolic link. Env: `SB_ROOT`, `SB_WS`.
 pub const OPEN: &str = r#"set -u
@@ -156,11 +195,31 @@ remove)
 *) fail invalid "unknown operation" ;;
 esac"#;
 
-/// Kills every process whose working directory is inside `SB_WS` (then removes the workspace,
-/// and any output directories its commands left in [`EXEC_OUTPUT_DIR`], when `SB_REMOVE=1`). Prints `ok KILLED REMOVED`. `SB_WS` is always `<root>/<64 hex digits>`.
-pub const DESTROY: &str = r#"set -u
+/// Kills every process whose working directory is inside `SB_WS` and every background command
+/// of the conversation (its runner's and its command's process groups, recorded in
+/// [`COMMANDS_DIR`]), without waiting for them to record an end; then, when `SB_REMOVE=1`,
+/// removes the workspace, the commands' directory and any output directories its commands left
+/// in [`EXEC_OUTPUT_DIR`]. Prints `ok KILLED REMOVED`. `SB_WS` is always
+/// `<root>/<64 hex digits>`.
+pub const DESTROY: &str = concat!(
+    common!(),
+    r#"set -u
 W=$(realpath -m -- "$SB_WS")
 killed=0
+C="${SB_WS%/*}/.sessionbox-commands/${SB_WS##*/}"
+if [ -d "$C" ]; then
+  for x in "$C"/*/; do
+    x=${x%/}
+    [ -d "$x" ] || continue
+    if [ -f "$x/runner" ] && read -r rp rt < "$x/runner" && [ "$(sb_ticks "$rp")" = "$rt" ]; then
+      kill -s KILL -- "-$rp" 2>/dev/null && killed=$((killed+1))
+    fi
+    if [ ! -f "$x/end" ] && [ -f "$x/pid" ] && read -r p < "$x/pid"; then
+      kill -s KILL -- "-$p" 2>/dev/null && killed=$((killed+1))
+    fi
+  done
+  [ "${SB_REMOVE-}" = 1 ] && rm -rf -- "$C" 2>/dev/null
+fi
 for i in 1 2 3 4 5; do
   found=0
   for d in /proc/[0-9]*; do
@@ -178,7 +237,8 @@ if [ "${SB_REMOVE-}" = 1 ] && { [ -e "$SB_WS" ] || [ -L "$SB_WS" ]; }; then
   rm -rf -- "${SB_WS%/*}/.sessionbox-exec/${SB_WS##*/}".* 2>/dev/null
   [ -e "$SB_WS" ] && { printf 'err\tio\tcannot remove the workspace\n'; exit 0; }
 fi
-printf 'ok\t%s\t%s\n' "$killed" "$removed""#;
+printf 'ok\t%s\t%s\n' "$killed" "$removed""#
+);
 
 /// Lists the workspaces under `SB_ROOT` (`D NAME`) and the processes whose working directory
 /// is inside one (`P PID NAME`).
@@ -192,3 +252,188 @@ for d in /proc/[0-9]*; do
   c=$(readlink "$d/cwd" 2>/dev/null) || continue
   case "$c/" in "$R"/*) k=${c#"$R"/}; printf 'P\t%s\t%s\n' "$pid" "${k%%/*}" ;; esac
 done"#;
+
+/// Directory, beside the workspaces under the conversations root, holding the background
+/// commands: `<root>/.sessionbox-commands/<key>/<id>/` (each 0700), one directory per command:
+///
+/// - `cmd`: the command text; `started`: the start time (ms since the epoch, the container's
+///   clock); `limit`: the output limit in bytes; `in`: its stdin, when it has one;
+/// - `o`, `e`: its stdout and stderr, at most one byte past the limit each (a pipe into
+///   `dd iflag=count_bytes` keeps them, each read written at once, then `cat` drains and
+///   discards the rest, so a chatty command cannot fill the container's disk; the extra byte
+///   tells "cut" from "exactly full"); `o.fifo`, `e.fifo`: those pipes, while it runs;
+/// - `pid`: the command's pid, which is its process group (it runs under `setsid`);
+/// - `runner`: `PID STARTTIME` of the detached shell that waits for it ([`RUNNER`]);
+/// - `killed`, `timedout`: markers written before the kill that they name;
+/// - `end`: `code N|signal N FINISHED_MS TIMED_OUT KILLED`, written once, atomically (a
+///   temporary file, then a rename) after both output pipes are drained.
+///
+/// Everything lives in the container, so a restarted `serve` (a new runtime) finds it all.
+pub const COMMANDS_DIR: &str = ".sessionbox-commands";
+
+/// The detached runner of one background command, started by [`SPAWN`] under `setsid` (a
+/// session of its own, so closing the AIO bash session that started it does not end it). It
+/// starts the two output pipes, runs `/bin/sh -c "$SB_CMD"` in a process group of its own (so a
+/// kill of that group leaves the runner alive to record the end), enforces the timeout with a
+/// watchdog, kills what the command left in its group when it ends, waits for the pipes and
+/// writes `end`. Env (from [`SPAWN`]): `SB_D`, `SB_RCWD`, `SB_CMD`, `SB_LIMIT` (the limit plus
+/// one), `SB_TIMEOUT` (seconds), and the command's own environment.
+pub const RUNNER: &str = concat!(
+    common!(),
+    r#"d=$SB_D
+sb_cmd=$SB_CMD; sb_l=$SB_LIMIT; sb_to=$SB_TIMEOUT; sb_cwd=$SB_RCWD
+unset SB_D SB_CMD SB_LIMIT SB_TIMEOUT SB_RCWD SB_RUNNER SB_WS SB_CWD SB_STDIN SB_CMDS SB_ID SB_MAX_RUNNING SB_KEEP SB_OUTPUT_LIMIT
+sb_t=$(sb_ticks $$)
+{ dd bs=65536 iflag=count_bytes count="$sb_l" status=none > "$d/o"; cat > /dev/null; } < "$d/o.fifo" &
+fo=$!
+{ dd bs=65536 iflag=count_bytes count="$sb_l" status=none > "$d/e"; cat > /dev/null; } < "$d/e.fifo" &
+fe=$!
+if [ -f "$d/in" ]; then sb_in="$d/in"; else sb_in=/dev/null; fi
+cd -- "$sb_cwd" 2>/dev/null || cd /
+setsid /bin/sh -c "$sb_cmd" < "$sb_in" > "$d/o.fifo" 2> "$d/e.fifo" &
+p=$!
+printf '%s\n' "$p" > "$d/pid.tmp" && mv -f -- "$d/pid.tmp" "$d/pid"
+printf '%s %s\n' "$$" "$sb_t" > "$d/runner.tmp" && mv -f -- "$d/runner.tmp" "$d/runner"
+( sleep "$sb_to" & s=$!; trap 'kill "$s" 2>/dev/null; exit 0' TERM; wait "$s"; : > "$d/timedout"; kill -s KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null ) </dev/null >/dev/null 2>&1 &
+w=$!
+wait "$p"; rc=$?
+kill "$w" 2>/dev/null
+kill -s KILL -- "-$p" 2>/dev/null
+wait "$fo" "$fe"
+fin=$(sb_now)
+if [ -f "$d/timedout" ]; then to=1; else to=0; fi
+if [ -f "$d/killed" ]; then k=1; else k=0; fi
+if [ "$rc" -gt 128 ] && [ "$rc" -le 192 ]; then kind=signal; v=$((rc - 128)); else kind=code; v=$rc; fi
+printf '%s %s %s %s %s\n' "$kind" "$v" "$fin" "$to" "$k" > "$d/end.tmp" && mv -f -- "$d/end.tmp" "$d/end"
+rm -f -- "$d/o.fifo" "$d/e.fifo""#
+);
+
+/// Starts a background command: checks the workspace and the working directory as [`EXEC`]
+/// does, then, under an exclusive lock on the conversation's commands directory, counts the
+/// running commands (refusing at `SB_MAX_RUNNING`), removes the oldest ended ones past
+/// `SB_KEEP`, makes the command's directory `SB_CMDS/SB_ID` (0700), and starts [`RUNNER`]
+/// detached; answers once the runner has recorded itself: `ok STARTED_MS`, or
+/// `err CODE DETAIL` (`busy`, `not_found`, `cwd_missing`, `outside`, `io`). Env: `SB_WS`,
+/// `SB_CWD`, `SB_CMD`, `SB_CMDS`, `SB_ID`, `SB_MAX_RUNNING`, `SB_KEEP`, `SB_OUTPUT_LIMIT`,
+/// `SB_LIMIT`, `SB_TIMEOUT`, `SB_RUNNER`, optionally `SB_STDIN` (base64).
+pub const SPAWN: &str = concat!(
+    common!(),
+    r#"set -u
+fail() { printf 'err\t%s\t%s\n' "$1" "$2"; exit 0; }
+sb_w=$(realpath -e -- "$SB_WS" 2>/dev/null) || fail not_found "the workspace no longer exists"
+cd -P -- "$SB_CWD" 2>/dev/null || fail cwd_missing "no such directory"
+sb_cwd=$(pwd -P)
+case "$sb_cwd/" in "$sb_w"/*) ;; *) fail outside "a symbolic link leads out of the workspace";; esac
+cd /
+C=$SB_CMDS
+mkdir -p -- "${C%/*}" 2>/dev/null && chmod 700 -- "${C%/*}" 2>/dev/null
+mkdir -m 700 -- "$C" 2>/dev/null || [ -d "$C" ] || fail io "cannot create the commands directory"
+exec 9> "$C/.lock" || fail io "cannot open the commands lock"
+if command -v flock >/dev/null 2>&1; then flock 9 || fail io "cannot lock the commands directory"; fi
+running=0
+for x in "$C"/*/; do
+  x=${x%/}
+  [ -d "$x" ] || continue
+  sb_state "$x"
+  [ "$sb_st" = running ] && running=$((running + 1))
+done
+[ "$running" -ge "$SB_MAX_RUNNING" ] && fail busy "$running"
+for x in "$C"/*/; do
+  x=${x%/}
+  [ -d "$x" ] || continue
+  sb_state "$x"
+  [ "$sb_st" = running ] && continue
+  read -r t < "$x/started" 2>/dev/null || t=0
+  printf '%s %s\n' "$t" "$x"
+done | sort -n | head -n "-$((SB_KEEP - 1))" | while read -r t x; do rm -rf -- "$x"; done
+D="$C/$SB_ID"
+mkdir -m 700 -- "$D" 2>/dev/null || fail io "cannot create the command's directory"
+printf '%s' "$SB_CMD" > "$D/cmd" || fail io "cannot write the command"
+printf '%s\n' "$SB_OUTPUT_LIMIT" > "$D/limit"
+if [ -n "${SB_STDIN+1}" ]; then printf '%s' "$SB_STDIN" | base64 -d > "$D/in" || fail io "cannot write stdin"; fi
+mkfifo -m 600 -- "$D/o.fifo" "$D/e.fifo" || fail io "cannot create the output pipes"
+printf '%s\n' "$(sb_now)" > "$D/started"
+SB_D=$D SB_RCWD=$sb_cwd setsid /bin/sh -c "$SB_RUNNER" sb-runner </dev/null >/dev/null 2>"$D/runner.log" 9>&- &
+i=0
+while [ ! -f "$D/runner" ] && [ "$i" -lt 500 ]; do sleep 0.01; i=$((i + 1)); done
+[ -f "$D/runner" ] || fail io "the command's runner did not start"
+read -r t0 < "$D/started"
+printf 'ok\t%s\n' "$t0""#
+);
+
+/// Prints the status line (see the `common` functions) of every background command in
+/// `SB_CMDS`, or of `SB_CMDS/SB_ID` alone when `SB_ID` is set (`sessionbox-aio:gone` when it
+/// does not exist).
+pub const STATUS: &str = concat!(
+    common!(),
+    r#"if [ -n "${SB_ID-}" ]; then
+  [ -f "$SB_CMDS/$SB_ID/started" ] || { printf 'sessionbox-aio:gone\n'; exit 0; }
+  sb_line "$SB_CMDS/$SB_ID" "$SB_ID"
+  exit 0
+fi
+[ -d "$SB_CMDS" ] || exit 0
+for x in "$SB_CMDS"/*/; do
+  x=${x%/}
+  [ -f "$x/started" ] || continue
+  sb_line "$x" "${x##*/}"
+done"#
+);
+
+/// Reads a background command's output from the offsets `SB_OF` (stdout) and `SB_EF` (stderr):
+/// when there is nothing past both and it still runs, polls every 50 ms for up to `SB_WAIT_MS`.
+/// Prints its status line, then at most `SB_MAX` bytes of each stream from its offset (never
+/// past the limit) as base64 on a line each, then `sessionbox-aio:end`;
+/// `sessionbox-aio:gone` when the command does not exist. Env: `SB_D`, `SB_ID`, `SB_OF`,
+/// `SB_EF`, `SB_MAX`, `SB_WAIT_MS`.
+pub const OUTPUT: &str = concat!(
+    common!(),
+    r#"[ -f "$SB_D/started" ] || { printf 'sessionbox-aio:gone\n'; exit 0; }
+read -r l < "$SB_D/limit"
+dl=$(( $(sb_now) + SB_WAIT_MS ))
+while :; do
+  sb_state "$SB_D"
+  [ "$sb_st" != running ] && break
+  o=$(sb_size "$SB_D/o"); e=$(sb_size "$SB_D/e")
+  [ "$o" -gt "$l" ] && o=$l
+  [ "$e" -gt "$l" ] && e=$l
+  [ "$o" -ne "$SB_OF" ] || [ "$e" -ne "$SB_EF" ] && break
+  [ "$(sb_now)" -ge "$dl" ] && break
+  sleep 0.05
+done
+sb_line "$SB_D" "$SB_ID"
+piece() {
+  v=$2; [ "$v" -gt "$sb_l" ] && v=$sb_l
+  n=$((v - $3)); [ "$n" -gt "$SB_MAX" ] && n=$SB_MAX
+  [ "$n" -gt 0 ] && tail -c +"$(($3 + 1))" -- "$SB_D/$1" | head -c "$n" | base64 -w 0
+  printf '\n'
+}
+piece o "$sb_o" "$SB_OF"
+piece e "$sb_e" "$SB_EF"
+printf 'sessionbox-aio:end\n'"#
+);
+
+/// Kills a running background command: writes `killed`, sends `SIGKILL` to its process group
+/// (the runner, in a group of its own, lives on to record the end) and waits up to
+/// `SB_KILL_WAIT_MS` for the end record; a command that has ended is left as it is. Prints its
+/// status line as [`STATUS`] does. Env: `SB_D`, `SB_ID`, `SB_KILL_WAIT_MS`.
+pub const KILL: &str = concat!(
+    common!(),
+    r#"[ -f "$SB_D/started" ] || { printf 'sessionbox-aio:gone\n'; exit 0; }
+sb_state "$SB_D"
+if [ "$sb_st" = running ]; then
+  : > "$SB_D/killed"
+  i=0
+  while [ ! -f "$SB_D/pid" ] && [ "$i" -lt 200 ]; do sleep 0.01; i=$((i + 1)); done
+  if read -r p < "$SB_D/pid" 2>/dev/null; then
+    kill -s KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null
+  fi
+  dl=$(( $(sb_now) + SB_KILL_WAIT_MS ))
+  while :; do
+    sb_state "$SB_D"
+    [ "$sb_st" = running ] || break
+    [ "$(sb_now)" -ge "$dl" ] && break
+    sleep 0.02
+  done
+fi
+sb_line "$SB_D" "$SB_ID""#
+);

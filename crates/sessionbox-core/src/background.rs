@@ -242,8 +242,8 @@ pub fn background_unsupported(runtime: &str) -> Error {
     Error::RuntimeUnavailable {
         runtime: runtime.to_owned(),
         reason: "this runtime cannot run background commands".into(),
-        hint: "run the command in the foreground, or use the isolated, host or opensandbox \
-               runtime"
+        hint: "run the command in the foreground, or use the isolated, host, aio or \
+               opensandbox runtime"
             .into(),
     }
 }

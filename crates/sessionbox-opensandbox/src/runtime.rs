@@ -21,8 +21,10 @@
 //! timeout ([`Runtime::stop_idle`]); the next open resumes it, files intact. A paused sandbox
 //! keeps its memory on the server but no CPU, stays in the store's map (so it is neither an
 //! orphan nor dangling), and still expires at its `timeout` like a running one. A sandbox with
-//! a command or file operation running through this process (a background command of
-//! `serve`, say) is not paused: [`Runtime::stop_idle`] answers [`Error::Busy`].
+//! a command or file operation running through this process, or whose agent runs a background
+//! command (the agent is asked, `GET /sessionbox/v1/commands`, before each pause), is not
+//! paused: [`Runtime::stop_idle`] answers [`Error::Busy`] and [`Runtime::can_stop_idle`]
+//! `false`.
 //!
 //! Network ([`EgressOptions`]): by default a sandbox's network is whatever the server's
 //! container network gives it, and sessionbox's policy does not bind it. With
@@ -632,6 +634,24 @@ impl OpenSandboxRuntime {
         self.renew(key, &id).await
     }
 
+    /// How many background commands the agent of the running sandbox `id` runs now (its
+    /// `GET /sessionbox/v1/commands`), `None` for none. Garbage collection asks before it
+    /// pauses a sandbox: the commands are owned by the agent, not by this process, so only
+    /// the agent knows.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when the agent cannot be reached or answers badly.
+    async fn running_background(&self, id: &str) -> Result<Option<usize>> {
+        let client = self.connect(id).await?;
+        let commands = client.background_commands().await.map_err(|e| {
+            Error::Backend(format!(
+                "cannot ask the agent of sandbox {id} whether a background command runs: {e}"
+            ))
+        })?;
+        let n = commands.iter().filter(|c| c.running).count();
+        Ok((n > 0).then_some(n))
+    }
+
     async fn connect(&self, id: &str) -> Result<ExecdClient> {
         let endpoint = self
             .client
@@ -744,13 +764,15 @@ impl Runtime for OpenSandboxRuntime {
             .collect())
     }
 
-    /// Pauses the conversation's sandbox when the server says it is running; the next
-    /// [`Runtime::open`] resumes it. `false` for no sandbox, one gone, or one not running
-    /// (already paused, pausing, resuming, starting).
+    /// Pauses the conversation's sandbox when the server says it is running and its agent has
+    /// no background command running; the next [`Runtime::open`] resumes it. `false` for no
+    /// sandbox, one gone, or one not running (already paused, pausing, resuming, starting).
     ///
     /// # Errors
     /// [`Error::Busy`] while a command or file operation of the conversation runs through
-    /// this process; lifecycle failures otherwise (the server unreachable:
+    /// this process, or while the sandbox's agent runs a background command (it is asked
+    /// first: a pause would freeze the command); the agent's error when it cannot be asked;
+    /// lifecycle failures otherwise (the server unreachable:
     /// [`Error::RuntimeUnavailable`]; a refused pause: [`Error::Backend`] with the server's
     /// words).
     async fn stop_idle(&self, key: &ConversationKey) -> Result<bool> {
@@ -762,6 +784,11 @@ impl Runtime for OpenSandboxRuntime {
         let Some(id) = self.running_sandbox(key).await? else {
             return Ok(false);
         };
+        if let Some(n) = self.running_background(&id).await? {
+            return Err(Error::Busy(format!(
+                "{n} background command(s) run in its sandbox; left running"
+            )));
+        }
         match self.client.pause(&id).await {
             Ok(()) => {
                 tracing::debug!(sandbox = %id, "paused an idle sandbox");
@@ -784,7 +811,10 @@ impl Runtime for OpenSandboxRuntime {
         if self.in_use.any(key) {
             return Ok(false);
         }
-        Ok(self.running_sandbox(key).await?.is_some())
+        let Some(id) = self.running_sandbox(key).await? else {
+            return Ok(false);
+        };
+        Ok(self.running_background(&id).await?.is_none())
     }
 }
 
