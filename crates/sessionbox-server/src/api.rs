@@ -183,6 +183,9 @@ pub(crate) struct Opened {
     pub(crate) conv: Conversation,
     /// True when this request created the conversation.
     created: bool,
+    /// When this request created it because the last one of its id expired: when that one
+    /// expired.
+    previous_expired_at: Option<DateTime<Utc>>,
     touched: Instant,
     sessions: Arc<crate::sessions::Sessions>,
     /// The conversation held across processes and replicas (see `AppState::hold`).
@@ -192,13 +195,16 @@ pub(crate) struct Opened {
     /// The hash of the network policy in force when the session was opened (`None`: the
     /// profile `none`).
     policy: Option<String>,
-    /// When this request created it because the last one of its id expired: when that one
-    /// expired.
-    previous_expired_at: Option<DateTime<Utc>>,
     _turn: Turn,
 }
 
 impl Opened {
+    /// When this request made the conversation anew because the last one of its id expired:
+    /// when that one expired (its files are gone). See [`notify_expired`].
+    pub(crate) fn previous_expired_at(&self) -> Option<DateTime<Utc>> {
+        self.previous_expired_at
+    }
+
     /// The session alone: the turn and the cross-process hold end here, so a long wait on the
     /// session (following a background command) does not hold up the conversation's other
     /// requests. The caller closes the session.
@@ -208,12 +214,6 @@ impl Opened {
 
     /// Keeps the session for the conversation's next request (closing one that the cache lets
     /// go), then ends the turn.
-    /// When this request made the conversation anew because the last one of its id expired:
-    /// when that one expired (its files are gone). See [`notify_expired`].
-    pub(crate) fn previous_expired_at(&self) -> Option<DateTime<Utc>> {
-        self.previous_expired_at
-    }
-
     pub(crate) async fn done(self) {
         let Opened {
             conv,
@@ -334,6 +334,7 @@ impl AppState {
                     return Ok(Opened {
                         conv: c.conv,
                         created: false,
+                        previous_expired_at: None,
                         touched,
                         sessions: self.sessions.clone(),
                         _held: held,
@@ -343,7 +344,6 @@ impl AppState {
                     });
                 }
                 Ok(None) => crate::sessions::close_all(vec![c.conv]).await,
-                        previous_expired_at: None,
                 Err(e) => {
                     crate::sessions::close_all(vec![c.conv]).await;
                     return Err(e);
@@ -366,6 +366,7 @@ impl AppState {
         let opened = self.manager.open(conv).await?;
         Ok(Opened {
             created: opened.created(),
+            previous_expired_at: opened.previous_expired().map(|n| n.expired_at),
             conv: opened,
             touched: Instant::now(),
             sessions: self.sessions.clone(),
@@ -375,7 +376,6 @@ impl AppState {
             _turn: turn,
         })
     }
-            previous_expired_at: opened.previous_expired().map(|n| n.expired_at),
 
     /// Audits one API call and turns its result into the response.
     pub(crate) async fn finish(
@@ -414,15 +414,6 @@ impl AppState {
     }
 }
 
-fn conversation_not_found(conv: &ConversationRef) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        "not_found",
-        format!("conversation {:?} does not exist", conv.id.as_str()),
-    )
-}
-
-/// Runs `body` and audits it as `operation` on conversation `id` (when the id is valid).
 /// The response header that tells a caller its request made the conversation anew because the
 /// last one of its id expired (its files are gone): when that one expired, in RFC 3339.
 pub(crate) const PREVIOUS_EXPIRED_HEADER: &str = "sessionbox-previous-expired-at";
@@ -438,14 +429,14 @@ pub(crate) fn notify_expired(mut r: Response, at: Option<DateTime<Utc>>) -> Resp
     r
 }
 
-macro_rules! audited {
-    ($state:expr, $p:expr, $op:literal, $id:expr, |$conv:ident| $body:expr) => {{
-        let started = Instant::now();
-        let conv = $state.conversation(&$p, &$id);
-        let key = conv.as_ref().ok().map(|c| c.key.clone());
-        let result: Result<Response, ApiError> = async {
-            let $conv = conv?;
-            $body
+fn conversation_not_found(conv: &ConversationRef) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("conversation {:?} does not exist", conv.id.as_str()),
+    )
+}
+
 /// 404 for a conversation past its expiry, read by a request that does not create.
 fn conversation_expired(conv: &ConversationRef, r: &ConversationRecord) -> ApiError {
     ApiError::new(
@@ -462,6 +453,15 @@ fn conversation_expired(conv: &ConversationRef, r: &ConversationRecord) -> ApiEr
     )
 }
 
+/// Runs `body` and audits it as `operation` on conversation `id` (when the id is valid).
+macro_rules! audited {
+    ($state:expr, $p:expr, $op:literal, $id:expr, |$conv:ident| $body:expr) => {{
+        let started = Instant::now();
+        let conv = $state.conversation(&$p, &$id);
+        let key = conv.as_ref().ok().map(|c| c.key.clone());
+        let result: Result<Response, ApiError> = async {
+            let $conv = conv?;
+            $body
         }
         .await;
         $state.finish(&$p, $op, key, started, result).await
@@ -512,6 +512,9 @@ pub(crate) async fn readyz(State(s): State<AppState>) -> Response {
 #[schema(as = Conversation)]
 pub(crate) struct ConversationView {
     id: String,
+    /// `active`, `expired` (past its expiry: its files are gone at its next use or garbage
+    /// collection, whichever comes first; the next use makes a new conversation) or
+    /// `destroying`.
     state: String,
     runtime: String,
     created_at: DateTime<Utc>,
@@ -521,9 +524,6 @@ pub(crate) struct ConversationView {
     /// only; absent in lists).
     #[serde(skip_serializing_if = "Option::is_none")]
     usage: Option<UsageView>,
-    /// `active`, `expired` (past its expiry: its files are gone at its next use or garbage
-    /// collection, whichever comes first; the next use makes a new conversation) or
-    /// `destroying`.
 }
 
 /// Operations run on a conversation since its creation, from the audit log.
@@ -541,6 +541,7 @@ pub(crate) struct UsageView {
 impl From<ConversationRecord> for ConversationView {
     fn from(r: ConversationRecord) -> Self {
         ConversationView {
+            state: r.status(Utc::now()).to_owned(),
             id: r.conversation_id.into(),
             runtime: r.runtime,
             created_at: r.created_at,
@@ -549,7 +550,6 @@ impl From<ConversationRecord> for ConversationView {
             usage: None,
         }
     }
-            state: r.status(Utc::now()).to_owned(),
 }
 
 /// A page of conversations.
@@ -666,6 +666,10 @@ pub(crate) async fn get_conversation(
 pub(crate) struct OpenedView {
     /// True when this call created the conversation (status 201), false when it existed (200).
     created: bool,
+    /// Set when this call created the conversation because the last one of its id expired:
+    /// when that one expired. Its files are gone; this one starts empty.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    previous_expired_at: Option<DateTime<Utc>>,
     /// The workspace root as the conversation's commands see it (`/workspace` on the isolated
     /// runtime; a host directory on the host runtime). Paths may be given relative to it.
     workspace_root: String,
@@ -675,10 +679,6 @@ pub(crate) struct OpenedView {
     conversation: ConversationView,
 }
 
-    /// Set when this call created the conversation because the last one of its id expired:
-    /// when that one expired. Its files are gone; this one starts empty.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    previous_expired_at: Option<DateTime<Utc>>,
 /// Opens a conversation, creating it (workspace and sandbox) when it does not exist: 201 when
 /// created, 200 when it existed. Idempotent; concurrent first calls create it once.
 #[utoipa::path(post, path = "/v1/conversations/{id}", tag = "conversations", params(("id" = String, Path, description = "conversation id")),
@@ -694,6 +694,7 @@ pub(crate) async fn open_conversation(
     audited!(s, p, "open", id, |conv| {
         let o = s.open(&conv, true).await?;
         let created = o.created;
+        let previous_expired_at = o.previous_expired_at();
         let workspace_root = o.conv.workspace_root().to_owned();
         o.done().await;
         let record = s
@@ -703,11 +704,11 @@ pub(crate) async fn open_conversation(
         let status = if created {
             StatusCode::CREATED
         } else {
-        let previous_expired_at = o.previous_expired_at();
             StatusCode::OK
         };
         let view = OpenedView {
             created,
+            previous_expired_at,
             workspace_root,
             key: conv.key.to_string(),
             conversation: record.into(),
@@ -720,7 +721,6 @@ pub(crate) async fn open_conversation(
 }
 
 /// Destroys a conversation: processes, sandbox, workspace, record. 204 also when absent.
-            previous_expired_at,
 #[utoipa::path(delete, path = "/v1/conversations/{id}", tag = "conversations", params(("id" = String, Path, description = "conversation id")),
     responses((status = 204, description = "destroyed, or was absent"), (status = 400, description = "invalid input", body = ErrorBody),
               (status = 401, description = "no valid API key", body = ErrorBody),
@@ -798,6 +798,10 @@ pub(crate) struct ExecView {
     stderr_truncated: bool,
     timed_out: bool,
     duration_ms: u64,
+    /// Set when this request created the conversation because the last one of its id expired:
+    /// when that one expired. Its files are gone; this one started empty.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    previous_expired_at: Option<DateTime<Utc>>,
 }
 
 fn text_and_base64(bytes: Vec<u8>) -> (String, Option<String>) {
@@ -807,10 +811,6 @@ fn text_and_base64(bytes: Vec<u8>) -> (String, Option<String>) {
             let b = e.into_bytes();
             (
                 String::from_utf8_lossy(&b).into_owned(),
-    /// Set when this request created the conversation because the last one of its id expired:
-    /// when that one expired. Its files are gone; this one started empty.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    previous_expired_at: Option<DateTime<Utc>>,
                 Some(BASE64.encode(&b)),
             )
         }
@@ -884,6 +884,7 @@ pub(crate) async fn exec(
     audited!(s, p, "exec", id, |conv| {
         let req = exec_request(&s, &conv, body)?;
         let o = s.open(&conv, true).await?;
+        let previous_expired_at = o.previous_expired_at();
         if background {
             s.metrics.execs.with_label_values(&["background"]).inc();
             // The runtime owns the command from here; it does not hold the conversation's turn.
@@ -896,7 +897,6 @@ pub(crate) async fn exec(
                 previous_expired_at,
             ));
         }
-        let previous_expired_at = o.previous_expired_at();
         if stream {
             s.metrics.execs.with_label_values(&["stream"]).inc();
             return Ok(notify_expired(
@@ -921,8 +921,10 @@ pub(crate) async fn exec(
             stderr_truncated: r.stderr_truncated,
             timed_out: r.timed_out,
             duration_ms: u64::try_from(r.duration.as_millis()).unwrap_or(u64::MAX),
+            previous_expired_at,
         })
         .into_response())
+        .map(|r| notify_expired(r, previous_expired_at))
     })
 }
 
@@ -930,10 +932,8 @@ pub(crate) async fn exec(
 fn wants_event_stream(headers: &HeaderMap) -> bool {
     headers
         .get_all(header::ACCEPT)
-            previous_expired_at,
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .map(|r| notify_expired(r, previous_expired_at))
         .flat_map(|v| v.split(','))
         .any(|m| {
             m.split(';')
@@ -1479,6 +1479,7 @@ pub(crate) async fn write_file(
     audited!(s, p, "write", id, |conv| {
         s.manager.check_path(&conv, &path)?;
         let o = s.open(&conv, true).await?;
+        let previous_expired_at = o.previous_expired_at();
         let r = o.conv.write(&path, &body).await;
         o.done().await;
         r?;
@@ -1486,7 +1487,6 @@ pub(crate) async fn write_file(
             StatusCode::NO_CONTENT.into_response(),
             previous_expired_at,
         ))
-        let previous_expired_at = o.previous_expired_at();
     })
 }
 
@@ -1597,11 +1597,11 @@ pub(crate) async fn upload_files(
             s.manager.check_path(&conv, path)?;
         }
         let o = s.open(&conv, true).await?;
+        let previous_expired_at = o.previous_expired_at();
         let mut written = Vec::with_capacity(files.len());
         let mut failed = None;
         for (path, data) in files {
             if let Err(e) = o.conv.write(&path, &data).await {
-        let previous_expired_at = o.previous_expired_at();
                 failed = Some(e);
                 break;
             }
@@ -1726,6 +1726,7 @@ pub(crate) async fn mkdir(
     audited!(s, p, "mkdir", id, |conv| {
         s.manager.check_path(&conv, &b.path)?;
         let o = s.open(&conv, true).await?;
+        let previous_expired_at = o.previous_expired_at();
         let r = o.conv.mkdir(&b.path).await;
         o.done().await;
         r?;
@@ -1748,7 +1749,6 @@ pub(crate) struct PathQuery {
     params(("id" = String, Path, description = "conversation id"), ("path" = Option<String>, Query, description = "default the workspace root")),
     responses((status = 200, body = LsView), (status = 400, description = "invalid input", body = ErrorBody),
               (status = 401, description = "no valid API key", body = ErrorBody),
-        let previous_expired_at = o.previous_expired_at();
               (status = 403, description = "path outside the workspace", body = ErrorBody),
               (status = 404, description = "no such conversation or file", body = ErrorBody),
               (status = 409, description = "conflict", body = ErrorBody),

@@ -507,7 +507,7 @@ impl Tools {
     async fn skill(s: &AppState, conv: &ConversationRef, a: SkillArgs) -> Result<String, Error> {
         match a.name {
             None => {
-                let skills = crate::skills::list(s, &conv.tenant).await?;
+                let skills = crate::skills::list_for(s, conv).await?;
                 if skills.is_empty() {
                     return Ok("No skills are available.".to_owned());
                 }

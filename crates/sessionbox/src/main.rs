@@ -561,13 +561,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Some(id) => Some(ConversationRef::new(tenant.clone(), id.parse()?)),
         None => None,
     };
-    let prepared = match &conversation {
-        Some(conv) if !matches!(cli.command, Command::Destroy { .. } | Command::Mcp { .. }) => {
-            let root = match kind {
-                RuntimeKind::Isolated => sessionbox_local::isolated::WORKSPACE.to_owned(),
-                RuntimeKind::Opensandbox => sessionbox_opensandbox::runtime::WORKSPACE.to_owned(),
-                RuntimeKind::Host => HostRuntime::workspace_path(&data_dir, &conv.key)
-                    .to_string_lossy()
     // An existing conversation keeps the runtime that created it: without `--runtime` (or
     // SESSIONBOX_RUNTIME) its record names the runtime, whatever the configured default; a
     // runtime given explicitly that differs is refused by the store. The store is opened here
@@ -589,6 +582,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         early_store = Some(store);
     }
+    let prepared = match &conversation {
+        Some(conv) if !matches!(cli.command, Command::Destroy { .. } | Command::Mcp { .. }) => {
+            let root = match kind {
+                RuntimeKind::Isolated => sessionbox_local::isolated::WORKSPACE.to_owned(),
+                RuntimeKind::Opensandbox => sessionbox_opensandbox::runtime::WORKSPACE.to_owned(),
+                RuntimeKind::Host => HostRuntime::workspace_path(&data_dir, &conv.key)
+                    .to_string_lossy()
                     .into_owned(),
                 RuntimeKind::Aio => aio_runtime(&cli, &file)?.presented_root(&conv.key),
             };
@@ -715,12 +715,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             sessionbox_server::serve_stdio(state, conv).await?;
             Ok(ExitCode::SUCCESS)
         }
-            for k in &catalog.skipped {
-                eprintln!("warning: skill {} is left out: {}", k.name(), k.error);
-            }
         Command::Doctor | Command::Agent { .. } => unreachable!("handled before the runtime"),
         Command::Skills { name } => {
             let catalog = ctx.manager.skill_catalog(&ctx.tenant).await?;
+            for k in &catalog.skipped {
+                eprintln!("warning: skill {} is left out: {}", k.name(), k.error);
+            }
             match name {
                 None => {
                     for s in &catalog.skills {
@@ -1015,6 +1015,9 @@ async fn session_command(
             "conversation {} does not exist in tenant {}; exec, write or mkdir create one",
             conv.id, conv.tenant
         ))
+        .into());
+    }
+    let session = ctx.manager.open(conv).await?;
     if let Some(n) = session.previous_expired() {
         eprintln!(
             "sessionbox: conversation {} expired at {} and its files are gone; this is a new, \
@@ -1024,9 +1027,6 @@ async fn session_command(
                 .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
         );
     }
-        .into());
-    }
-    let session = ctx.manager.open(conv).await?;
     if session.state_lost() {
         eprintln!(
             "warning: the sandbox of conversation {} had vanished (expired or deleted \
@@ -1260,6 +1260,8 @@ fn print_conversations(
 ) -> anyhow::Result<()> {
     let t = |d: chrono::DateTime<chrono::Utc>| d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let secs = |d: Option<Duration>| d.map(|d| d.as_secs());
+    // A record past its expiry shows as expired: its files go at the next use or collection.
+    let now = chrono::Utc::now();
     if json {
         let v: Vec<_> = records
             .iter()
@@ -1274,8 +1276,6 @@ fn print_conversations(
                     "last_used_at": t(r.last_used_at),
                     "expires_at": r.expires_at.map(t),
                     "idle_timeout_secs": secs(r.idle_timeout),
-    // A record past its expiry shows as expired: its files go at the next use or collection.
-    let now = chrono::Utc::now();
                     "ttl_secs": secs(r.ttl),
                     "max_lifetime_secs": secs(r.max_lifetime),
                 })
