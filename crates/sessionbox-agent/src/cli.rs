@@ -144,6 +144,11 @@ pub fn run_cli(args: impl IntoIterator<Item = OsString>) -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: the agent's stderr is usually a log file or a pipe.
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        )
         .try_init();
     let config = match cli.into_config() {
         Ok(c) => c,

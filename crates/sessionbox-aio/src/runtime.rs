@@ -265,7 +265,8 @@ fn refusal(code: &str, detail: &str, shown: &str) -> Error {
         },
         "not_found" => Error::NotFound(format!("{shown}: {detail}")),
         "exists" => Error::AlreadyExists(format!("{shown}: {detail}")),
-        "is_dir" | "not_file" | "not_dir" | "hardlink" | "not_empty" | "root" => {
+        "not_empty" => Error::Conflict(format!("{shown} {}", sessionbox_core::DIRECTORY_NOT_EMPTY)),
+        "is_dir" | "not_file" | "not_dir" | "hardlink" | "root" => {
             Error::Conflict(format!("{shown}: {detail}"))
         }
         _ => Error::Backend(format!("{shown}: {detail}")),
@@ -881,7 +882,7 @@ impl Session for AioSession {
     async fn edit(&self, path: &str, edit: &EditRequest) -> Result<EditResult> {
         let p = self.resolve(path)?;
         if edit.old.is_empty() {
-            return Err(Error::InvalidRequest("the text to replace is empty".into()));
+            return Err(Error::InvalidRequest(sessionbox_core::EDIT_EMPTY.into()));
         }
         let bytes = self.read_checked(&p, path).await?;
         let text = String::from_utf8(bytes)
@@ -889,12 +890,14 @@ impl Session for AioSession {
         let count = text.matches(&edit.old).count();
         if count == 0 {
             return Err(Error::Conflict(format!(
-                "{path}: the text to replace occurs 0 times"
+                "{} in {path}",
+                sessionbox_core::EDIT_ABSENT
             )));
         }
         if count > 1 && !edit.replace_all {
             return Err(Error::Conflict(format!(
-                "{path}: the text to replace occurs {count} times; make it unique or replace all"
+                "{} {count} times in {path}",
+                sessionbox_core::EDIT_AMBIGUOUS
             )));
         }
         let new = if edit.replace_all {

@@ -187,7 +187,7 @@ remove)
   [ "$t" = "$w" ] && fail root "the workspace root cannot be removed; destroy the conversation"
   if [ -d "$t" ] && [ ! -L "$t" ]; then
     if [ "${SB_RECURSIVE-}" = 1 ]; then rm -rf -- "$t" 2>/dev/null || fail io "cannot remove the directory";
-    else rmdir -- "$t" 2>/dev/null || fail not_empty "the directory is not empty; remove it recursively"; fi
+    else rmdir -- "$t" 2>/dev/null || fail not_empty "the directory is not empty"; fi
   else
     rm -f -- "$t" 2>/dev/null || fail io "cannot remove the file"
   fi

@@ -188,6 +188,78 @@ impl Error {
     }
 }
 
+/// How every runtime words an edit whose text to replace is empty ([`Error::InvalidRequest`]).
+/// Library messages name no field or flag: each front end adds advice in its own words (see
+/// [`Error::refusal`] and [`Error::with_advice`]).
+pub const EDIT_EMPTY: &str = "the text to replace is empty";
+/// The start of an edit's [`Error::Conflict`] when the text does not occur: `"{EDIT_ABSENT} in
+/// PATH"`.
+pub const EDIT_ABSENT: &str = "the text to replace does not occur";
+/// The start of an edit's [`Error::Conflict`] when the text occurs more than once and not every
+/// occurrence is to be replaced: `"{EDIT_AMBIGUOUS} N times in PATH"`.
+pub const EDIT_AMBIGUOUS: &str = "the text to replace occurs";
+/// What follows the path in a remove's [`Error::Conflict`] when a directory is not empty and
+/// the remove is not recursive: `"PATH {DIRECTORY_NOT_EMPTY}"`.
+pub const DIRECTORY_NOT_EMPTY: &str = "is a directory that is not empty";
+
+/// A refusal that a front end explains in its own words (a flag, a field, a tool argument).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// An edit's text to replace is empty.
+    EditEmpty,
+    /// An edit's text to replace does not occur in the file.
+    EditAbsent,
+    /// An edit's text to replace occurs more than once and not every occurrence was asked for.
+    EditAmbiguous,
+    /// A directory to remove is not empty and the remove was not recursive.
+    DirectoryNotEmpty,
+}
+
+impl Error {
+    /// Which [`Refusal`] this is, if any: read from the words every runtime uses
+    /// ([`EDIT_EMPTY`], [`EDIT_ABSENT`], [`EDIT_AMBIGUOUS`], [`DIRECTORY_NOT_EMPTY`]), so it
+    /// holds for an error that crossed a wire too.
+    ///
+    /// ```
+    /// use sessionbox_core::{Error, Refusal};
+    /// let e = Error::Conflict("d is a directory that is not empty".into());
+    /// assert_eq!(e.refusal(), Some(Refusal::DirectoryNotEmpty));
+    /// ```
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self {
+            Error::InvalidRequest(m) if m.contains(EDIT_EMPTY) => Some(Refusal::EditEmpty),
+            Error::Conflict(m) if m.contains(EDIT_ABSENT) => Some(Refusal::EditAbsent),
+            Error::Conflict(m) if m.contains(EDIT_AMBIGUOUS) => Some(Refusal::EditAmbiguous),
+            Error::Conflict(m) if m.contains(DIRECTORY_NOT_EMPTY) => {
+                Some(Refusal::DirectoryNotEmpty)
+            }
+            _ => None,
+        }
+    }
+
+    /// The same error with `advice` after its message (`"...; advice"`): how a front end says
+    /// what to do in its own words. Variants without a free message are returned unchanged.
+    ///
+    /// ```
+    /// use sessionbox_core::Error;
+    /// let e = Error::Conflict("d is a directory that is not empty".into());
+    /// let e = e.with_advice("pass --recursive to remove it");
+    /// assert_eq!(e.to_string(), "conflict: d is a directory that is not empty; pass --recursive to remove it");
+    /// ```
+    pub fn with_advice(self, advice: &str) -> Self {
+        let add = |m: String| format!("{m}; {advice}");
+        match self {
+            Error::InvalidRequest(m) => Error::InvalidRequest(add(m)),
+            Error::NotFound(m) => Error::NotFound(add(m)),
+            Error::AlreadyExists(m) => Error::AlreadyExists(add(m)),
+            Error::Conflict(m) => Error::Conflict(add(m)),
+            Error::Busy(m) => Error::Busy(add(m)),
+            e => e,
+        }
+    }
+}
+
 /// `"{what} is too large: ..."`; a rebuilt error (limit `u64::MAX`) shows its message alone.
 fn too_large(what: &str, limit: u64) -> String {
     if limit == u64::MAX {

@@ -15,6 +15,15 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(600);
 pub const DEFAULT_OUTPUT_LIMIT: usize = 1024 * 1024;
 /// Largest cap a caller may ask for per stream: 16 MiB.
 pub const MAX_OUTPUT_LIMIT: usize = 16 * 1024 * 1024;
+/// Largest command line: 64 KiB. Linux refuses one argument over 128 KiB (`E2BIG`), and some
+/// runtimes wrap the command before it runs; a longer script goes in a file or on stdin.
+pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
+/// Largest environment a caller may add, `NAME=VALUE` for each variable together: 64 KiB (the
+/// kernel limits each one to 128 KiB and all of them, with the command, to `ARG_MAX`).
+pub const MAX_ENV_BYTES: usize = 64 * 1024;
+/// Largest stdin: 1 MiB (it travels in the request to the sandbox's agent). Larger input goes
+/// in a file.
+pub const MAX_STDIN_BYTES: usize = 1024 * 1024;
 /// `PATH` of the base environment.
 pub const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -96,8 +105,33 @@ impl ExecRequest {
     /// # Errors
     /// [`Error::InvalidRequest`] for an empty command or one with a NUL byte, a zero timeout or
     /// one above [`MAX_TIMEOUT`], an output limit of zero or above [`MAX_OUTPUT_LIMIT`], or a bad
-    /// environment name or value.
+    /// environment name or value; [`Error::TooLarge`] naming the limit for a command over
+    /// [`MAX_COMMAND_BYTES`], an environment over [`MAX_ENV_BYTES`] or stdin over
+    /// [`MAX_STDIN_BYTES`].
     pub fn validate(&self) -> Result<(), Error> {
+        if self.command.len() > MAX_COMMAND_BYTES {
+            return Err(Error::TooLarge {
+                what: "the command".into(),
+                limit: MAX_COMMAND_BYTES as u64,
+            });
+        }
+        let env_bytes: usize = self.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+        if env_bytes > MAX_ENV_BYTES {
+            return Err(Error::TooLarge {
+                what: "the environment (NAME=VALUE of every variable together)".into(),
+                limit: MAX_ENV_BYTES as u64,
+            });
+        }
+        if self
+            .stdin
+            .as_ref()
+            .is_some_and(|d| d.len() > MAX_STDIN_BYTES)
+        {
+            return Err(Error::TooLarge {
+                what: "stdin".into(),
+                limit: MAX_STDIN_BYTES as u64,
+            });
+        }
         if self.command.trim().is_empty() {
             return Err(Error::InvalidRequest("the command is empty".into()));
         }
@@ -312,6 +346,39 @@ mod duration_secs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn oversized_parts_are_too_large_naming_the_limit() {
+        let at = |n: usize| "a".repeat(n);
+        for (req, limit) in [
+            (
+                ExecRequest::new(at(MAX_COMMAND_BYTES + 1)),
+                MAX_COMMAND_BYTES,
+            ),
+            (
+                ExecRequest::new("true").env("A", at(MAX_ENV_BYTES)),
+                MAX_ENV_BYTES,
+            ),
+            (
+                ExecRequest::new("true").stdin(at(MAX_STDIN_BYTES + 1)),
+                MAX_STDIN_BYTES,
+            ),
+        ] {
+            let e = req.validate().unwrap_err();
+            assert_eq!(e.code(), "too_large");
+            assert!(
+                e.to_string().contains(&format!("limit is {limit} bytes")),
+                "{e}"
+            );
+        }
+        assert!(ExecRequest::new(at(MAX_COMMAND_BYTES)).validate().is_ok());
+        assert!(
+            ExecRequest::new("true")
+                .stdin(at(MAX_STDIN_BYTES))
+                .validate()
+                .is_ok()
+        );
+    }
 
     #[test]
     fn bad_requests_are_refused_with_a_reason() {

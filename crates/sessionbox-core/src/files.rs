@@ -25,10 +25,37 @@ pub struct FileStat {
     pub kind: FileKind,
     /// Size in bytes.
     pub size: u64,
-    /// Permission bits (`st_mode & 0o7777`).
+    /// Permission bits (`st_mode & 0o7777`). Serialized as octal text (`"0644"`), as `ls` and
+    /// `chmod` write them; read back from that or from a number.
+    #[serde(with = "octal_mode")]
     pub mode: u32,
     /// Last modification, in seconds since the Unix epoch.
     pub modified_unix: i64,
+}
+
+/// [`FileStat::mode`] as octal text: at least four digits (`"0644"`, `"4755"`).
+mod octal_mode {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(mode: &u32, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{mode:04o}"))
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Mode {
+        Text(String),
+        Number(u32),
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+        match Mode::deserialize(d)? {
+            Mode::Number(n) => Ok(n),
+            Mode::Text(t) => u32::from_str_radix(&t, 8).map_err(|_| {
+                serde::de::Error::custom(format!("mode {t:?} is not an octal number"))
+            }),
+        }
+    }
 }
 
 /// One entry of a directory listing.
@@ -129,5 +156,32 @@ impl Default for Limits {
             max_matches: 1_000,
             max_grep_file_bytes: 8 * 1024 * 1024,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stat_shows_its_mode_in_octal_and_reads_it_back() {
+        let st = FileStat {
+            path: "/workspace/a".into(),
+            kind: FileKind::File,
+            size: 1,
+            mode: 0o644,
+            modified_unix: 0,
+        };
+        let v = serde_json::to_value(&st).unwrap();
+        assert_eq!(v["mode"], "0644");
+        assert_eq!(serde_json::from_value::<FileStat>(v.clone()).unwrap(), st);
+        let mut v = v;
+        v["mode"] = 420.into();
+        assert_eq!(
+            serde_json::from_value::<FileStat>(v.clone()).unwrap().mode,
+            0o644
+        );
+        v["mode"] = "0x1".into();
+        assert!(serde_json::from_value::<FileStat>(v).is_err());
     }
 }

@@ -22,11 +22,13 @@ pub use background::{
     BackgroundCommand, CommandOutput, MAX_COMMAND_ID_BYTES, MAX_OUTPUT_CHUNK, MAX_OUTPUT_WAIT,
     MAX_RUNNING_COMMANDS, OutputRequest, background_unsupported, validate_command_id,
 };
-pub use error::{Error, Result};
+pub use error::{
+    DIRECTORY_NOT_EMPTY, EDIT_ABSENT, EDIT_AMBIGUOUS, EDIT_EMPTY, Error, Refusal, Result,
+};
 pub use exec::{
     BASE_PATH, CappedSink, DEFAULT_OUTPUT_LIMIT, DEFAULT_TIMEOUT, ExecRequest, ExecResult,
-    ExecSink, ExitStatus, MAX_OUTPUT_LIMIT, MAX_TIMEOUT, OutputStream, base_environment,
-    validate_env_name,
+    ExecSink, ExitStatus, MAX_COMMAND_BYTES, MAX_ENV_BYTES, MAX_OUTPUT_LIMIT, MAX_STDIN_BYTES,
+    MAX_TIMEOUT, OutputStream, base_environment, validate_env_name,
 };
 pub use files::{
     DirEntry, EditRequest, EditResult, FileKind, FileStat, GrepMatch, GrepRequest, Limits,

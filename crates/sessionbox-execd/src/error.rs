@@ -123,15 +123,18 @@ impl From<ExecdError> for Error {
                 if let Some(typed) = code.strip_prefix(crate::fs_ext::FS_ERROR_PREFIX) {
                     return Error::from_code(typed, &message);
                 }
+                // `from_code` keeps a kind the message already starts with once ("not found:
+                // x", not "not found: not found: x"): the agent's messages are core errors'
+                // display text.
                 if *status == 404
                     || code == error_code::FILE_NOT_FOUND
                     || code == error_code::CONTEXT_NOT_FOUND
                 {
-                    Error::NotFound(message)
+                    Error::from_code("not_found", &message)
                 } else {
                     match status {
-                        400 | 416 | 422 => Error::InvalidRequest(message),
-                        409 => Error::Conflict(message),
+                        400 | 416 | 422 => Error::from_code("invalid_request", &message),
+                        409 => Error::from_code("conflict", &message),
                         _ => Error::Backend(e.to_string()),
                     }
                 }
@@ -158,6 +161,28 @@ mod tests {
             status,
             code: code.into(),
             message: message.into(),
+        }
+    }
+
+    #[test]
+    fn a_message_that_already_names_its_kind_keeps_it_once() {
+        for (status, code, message, shown) in [
+            (404, "", "not found: nodir", "not found: nodir"),
+            (
+                400,
+                "INVALID_REQUEST_BODY",
+                "invalid request: bad",
+                "invalid request: bad",
+            ),
+            (
+                409,
+                "",
+                "conflict: d is a directory",
+                "conflict: d is a directory",
+            ),
+        ] {
+            let e = Error::from(self::status(status, code, message));
+            assert_eq!(e.to_string(), shown);
         }
     }
 

@@ -444,9 +444,9 @@ pub(crate) fn remove(ws: &Workspace, rel: &WorkspacePath, recursive: bool) -> Re
     }
     if !recursive {
         return rustix::fs::unlinkat(&dir, name, AtFlags::REMOVEDIR).map_err(|e| match e {
-            Errno::NOTEMPTY | Errno::EXIST => Error::Conflict(format!(
-                "{shown} is a directory that is not empty; set recursive to remove it"
-            )),
+            Errno::NOTEMPTY | Errno::EXIST => {
+                Error::Conflict(format!("{shown} {}", sessionbox_core::DIRECTORY_NOT_EMPTY))
+            }
             e => io_error(e, "remove", shown),
         });
     }

@@ -286,9 +286,7 @@ fn random_u64() -> u64 {
 /// See [`Workspace::edit`].
 pub(crate) fn edit(ws: &Workspace, path: &str, req: &EditRequest) -> Result<EditResult> {
     if req.old.is_empty() {
-        return Err(Error::InvalidRequest(
-            "`old` is empty; give the exact text to replace".into(),
-        ));
+        return Err(Error::InvalidRequest(sessionbox_core::EDIT_EMPTY.into()));
     }
     let rel = ws.resolve(path)?;
     let shown = rel.as_relative();
@@ -303,13 +301,15 @@ pub(crate) fn edit(ws: &Workspace, path: &str, req: &EditRequest) -> Result<Edit
     match (positions.len(), req.replace_all) {
         (0, _) => {
             return Err(Error::Conflict(format!(
-                "`old` does not occur in {shown}; read the file and copy the exact text"
+                "{} in {shown}",
+                sessionbox_core::EDIT_ABSENT
             )));
         }
         (1, _) | (_, true) => {}
         (n, false) => {
             return Err(Error::Conflict(format!(
-                "`old` occurs {n} times in {shown}; give more context or set replace_all"
+                "{} {n} times in {shown}",
+                sessionbox_core::EDIT_AMBIGUOUS
             )));
         }
     }

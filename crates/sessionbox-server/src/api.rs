@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sessionbox_core::{
     ConversationId, ConversationKey, ConversationRef, DirEntry, EditRequest, Error, ExecRequest,
-    ExitStatus, GrepMatch, GrepRequest, Session,
+    ExitStatus, GrepMatch, GrepRequest, Refusal, Session,
 };
 use sessionbox_manager::Conversation;
 use sessionbox_store::{AuditEntry, ConversationLock, ConversationRecord};
@@ -172,7 +172,16 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for QueryArgs<T> {
         axum::extract::Query::<T>::from_request_parts(parts, state)
             .await
             .map(|q| QueryArgs(q.0))
-            .map_err(|e: QueryRejection| ApiError::bad_request(e.body_text()))
+            .map_err(|e: QueryRejection| {
+                // A parameter this route does not take is the wrong shape (422), as an unknown
+                // field of a JSON body is; a value that does not parse is 400.
+                let text = e.body_text();
+                if text.contains("unknown field") {
+                    rejection(StatusCode::UNPROCESSABLE_ENTITY, text)
+                } else {
+                    ApiError::bad_request(text)
+                }
+            })
     }
 }
 
@@ -1286,6 +1295,7 @@ pub(crate) async fn kill_command(
 // ---- Files. ----
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct ReadQuery {
     #[serde(default)]
     download: Option<String>,
@@ -1622,6 +1632,7 @@ pub(crate) async fn upload_files(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct RemoveQuery {
     #[serde(default)]
     recursive: Option<String>,
@@ -1650,7 +1661,7 @@ pub(crate) async fn remove_file(
         let o = s.open(&conv, false).await?;
         let r = o.conv.remove(&path, truthy(&q.recursive)).await;
         o.done().await;
-        r?;
+        r.map_err(with_fields)?;
         Ok(StatusCode::NO_CONTENT.into_response())
     })
 }
@@ -1696,8 +1707,22 @@ pub(crate) async fn edit(
         let o = s.open(&conv, false).await?;
         let r = o.conv.edit(&b.path, &req).await;
         o.done().await;
-        Ok(Json(r?).into_response())
+        Ok(Json(r.map_err(with_fields)?).into_response())
     })
+}
+
+/// A library refusal with what to do in this API's fields (the library names none).
+fn with_fields(e: Error) -> Error {
+    let advice = match e.refusal() {
+        Some(Refusal::EditEmpty) => "send the exact text to replace in `old`",
+        Some(Refusal::EditAbsent) => "read the file and send its exact text in `old`",
+        Some(Refusal::EditAmbiguous) => {
+            "give more context in `old`, or set `replace_all` to replace every occurrence"
+        }
+        Some(Refusal::DirectoryNotEmpty) => "add `?recursive=1` to remove it and everything in it",
+        _ => return e,
+    };
+    e.with_advice(advice)
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -1829,6 +1854,21 @@ pub(crate) async fn glob(
     })
 }
 
+/// `POST /v1/conversations/{id}/grep` (documented as `GrepRequestDoc`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct GrepBody {
+    pattern: String,
+    #[serde(default)]
+    path: Option<String>,
+    #[serde(default)]
+    glob: Option<String>,
+    #[serde(default)]
+    case_insensitive: bool,
+    #[serde(default)]
+    max_matches: Option<usize>,
+}
+
 /// Searches file contents with a regular expression.
 #[utoipa::path(post, path = "/v1/conversations/{id}/grep", tag = "files", params(("id" = String, Path, description = "conversation id")),
     request_body = GrepRequestDoc,
@@ -1844,8 +1884,15 @@ pub(crate) async fn grep(
     State(s): State<AppState>,
     p: Principal,
     PathArgs(id): PathArgs<String>,
-    JsonBody(req): JsonBody<GrepRequest>,
+    JsonBody(b): JsonBody<GrepBody>,
 ) -> Response {
+    let req = GrepRequest {
+        pattern: b.pattern,
+        path: b.path,
+        glob: b.glob,
+        case_insensitive: b.case_insensitive,
+        max_matches: b.max_matches,
+    };
     audited!(s, p, "grep", id, |conv| {
         if let Some(path) = &req.path {
             s.manager.check_path(&conv, path)?;

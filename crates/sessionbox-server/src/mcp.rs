@@ -23,8 +23,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, any_service};
 use chrono::Utc;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, JsonObject,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -35,7 +35,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use sessionbox_core::{
     ConversationId, ConversationRef, EditRequest, Error, ExecRequest, FileKind, GrepRequest,
-    Session,
+    Refusal, Session,
 };
 use sessionbox_store::AuditEntry;
 
@@ -161,7 +161,15 @@ async fn admit(State(s): State<AppState>, mut req: Request, next: Next) -> Respo
         principal,
         conversation,
     });
-    next.run(req).await
+    let delete = req.method() == axum::http::Method::DELETE;
+    let mut response = next.run(req).await;
+    // rmcp answers a session's termination with 202, which the specification does not name
+    // and clients log as a failure (the Python SDK wants 200 or 204): the session is gone, so
+    // say so with 204.
+    if delete && response.status() == axum::http::StatusCode::ACCEPTED {
+        *response.status_mut() = axum::http::StatusCode::NO_CONTENT;
+    }
+    response
 }
 
 /// The MCP server of one session: over HTTP the caller comes with each request; over stdio it
@@ -458,8 +466,8 @@ impl Tools {
             "ls" => {
                 let l: LsArgs = args(name, a)?;
                 let p = l.path.unwrap_or_else(|| ".".to_owned());
-                s.manager.check_path(conv, &p)?;
-                Run::Ls(p)
+                let root = s.manager.check_path(conv, &p)?.is_root();
+                Run::Ls(p, root)
             }
             "glob" => Run::Glob(args::<GlobArgs>(name, a)?.pattern),
             "grep" => {
@@ -489,19 +497,36 @@ impl Tools {
         };
         let creates = matches!(op, Run::Bash(_) | Run::Write(_));
         // The conversation's turn, then its session (kept between calls, as for REST).
-        let opened = s.open(conv, creates).await.map_err(|e| {
-            if e.code == "not_found" {
-                Error::NotFound(format!(
-                    "conversation {:?} does not exist yet (bash or write creates it)",
-                    conv.id.as_str()
-                ))
-            } else {
-                Error::from_code(e.code, &e.message)
-            }
-        })?;
+        let opened = match s.open(conv, creates).await {
+            Ok(o) => o,
+            // A conversation that does not exist yet has an empty workspace, and the model
+            // sees it so: nothing is created until bash or write.
+            Err(e) if e.code == "not_found" && !creates => return Self::empty(op),
+            Err(e) => return Err(Error::from_code(e.code, &e.message)),
+        };
         let result = Self::apply(&opened.conv, op).await;
         opened.done().await;
         result
+    }
+
+    /// What `op` finds in an empty workspace: a conversation that does not exist yet.
+    fn empty(op: Run) -> Result<String, Error> {
+        let missing = |path: &str| Err(Error::NotFound(path.to_owned()));
+        match op {
+            Run::Ls(p, true) => Ok(format!("{p} is empty")),
+            Run::Ls(p, false) => missing(&p),
+            Run::Read(a) => missing(&a.path),
+            Run::Edit(e) => missing(&e.path),
+            Run::Glob(_) => Ok("No files found".to_owned()),
+            Run::Grep(req, _) => match &req.path {
+                Some(p) => missing(p),
+                None => Ok("No matches found".to_owned()),
+            },
+            // They create the conversation, so they never get here.
+            Run::Bash(_) | Run::Write(_) => Err(Error::Backend(
+                "a creating operation found no conversation".into(),
+            )),
+        }
     }
 
     async fn skill(s: &AppState, conv: &ConversationRef, a: SkillArgs) -> Result<String, Error> {
@@ -656,7 +681,20 @@ impl Tools {
                             replace_all: e.replace_all,
                         },
                     )
-                    .await?;
+                    .await
+                    .map_err(|e| {
+                        let advice = match e.refusal() {
+                            Some(Refusal::EditAbsent) => {
+                                "read the file and copy its exact text into old_string"
+                            }
+                            Some(Refusal::EditAmbiguous) => {
+                                "give more context in old_string, or set replace_all to true"
+                            }
+                            Some(Refusal::EditEmpty) => "give the exact text in old_string",
+                            _ => return e,
+                        };
+                        e.with_advice(advice)
+                    })?;
                 Ok(format!(
                     "Replaced {} occurrence{} in {}",
                     r.replacements,
@@ -664,7 +702,7 @@ impl Tools {
                     e.path
                 ))
             }
-            Run::Ls(p) => {
+            Run::Ls(p, _) => {
                 let mut entries = session.list(&p).await?;
                 entries.sort_by(|a, b| a.name.cmp(&b.name));
                 if entries.is_empty() {
@@ -752,7 +790,8 @@ enum Run {
     Read(ReadArgs),
     Write(WriteArgs),
     Edit(EditArgs),
-    Ls(String),
+    /// The path as given, and whether it is the workspace root.
+    Ls(String, bool),
     Glob(String),
     Grep(GrepRequest, String),
 }
@@ -760,6 +799,8 @@ enum Run {
 impl ServerHandler for Tools {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("sessionbox", env!("CARGO_PKG_VERSION")))
+            .with_instructions(instructions(self.state.manager.runtime().mounted_skills()))
     }
 
     async fn list_tools(
@@ -802,6 +843,27 @@ impl ServerHandler for Tools {
         self.audit(&caller, &request.name, outcome, started).await;
         Ok(out.into())
     }
+}
+
+/// What the model is told about this server when a session starts: what a conversation is,
+/// that its files stay between turns, and where skills are (`mounted`: the runtime's read-only
+/// mount root; `None`: copies in the workspace).
+fn instructions(mounted: Option<String>) -> String {
+    let skills = match mounted {
+        Some(root) => format!("{}/NAME, read-only", root.trim_end_matches('/')),
+        // Copied into the workspace, or none at all (an isolated runtime without skills).
+        None => ".skills/NAME in the workspace where skills are copied, a managed copy (do not \
+                 edit it)"
+            .to_owned(),
+    };
+    format!(
+        "sessionbox gives this conversation a workspace of its own: a directory no other \
+         conversation can see. The tools bash, read, write, edit, ls, glob and grep work in it \
+         (relative paths start at its root). Its files persist across turns: a later turn of \
+         the same conversation finds them again; a new conversation starts empty. Agent Skills: \
+         `skill` lists them and loads one (its instructions and directory, {skills}). \
+         `network` shows the network policy, which no tool can change."
+    )
 }
 
 /// A command's output stream as the model reads it: the text when the bytes are valid UTF-8;

@@ -68,7 +68,9 @@ pub(crate) struct FileStatDoc {
     path: String,
     kind: FileKindDoc,
     size: u64,
-    mode: u32,
+    /// Permission bits in octal, at least four digits (`"0644"`).
+    #[schema(pattern = "^[0-7]{4,}$", example = "0644")]
+    mode: String,
     modified_unix: i64,
 }
 

@@ -2455,3 +2455,135 @@ async fn a_quiet_event_stream_carries_keepalive_comments() {
     })
     .await;
 }
+
+/// Every route refuses a field or parameter it does not take with 422; a command, an
+/// environment or stdin over its limit is 413 naming the limit (never a 500 from the kernel's
+/// E2BIG); `stat` shows the mode in octal; refusals name this API's fields.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unknown_fields_are_422_oversized_exec_input_is_413_and_errors_name_the_fields() {
+    bounded(async {
+        let s = Server::start(ServerConfig::default(), true).await;
+        let c = "/v1/conversations/u";
+        let r = s
+            .json(
+                Method::POST,
+                &format!("{c}/exec"),
+                &json!({"command": "mkdir d && touch d/x && echo 'one one' > a.txt"}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+
+        for (method, path, body) in [
+            (
+                Method::POST,
+                format!("{c}/grep"),
+                Some(json!({"pattern": "x", "bogus": 1})),
+            ),
+            (
+                Method::POST,
+                format!("{c}/edit"),
+                Some(json!({"path": "a.txt", "old": "one", "new": "1", "bogus": 1})),
+            ),
+            (
+                Method::POST,
+                format!("{c}/mkdir"),
+                Some(json!({"path": "e", "bogus": 1})),
+            ),
+            (
+                Method::PUT,
+                "/v1/policy".to_owned(),
+                Some(json!({"profile": "none", "bogus": 1})),
+            ),
+            (Method::GET, format!("{c}/ls?path=.&bogus=1"), None),
+            (Method::GET, format!("{c}/stat?path=a.txt&bogus=1"), None),
+            (Method::GET, format!("{c}/glob?pattern=*&bogus=1"), None),
+            (Method::GET, format!("{c}/files/a.txt?bogus=1"), None),
+            (Method::DELETE, format!("{c}/files/a.txt?bogus=1"), None),
+            (Method::GET, "/v1/conversations?bogus=1".to_owned(), None),
+        ] {
+            let r = match &body {
+                Some(b) => s.json(method.clone(), &path, b),
+                None => s.req(method.clone(), &path),
+            };
+            let (st, v) = body_of(r.send().await.unwrap()).await;
+            assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{method} {path}: {v}");
+            assert_eq!(v["code"], "invalid_request", "{v}");
+            assert!(v["message"].as_str().unwrap().contains("bogus"), "{v}");
+        }
+        // Nothing of the refused calls happened.
+        assert!(s.workspace("u").join("a.txt").exists());
+        assert!(!s.workspace("u").join("e").exists());
+
+        let big = "a".repeat(sessionbox_core::MAX_COMMAND_BYTES + 1);
+        let env = "a".repeat(sessionbox_core::MAX_ENV_BYTES);
+        let stdin = "a".repeat(sessionbox_core::MAX_STDIN_BYTES + 1);
+        for (body, limit) in [
+            (json!({"command": big}), sessionbox_core::MAX_COMMAND_BYTES),
+            (
+                json!({"command": "true", "env": {"A": env}}),
+                sessionbox_core::MAX_ENV_BYTES,
+            ),
+            (
+                json!({"command": "wc -c", "stdin": stdin}),
+                sessionbox_core::MAX_STDIN_BYTES,
+            ),
+        ] {
+            for background in [false, true] {
+                let mut body = body.clone();
+                body["background"] = background.into();
+                let r = s
+                    .json(Method::POST, &format!("{c}/exec"), &body)
+                    .send()
+                    .await
+                    .unwrap();
+                let (st, v) = body_of(r).await;
+                assert_eq!(st, StatusCode::PAYLOAD_TOO_LARGE, "{v}");
+                assert_eq!(v["code"], "too_large", "{v}");
+                let m = v["message"].as_str().unwrap();
+                assert!(m.contains(&format!("the limit is {limit} bytes")), "{m}");
+            }
+        }
+
+        let r = s
+            .req(Method::GET, &format!("{c}/stat?path=a.txt"))
+            .send()
+            .await
+            .unwrap();
+        let (st, v) = body_of(r).await;
+        assert_eq!(st, StatusCode::OK, "{v}");
+        assert_eq!(v["mode"], "0644", "{v}");
+
+        let r = s
+            .req(Method::DELETE, &format!("{c}/files/d"))
+            .send()
+            .await
+            .unwrap();
+        let (st, v) = body_of(r).await;
+        assert_eq!(st, StatusCode::CONFLICT, "{v}");
+        assert_eq!(
+            v["message"],
+            "conflict: d is a directory that is not empty; add `?recursive=1` to remove it and \
+             everything in it"
+        );
+        let r = s
+            .json(
+                Method::POST,
+                &format!("{c}/edit"),
+                &json!({"path": "a.txt", "old": "one", "new": "1"}),
+            )
+            .send()
+            .await
+            .unwrap();
+        let (st, v) = body_of(r).await;
+        assert_eq!(st, StatusCode::CONFLICT, "{v}");
+        let m = v["message"].as_str().unwrap();
+        assert!(
+            m.contains("occurs 2 times in a.txt; give more context in `old`, or set `replace_all`"),
+            "{m}"
+        );
+        s.stop().await;
+    })
+    .await;
+}

@@ -79,7 +79,7 @@ async fn the_official_python_sdk_uses_the_tools_in_separate_conversations() {
     let out = tokio::time::timeout(
         Duration::from_secs(120),
         tokio::process::Command::new("python3")
-            .args([script, &url, &key])
+            .args([script, &url, &key, env!("CARGO_PKG_VERSION")])
             .kill_on_drop(true)
             .output(),
     )

@@ -1,9 +1,11 @@
 """Drives sessionbox's /mcp endpoint with the official MCP Python SDK (streamable HTTP).
 
-Usage: mcp_client.py URL KEY. Prints OK and exits 0 when every check passes; any failure
-raises. Run by tests/mcp.rs.
+Usage: mcp_client.py URL KEY VERSION. Prints OK and exits 0 when every check passes; any
+failure raises. Run by tests/mcp.rs. The SDK must log no warning (a refused session
+termination, for one, is a warning): every record it logs at WARNING or above fails the run.
 """
 
+import logging
 import sys
 
 import anyio
@@ -11,7 +13,23 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-URL, KEY = sys.argv[1], sys.argv[2]
+URL, KEY, VERSION = sys.argv[1], sys.argv[2], sys.argv[3]
+
+
+class Collect(logging.Handler):
+    """Keeps every record logged at WARNING or above."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+WARNINGS = Collect()
+logging.getLogger().addHandler(WARNINGS)
+logging.getLogger().setLevel(logging.DEBUG)
 
 
 def dump(m):
@@ -31,7 +49,12 @@ async def with_session(conversation, body, key=KEY):
     async with create_mcp_http_client(headers=headers) as http:
         async with streamable_http_client(URL, http_client=http) as (read, write):
             async with ClientSession(read, write) as session:
-                await session.initialize()
+                init = dump(await session.initialize())
+                assert init["serverInfo"]["name"] == "sessionbox", init["serverInfo"]
+                assert init["serverInfo"]["version"] == VERSION, init["serverInfo"]
+                text = init.get("instructions", "")
+                for words in ("workspace", "persist across turns", "skill", ".skills/NAME"):
+                    assert words in text, (words, text)
                 return await body(session)
 
 
@@ -97,10 +120,19 @@ async def main():
 
         await with_session("alice", alice)
 
-        # Bob: his own workspace; Alice's file is not there.
+        # Bob: his own workspace; Alice's file is not there. Before his first bash or write he
+        # has no conversation yet: his workspace is empty, not an error.
         async def bob(session):
+            text, err = await call(session, "ls", {})
+            assert not err and text == ". is empty", text
+            text, err = await call(session, "glob", {"pattern": "**/*"})
+            assert not err and text == "No files found", text
+            text, err = await call(session, "grep", {"pattern": "x"})
+            assert not err and text == "No matches found", text
             text, err = await call(session, "read", {"path": "notes/a.txt"})
-            assert err and "not_found" in text, text  # Bob has no conversation yet
+            assert err and text == "error (not_found): not found: notes/a.txt", text
+            text, err = await call(session, "ls", {"path": "notes"})
+            assert err and text == "error (not_found): not found: notes", text
             text, err = await call(session, "write", {"path": "b.txt", "content": "bob"})
             assert not err, text
             text, err = await call(session, "read", {"path": "notes/a.txt"})
@@ -119,6 +151,11 @@ async def main():
             assert not err and "2" in text, text
 
         await with_session("alice", alice_again)
+
+        # Every session so far ended cleanly: the SDK logged no warning (its DELETE answered
+        # 200 or 204 included). The refused sessions below may log their HTTP errors.
+        logged = [f"{r.name}: {r.getMessage()}" for r in WARNINGS.records]
+        assert not logged, logged
 
         # Refused before MCP: a wrong key, a missing or invalid conversation id.
         for conversation, key in (("alice", "sbk_wrong"), (None, KEY), ("../alice", KEY)):

@@ -45,8 +45,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use sessionbox_core::{
-    ConversationRef, EditRequest, Error, ExecRequest, FileKind, GrepRequest, OutputStream, Runtime,
-    Session, TenantId,
+    ConversationRef, EditRequest, Error, ExecRequest, FileKind, GrepRequest, OutputStream, Refusal,
+    Runtime, Session, TenantId,
 };
 use sessionbox_local::host::{HostConfig, HostRuntime};
 use sessionbox_local::isolated::{IsolatedConfig, IsolatedRuntime};
@@ -371,6 +371,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(colour_on_stderr())
         .init();
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -391,6 +392,13 @@ fn main() -> ExitCode {
             ExitCode::from(if invalid { 2 } else { 1 })
         }
     }
+}
+
+/// True when log lines may carry colour codes: stderr is a terminal and `NO_COLOR` is unset
+/// (<https://no-color.org>). A log file or a pipe gets plain text.
+fn colour_on_stderr() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 /// The exit status of a command whose reader went away (`sessionbox ... | head`): 141, what a
@@ -1041,6 +1049,22 @@ async fn session_command(
     Ok(code)
 }
 
+/// A library refusal with what to do in this CLI's flags (the library names none).
+fn with_flags(e: Error) -> Error {
+    let advice = match e.refusal() {
+        Some(Refusal::EditEmpty) => "give the exact text to replace in --old",
+        Some(Refusal::EditAbsent) => "read the file and give its exact text in --old",
+        Some(Refusal::EditAmbiguous) => {
+            "give more context in --old, or pass --all to replace every occurrence"
+        }
+        Some(Refusal::DirectoryNotEmpty) => {
+            "pass --recursive (-r) to remove it and everything in it"
+        }
+        _ => return e,
+    };
+    e.with_advice(advice)
+}
+
 async fn run_on_session(
     s: &sessionbox_manager::Conversation,
     command: Command,
@@ -1162,7 +1186,8 @@ async fn run_on_session(
                         replace_all: all,
                     },
                 )
-                .await?;
+                .await
+                .map_err(with_flags)?;
             eprintln!("{} replacement(s)", r.replacements);
             Ok(ExitCode::SUCCESS)
         }
@@ -1189,7 +1214,7 @@ async fn run_on_session(
         Command::Rm {
             path, recursive, ..
         } => {
-            s.remove(&path, recursive).await?;
+            s.remove(&path, recursive).await.map_err(with_flags)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Mkdir { path, .. } => {

@@ -117,8 +117,9 @@ pub async fn run(ctx: &App, args: ServeArgs, data_dir: &Path) -> anyhow::Result<
             loop {
                 match manager.collect_garbage(options).await {
                     Ok(r) => {
+                        // Routine work, not a fault: info (failures below are warnings).
                         if r.found() > 0 {
-                            tracing::warn!(
+                            tracing::info!(
                                 expired = r.expired.len(),
                                 stuck = r.stuck.len(),
                                 orphans = r.orphans.len(),

@@ -43,7 +43,16 @@ async def with_conversation(conversation, body):
     )
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:
-            await session.initialize()
+            init = dump(await session.initialize())
+            # The server names itself and tells the model what a conversation is and where
+            # skills are on this runtime.
+            assert init["serverInfo"]["name"] == "sessionbox", init["serverInfo"]
+            text = init.get("instructions", "")
+            # This data directory has no skills: the isolated runtime mounts none, so the
+            # model is told where copies would be.
+            where = ".skills/NAME in the workspace"
+            for words in ("workspace of its own", "persist across turns", where):
+                assert words in text, (words, text)
             return await body(session)
 
 
@@ -125,6 +134,13 @@ async def main():
 
         # Bob is another conversation: alice's file is not there.
         async def bob(session):
+            # Before his first bash or write, bob's workspace is empty, not an error.
+            text, err = await call(session, "ls", {})
+            assert not err and text == ". is empty", text
+            text, err = await call(session, "glob", {"pattern": "**/*"})
+            assert not err and text == "No files found", text
+            text, err = await call(session, "read", {"path": "notes/report.txt"})
+            assert err and text == "error (not_found): not found: notes/report.txt", text
             text, err = await call(session, "bash", {"command": "echo hi > mine.txt; ls -R"})
             assert not err and "report.txt" not in text and "mine.txt" in text, text
             text, err = await call(session, "read", {"path": "notes/report.txt"})
