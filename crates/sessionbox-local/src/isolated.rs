@@ -148,6 +148,10 @@ struct SandboxRecord {
     /// The egress gateway serving it, outside the sandbox.
     #[serde(default)]
     gateway_pid: Option<u32>,
+    /// The inode of its PID namespace: without cgroups (rlimit-only limits) the way to find
+    /// and kill its processes.
+    #[serde(default)]
+    pid_namespace: Option<u64>,
 }
 
 /// A sandbox launched less than this long ago is starting, not hung: it is given time to answer
@@ -178,11 +182,15 @@ impl IsolatedRuntime {
     /// The boundary this runtime gives, in one sentence.
     pub const BOUNDARY: &'static str = "a Linux sandbox per conversation: own user, mount, PID, IPC, UTS, network and cgroup namespaces, its own host uid, read-only system directories, landlock, seccomp, cgroup limits, no network";
 
-    /// Creates the data directory's `workspaces` and `run` directories.
+    /// Creates the data directory's `workspaces` and `run` directories, after checking that the
+    /// sandbox limits can hold here ([`sandbox::check_limits`]).
     ///
     /// # Errors
-    /// [`Error::Backend`] when they cannot be created.
+    /// [`Error::RuntimeUnavailable`] when the limits are cgroups (the default) and no cgroup can
+    /// be made (without root: none is delegated to the caller), saying how to delegate one or
+    /// choose rlimit-only limits. [`Error::Backend`] when the directories cannot be created.
     pub fn new(config: IsolatedConfig) -> Result<Self> {
+        sandbox::check_limits(&config.sandbox)?;
         let workspaces = config.data_dir.join("workspaces");
         let run = config.data_dir.join("run");
         create_private_dir_all(&workspaces)?;
@@ -222,6 +230,25 @@ impl IsolatedRuntime {
     pub fn with_skill_binds(mut self, binds: SkillBinds) -> Self {
         self.skill_binds = Some(SkillBindsHook(binds));
         self
+    }
+
+    /// [`Self::BOUNDARY`] as it holds for this process: without root every conversation runs
+    /// as the caller's own uid, and rlimit-only limits are per process.
+    fn boundary(&self) -> String {
+        let mut b = Self::BOUNDARY.to_owned();
+        if !rustix::process::geteuid().is_root() {
+            b = b.replace(
+                "its own host uid",
+                "the caller's own host uid (not root: one uid for every conversation)",
+            );
+        }
+        if self.config.sandbox.mode == sandbox::LimitMode::Rlimit {
+            b = b.replace(
+                "cgroup limits",
+                "per-process rlimits only (no cgroup: no memory, process or CPU bound for the sandbox as a whole)",
+            );
+        }
+        b
     }
 
     fn workspace_dir(&self, key: &ConversationKey) -> PathBuf {
@@ -373,6 +400,7 @@ impl IsolatedRuntime {
             launched_ms: now_ms(),
             network,
             gateway_pid,
+            pid_namespace: handle.pid_namespace(),
         };
         write_atomic(
             &run.join("sandbox.json"),
@@ -448,7 +476,15 @@ fn read_record(run: &Path) -> Option<SandboxRecord> {
     serde_json::from_slice(&data).ok()
 }
 
+/// The sandbox's processes: those in its cgroups, or without cgroups those in its PID
+/// namespace.
 fn cgroup_pids(record: &SandboxRecord) -> Vec<u32> {
+    if record.cgroups.is_empty() {
+        return record
+            .pid_namespace
+            .map(sandbox::namespace_processes)
+            .unwrap_or_default();
+    }
     let mut pids: Vec<u32> = record
         .cgroups
         .iter()
@@ -595,6 +631,17 @@ fn kill_recorded(run: &Path) -> usize {
         return 0;
     };
     kill_gateway(&record, run);
+    if record.cgroups.is_empty() {
+        // No cgroups (rlimit-only limits): the init's PID namespace holds every process.
+        let killed = record
+            .pid_namespace
+            .map_or(0, |ns| sandbox::kill_namespace(record.init_pid, ns));
+        if let Some(pid) = rustix::process::Pid::from_raw(record.monitor_pid as i32) {
+            let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::NOHANG);
+        }
+        let _ = std::fs::remove_file(run.join("sandbox.json"));
+        return killed;
+    }
     let mut killed = std::collections::BTreeSet::new();
     let until = Instant::now() + Duration::from_secs(5);
     loop {
@@ -674,7 +721,7 @@ impl Runtime for IsolatedRuntime {
             name: "isolated".into(),
             endpoint: None,
             version: None,
-            boundary: Self::BOUNDARY.into(),
+            boundary: self.boundary(),
         }
     }
 

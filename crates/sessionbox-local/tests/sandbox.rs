@@ -770,6 +770,7 @@ fn limits_are_written_to_the_cgroups_and_rlimits() {
         fsize: 1 << 20,
         nproc: 90,
         tmpfs_bytes: 8 << 20,
+        ..SandboxLimits::default()
     };
     let h = c.launch();
     let read = |file: &str| {
@@ -793,6 +794,49 @@ fn limits_are_written_to_the_cgroups_and_rlimits() {
     assert_ne!(c.read("big_status"), "0");
     assert!(std::fs::metadata(c.path("big")).unwrap().len() <= 1 << 20);
     h.kill().unwrap();
+}
+
+#[test]
+fn rlimit_only_limits_make_no_cgroup_and_the_pid_namespace_ends_the_sandbox() {
+    needs_root!();
+    let mut c = Case::new(
+        "bash -c 'ulimit -v' > /workspace/as; bash -c 'ulimit -t' > /workspace/cpu; \
+         bash -c 'ulimit -u' > /workspace/nproc; sleep 1000 & sleep 1000 & echo ready > /workspace/ready; wait",
+    );
+    c.spec.limits = SandboxLimits {
+        mode: sessionbox_local::sandbox::LimitMode::Rlimit,
+        memory_bytes: 512 << 20,
+        cpu_secs: 77,
+        nproc: 90,
+        ..SandboxLimits::default()
+    };
+    let h = c.launch();
+    assert!(h.cgroup_paths().is_empty());
+    assert!(walk_for(Path::new("/sys/fs/cgroup/memory"), &c.spec.cgroup).is_empty());
+    let until = Instant::now() + Duration::from_secs(10);
+    while !c.path("ready").exists() {
+        assert!(
+            Instant::now() < until,
+            "the sandbox did not start its sleeps"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(c.read("as"), (512u64 << 10).to_string()); // in KiB
+    assert_eq!(c.read("cpu"), "77");
+    assert_eq!(c.read("nproc"), "90");
+    // sh (the program), its init and two sleeps, found through the PID namespace.
+    let procs = h.processes();
+    assert!(procs.len() >= 4, "{procs:?}");
+    assert!(procs.contains(&h.pid()), "{procs:?}");
+    let killed = h.kill().unwrap();
+    assert!(killed >= 4, "{killed}");
+    assert!(
+        procs
+            .iter()
+            .all(|p| !Path::new(&format!("/proc/{p}")).exists()
+                || sessionbox_local::sandbox::pid_namespace(*p) != h.pid_namespace())
+    );
+    assert!(h.processes().is_empty());
 }
 
 #[test]

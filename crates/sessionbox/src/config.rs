@@ -300,6 +300,37 @@ pub struct IsolatedSection {
     pub uid_base: Option<u32>,
     /// How many host uids conversations may use (default 65536).
     pub uid_count: Option<u32>,
+    /// How the sandbox limits are enforced: `"cgroup"` (default: memory, processes and CPU for
+    /// each sandbox as a whole; needs root or a delegated cgroup, else the runtime does not
+    /// start) or `"rlimit"` (per-process rlimits only, chosen explicitly to run without root
+    /// and without a delegated cgroup).
+    pub limits: Option<sessionbox_local::sandbox::LimitMode>,
+    /// With `limits = "rlimit"`: CPU seconds per process (`RLIMIT_CPU`, default 3600).
+    pub cpu_secs: Option<u64>,
+}
+
+impl IsolatedSection {
+    /// The sandbox limits these settings give (defaults for what they leave out).
+    pub fn sandbox_limits(&self) -> sessionbox_local::sandbox::SandboxLimits {
+        let mut sandbox = sessionbox_local::sandbox::SandboxLimits::default();
+        if let Some(v) = self.pids {
+            sandbox.pids = v;
+            sandbox.nproc = v;
+        }
+        if let Some(v) = self.memory_bytes {
+            sandbox.memory_bytes = v;
+        }
+        if let Some(v) = self.cpu {
+            sandbox.cpu = v;
+        }
+        if let Some(v) = self.limits {
+            sandbox.mode = v;
+        }
+        if let Some(v) = self.cpu_secs {
+            sandbox.cpu_secs = v;
+        }
+        sandbox
+    }
 }
 
 /// `[host]` settings.
@@ -408,6 +439,50 @@ mod tests {
             !err.contains("s3cret"),
             "the error quotes the secret: {err}"
         );
+    }
+
+    #[test]
+    fn isolated_limits_default_to_cgroups_and_rlimit_only_is_a_choice() {
+        use sessionbox_local::sandbox::LimitMode;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sessionbox.toml");
+        std::fs::write(
+            &p,
+            "[isolated]
+pids = 64
+",
+        )
+        .unwrap();
+        let l = FileConfig::load(&p, true)
+            .unwrap()
+            .isolated
+            .sandbox_limits();
+        assert_eq!(l.mode, LimitMode::Cgroup);
+        assert_eq!((l.pids, l.nproc), (64, 64));
+        std::fs::write(
+            &p,
+            "[isolated]
+limits = \"rlimit\"
+cpu_secs = 60
+memory_bytes = 1073741824
+",
+        )
+        .unwrap();
+        let l = FileConfig::load(&p, true)
+            .unwrap()
+            .isolated
+            .sandbox_limits();
+        assert_eq!(l.mode, LimitMode::Rlimit);
+        assert_eq!((l.cpu_secs, l.memory_bytes), (60, 1 << 30));
+        std::fs::write(
+            &p,
+            "[isolated]
+limits = \"none\"
+",
+        )
+        .unwrap();
+        let err = format!("{:#}", FileConfig::load(&p, true).unwrap_err());
+        assert!(err.contains("cgroup") && err.contains("rlimit"), "{err}");
     }
 
     #[test]

@@ -1,47 +1,74 @@
 //! `sessionbox doctor`: which sandbox layers this machine enforces, and what to do about a
-//! missing one. Never falls back silently: the `isolated` runtime either runs with every layer
-//! reported here or fails naming the missing one.
+//! missing one; whether it runs as root, how conversations' uids are mapped, which limits hold
+//! and how to delegate a cgroup to a normal user. Never falls back silently: the `isolated`
+//! runtime either runs with every layer reported here or fails naming the missing one.
 
 use std::process::ExitCode;
 
-use sessionbox_local::sandbox::{self, LayerState};
+use sessionbox_local::sandbox::{self, Decision, LayerState, SandboxLimits, UidMapping};
 
 use crate::config::RuntimeKind;
 
 /// Prints the report; exit 0 only when `default` can run here. `opensandbox` is the
 /// OpenSandbox server to probe, when one is configured (or the default runtime needs one).
+/// `limits` are the `isolated` runtime's configured sandbox limits.
 pub async fn run(
     default: RuntimeKind,
     opensandbox: Option<anyhow::Result<sessionbox_opensandbox::ClientConfig>>,
     aio: Option<anyhow::Result<sessionbox_aio::AioRuntime>>,
+    limits: &SandboxLimits,
 ) -> ExitCode {
     let layers = sandbox::probe();
+    let report = sandbox::limits_report(limits);
+    let rlimit_only = report.decision == Decision::Rlimits;
     let width = layers.iter().map(|l| l.layer.len()).max().unwrap_or(10);
     outln!("sandbox layers (needed by the isolated runtime):");
     let mut missing = 0;
     for l in &layers {
+        // With rlimit-only limits chosen, no cgroup is made: its layers are not needed.
+        let unused = rlimit_only && l.layer.starts_with("cgroup ");
         let state = match l.state {
+            _ if unused => "unused",
             LayerState::Enforced => "enforced",
             LayerState::Missing => {
                 missing += 1;
                 "MISSING"
             }
         };
-        outln!("  {:<width$}  {state:<8}  {}", l.layer, l.detail);
+        let detail = if unused {
+            "rlimit-only limits chosen ([isolated] limits = \"rlimit\"): no cgroup is made"
+                .to_owned()
+        } else {
+            l.detail.clone()
+        };
+        outln!("  {:<width$}  {state:<8}  {detail}", l.layer);
         if let Some(hint) = &l.hint
             && l.state == LayerState::Missing
+            && !unused
         {
             outln!("  {:<width$}            fix: {hint}", "");
         }
     }
     outln!();
-    let isolated_ok = missing == 0;
+    print_limits(&report);
+    outln!();
+    let refused = report.decision == Decision::Refuse;
+    let isolated_ok = missing == 0 && !refused;
     outln!(
         "isolated runtime: {}",
         if isolated_ok {
-            "can run (every layer enforced)".to_owned()
-        } else {
+            format!(
+                "can run (every layer enforced; {})",
+                if rlimit_only {
+                    "rlimit-only limits"
+                } else {
+                    "cgroup limits"
+                }
+            )
+        } else if missing > 0 {
             format!("cannot run: {missing} layer(s) missing; see the fixes above")
+        } else {
+            "cannot run: its limits are cgroups and none can be made; delegate one (above) or set [isolated] limits = \"rlimit\"".to_owned()
         }
     );
     outln!("host runtime: can run (not a security boundary: directory separation only)");
@@ -98,6 +125,66 @@ pub async fn run(
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// Root or not, the uid mapping, the limits that hold, and how to delegate a cgroup.
+fn print_limits(r: &sandbox::LimitsReport) {
+    outln!("privilege and limits (isolated runtime):");
+    match r.mapping {
+        UidMapping::PerConversation => {
+            outln!("  running as   root");
+            outln!(
+                "  uid mapping  a host uid of its own per conversation ([isolated] uid_base, uid_count), mapped to uid 1000 inside"
+            );
+        }
+        UidMapping::Caller { uid, gid } => {
+            outln!("  running as   uid {uid}, gid {gid} (not root)");
+            outln!(
+                "  uid mapping  every conversation runs as this user's own uid {uid} (an unprivileged user namespace maps only the caller; as root each conversation would get a host uid of its own). Conversations stay apart by namespaces, mounts and landlock, but share this uid and its per-user allowances"
+            );
+        }
+    }
+    outln!("  limits       [isolated] limits = \"{}\"", r.mode.name());
+    match &r.cgroups {
+        Ok(dirs) => outln!(
+            "  cgroups      can be made, in {}",
+            dirs.iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Err(e) => outln!("  cgroups      cannot be made: {e}"),
+    }
+    match r.decision {
+        Decision::Refuse => outln!(
+            "  what holds   nothing: the runtime does not start (cgroups asked for, none can be made). Delegate a cgroup (below), or set [isolated] limits = \"rlimit\" for per-process limits only"
+        ),
+        _ => {
+            outln!("  what holds");
+            for h in &r.holds {
+                outln!("    {h}");
+            }
+            if r.decision == Decision::Rlimits && r.cgroups.is_ok() {
+                outln!(
+                    "    (a cgroup can be made here: [isolated] limits = \"cgroup\" bounds each sandbox as a whole)"
+                );
+            }
+        }
+    }
+    if !r.delegation.is_empty() {
+        let ready = r.cgroups.is_ok();
+        outln!(
+            "  delegate a cgroup to this user{} (as root):",
+            if ready {
+                " (done: one is usable already; for another user, the same with its uid)"
+            } else {
+                ""
+            }
+        );
+        for step in &r.delegation {
+            outln!("    {step}");
+        }
     }
 }
 

@@ -50,7 +50,6 @@ use sessionbox_core::{
 };
 use sessionbox_local::host::{HostConfig, HostRuntime};
 use sessionbox_local::isolated::{IsolatedConfig, IsolatedRuntime};
-use sessionbox_local::sandbox::SandboxLimits;
 use sessionbox_manager::Manager;
 use sessionbox_store::Store;
 
@@ -494,7 +493,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             || std::env::var_os("AIO_SANDBOX_BASE_URL").is_some_and(|v| !v.is_empty())
             || file.aio.endpoint.is_some();
         let aio = wants_aio.then(|| aio_runtime(&cli, &file));
-        return Ok(doctor::run(kind, osb, aio).await);
+        return Ok(doctor::run(kind, osb, aio, &file.isolated.sandbox_limits()).await);
     }
     let store_url = file.store_url();
     if let Command::Audit(args) = &cli.command {
@@ -615,17 +614,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let runtime: Arc<dyn Runtime> = match kind {
         RuntimeKind::Isolated => {
             let iso = &file.isolated;
-            let mut sandbox = SandboxLimits::default();
-            if let Some(v) = iso.pids {
-                sandbox.pids = v;
-                sandbox.nproc = v;
-            }
-            if let Some(v) = iso.memory_bytes {
-                sandbox.memory_bytes = v;
-            }
-            if let Some(v) = iso.cpu {
-                sandbox.cpu = v;
-            }
+            let sandbox = iso.sandbox_limits();
             let base = iso.uid_base.unwrap_or(3_000_000);
             let count = iso.uid_count.unwrap_or(65_536);
             let uid_store = store.clone();

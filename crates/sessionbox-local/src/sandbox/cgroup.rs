@@ -46,7 +46,80 @@ fn unavailable(controller: &str, reason: String, hint: &str) -> Error {
 }
 
 const HINT_MOUNT: &str = "mount the controller (cgroup v1 at /sys/fs/cgroup/<controller>, or cgroup v2 with it enabled in cgroup.subtree_control), or run on a host that has it";
-const HINT_WRITE: &str = "run sessionbox as root, or delegate a writable cgroup (with the pids, memory and cpu controllers) to its user";
+/// What to do when no cgroup can be written: as root this is unusual (a read-only cgroupfs);
+/// without root a cgroup must be delegated, or rlimit-only limits chosen.
+pub(crate) const HINT_WRITE: &str = "delegate a cgroup with the pids, memory and cpu controllers to this user (`sessionbox doctor` prints the exact commands), or choose rlimit-only limits (`[isolated] limits = \"rlimit\"` in sessionbox.toml; weaker: per process, see `sessionbox doctor`), or run sessionbox as root";
+
+/// The leaf cgroup v2 a non-root caller moves itself into when its own cgroup is the
+/// delegated one (cgroup v2 lets only a cgroup without processes of its own enable
+/// controllers for its children).
+pub(crate) const V2_LEAF: &str = "sessionbox-main";
+
+/// The cgroup v1 directory, beneath each hierarchy's root, that an administrator delegates to
+/// a non-root `uid` (made and chowned to it): `sessionbox-<uid>`.
+pub(crate) fn delegated_name(uid: u32) -> String {
+    format!("sessionbox-{uid}")
+}
+
+/// Where to try creating a sandbox's cgroup in one hierarchy, nearest first.
+///
+/// As root: this process's own cgroup, then the hierarchy's root. Without root, only what the
+/// caller may write: in cgroup v1 its own cgroup and the delegated `sessionbox-<uid>` beneath the
+/// root (a v1 move checks only the destination's permissions); in cgroup v2 its own cgroup (its
+/// parent when it is our [`V2_LEAF`]) and each writable ancestor below the root, because v2
+/// moves a process only within a subtree whose common ancestor the caller may write (a cgroup
+/// elsewhere is useless to it).
+pub(crate) fn candidates(
+    version: Version,
+    mount: &Path,
+    own: &Path,
+    root: bool,
+    uid: u32,
+    writable: impl Fn(&Path) -> bool,
+) -> Vec<PathBuf> {
+    let mut out = vec![own.to_path_buf()];
+    if root {
+        if own != mount {
+            out.push(mount.to_path_buf());
+        }
+        return out;
+    }
+    match version {
+        Version::V1 => {
+            let delegated = mount.join(delegated_name(uid));
+            if delegated != own {
+                out.push(delegated);
+            }
+            out.retain(|p| writable(p));
+        }
+        Version::V2 => {
+            out.clear();
+            let start = if own.file_name().is_some_and(|n| n == V2_LEAF) {
+                own.parent().unwrap_or(own)
+            } else {
+                own
+            };
+            let mut at = Some(start);
+            while let Some(dir) = at {
+                if dir == mount || !dir.starts_with(mount) {
+                    break;
+                }
+                if writable(&dir.join("cgroup.subtree_control"))
+                    && writable(&dir.join("cgroup.procs"))
+                {
+                    out.push(dir.to_path_buf());
+                }
+                at = dir.parent();
+            }
+        }
+    }
+    out
+}
+
+/// True when this process may write `path` (`access(W_OK)`).
+fn may_write(path: &Path) -> bool {
+    rustix::fs::access(path, rustix::fs::Access::WRITE_OK).is_ok()
+}
 
 /// Finds each of [`CONTROLLERS`], v1 first (a controller bound to a v1 hierarchy is not usable in
 /// v2). Returns the locations found and the controllers missing.
@@ -269,12 +342,11 @@ impl Cgroups {
                 )),
             }
         }
+        let euid = rustix::process::geteuid();
+        let root = euid.is_root();
         for (version, mount, own, controllers) in groups {
             let shown = controllers.join(",");
-            let mut candidates = vec![own.clone()];
-            if own != mount {
-                candidates.push(mount.clone());
-            }
+            let candidates = candidates(version, &mount, &own, root, euid.as_raw(), may_write);
             let mut last_err = None;
             let mut made = None;
             for parent in &candidates {
@@ -288,9 +360,19 @@ impl Cgroups {
                         .iter()
                         .any(|c| !enabled.split_whitespace().any(|e| e == *c));
                     if needed {
-                        if let Err(e) =
-                            write(&parent.join("cgroup.subtree_control"), &want.join(" "))
+                        let mut r = write(&parent.join("cgroup.subtree_control"), &want.join(" "));
+                        // Without root, our own delegated cgroup holds this process: move it
+                        // into a leaf of its own (v2's no-internal-process rule), then enable.
+                        if !root
+                            && *parent == own
+                            && r.as_ref().err().and_then(io::Error::raw_os_error)
+                                == Some(libc::EBUSY)
                         {
+                            r = move_self_to_leaf(parent).and_then(|()| {
+                                write(&parent.join("cgroup.subtree_control"), &want.join(" "))
+                            });
+                        }
+                        if let Err(e) = r {
                             last_err = Some((parent.clone(), "enable controllers in", e));
                             continue;
                         }
@@ -317,8 +399,29 @@ impl Cgroups {
                     controllers,
                 }),
                 None => {
-                    let (p, what, e) = last_err.expect("at least one candidate was tried");
-                    return Err(io_err(&shown, what, &p, e));
+                    return Err(match last_err {
+                        Some((p, what, e)) => io_err(&shown, what, &p, e),
+                        None => unavailable(
+                            &shown,
+                            format!(
+                                "not running as root, and no cgroup in {} is delegated to uid {} (tried {})",
+                                mount.display(),
+                                euid.as_raw(),
+                                match version {
+                                    Version::V1 => format!(
+                                        "{} and {}",
+                                        own.display(),
+                                        mount.join(delegated_name(euid.as_raw())).display()
+                                    ),
+                                    Version::V2 => format!(
+                                        "{} and its ancestors: none has cgroup.procs and cgroup.subtree_control writable by this user",
+                                        own.display()
+                                    ),
+                                }
+                            ),
+                            HINT_WRITE,
+                        ),
+                    });
                 }
             }
         }
@@ -361,6 +464,17 @@ impl Cgroups {
             }
         }
         Ok(())
+    }
+
+    /// No cgroup at all (rlimit-only limits): every query answers empty, and killing is done
+    /// through the sandbox's PID namespace instead.
+    pub(crate) fn none() -> Cgroups {
+        Cgroups { dirs: Vec::new() }
+    }
+
+    /// True for [`Cgroups::none`].
+    pub(crate) fn is_empty(&self) -> bool {
+        self.dirs.is_empty()
     }
 
     /// Adds `pid` to the cgroup v2 directory, if any (v1 directories are joined by the monitor
@@ -464,9 +578,63 @@ impl Cgroups {
     }
 }
 
+/// Moves this whole process into `<dir>/`[`V2_LEAF`] (created when missing).
+fn move_self_to_leaf(dir: &Path) -> io::Result<()> {
+    let leaf = dir.join(V2_LEAF);
+    match std::fs::create_dir(&leaf) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    write(&leaf.join("cgroup.procs"), &std::process::id().to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn root_tries_its_own_cgroup_then_the_hierarchy_root() {
+        let m = Path::new("/sys/fs/cgroup/memory");
+        let own = m.join("a");
+        let c = candidates(Version::V1, m, &own, true, 0, |_| false);
+        assert_eq!(c, vec![own.clone(), m.to_path_buf()]);
+        assert_eq!(
+            candidates(Version::V2, m, m, true, 0, |_| false),
+            vec![m.to_path_buf()]
+        );
+    }
+
+    #[test]
+    fn without_root_v1_uses_only_writable_cgroups_and_the_delegated_one() {
+        let m = Path::new("/sys/fs/cgroup/memory");
+        let own = m.join("user.slice");
+        let delegated = m.join("sessionbox-1001");
+        // Nothing writable: nothing to try (the caller reports how to delegate).
+        assert!(candidates(Version::V1, m, &own, false, 1001, |_| false).is_empty());
+        // The administrator made and chowned sessionbox-1001.
+        let c = candidates(Version::V1, m, &own, false, 1001, |p| p == delegated);
+        assert_eq!(c, vec![delegated.clone()]);
+        // Its own cgroup was delegated: that first. The root is never a candidate.
+        let c = candidates(Version::V1, m, &own, false, 1001, |_| true);
+        assert_eq!(c, vec![own, delegated]);
+    }
+
+    #[test]
+    fn without_root_v2_walks_up_the_writable_ancestors_below_the_root() {
+        let m = Path::new("/sys/fs/cgroup");
+        let svc = m.join("user.slice/user-1001.slice/user@1001.service");
+        let scope = svc.join("app.slice/run-1.scope");
+        let delegated = |p: &Path| p.starts_with(&svc);
+        let c = candidates(Version::V2, m, &scope, false, 1001, delegated);
+        assert_eq!(c, vec![scope.clone(), svc.join("app.slice"), svc.clone()]);
+        // Once moved into its leaf, the leaf's parent is the delegated cgroup again.
+        let c = candidates(Version::V2, m, &scope.join(V2_LEAF), false, 1001, delegated);
+        assert_eq!(c[0], scope);
+        // Not delegated: nothing; the root itself never.
+        assert!(candidates(Version::V2, m, &scope, false, 1001, |_| false).is_empty());
+        assert!(candidates(Version::V2, m, m, false, 1001, |_| true).is_empty());
+    }
 
     #[test]
     fn own_dir_follows_the_mount_root() {

@@ -637,7 +637,13 @@ fn init(ctl: OwnedFd, sync: OwnedFd, passed: Option<OwnedFd>, spec: &SandboxSpec
             return 1;
         }
     };
-    send(ctl.as_fd(), &Report::Ready { landlock });
+    // The parent cannot always read it itself: without root, this process (not dumpable, its
+    // memory still the host namespace's) is not the caller's to inspect.
+    let pid_ns = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino())
+    };
+    send(ctl.as_fd(), &Report::Ready { landlock, pid_ns });
     drop(ctl);
     supervise(program)
 }
@@ -796,7 +802,7 @@ pub(crate) fn limit_user_namespace(proc: &std::path::Path) -> Step<()> {
 fn set_rlimits(spec: &SandboxSpec) -> Step<()> {
     use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
     let l = &spec.limits;
-    for (res, name, want) in [
+    let mut all = vec![
         (Resource::Nproc, "RLIMIT_NPROC", l.nproc),
         (Resource::Fsize, "RLIMIT_FSIZE", l.fsize),
         (Resource::Nofile, "RLIMIT_NOFILE", l.nofile),
@@ -804,7 +810,13 @@ fn set_rlimits(spec: &SandboxSpec) -> Step<()> {
         (Resource::Sigpending, "RLIMIT_SIGPENDING", SIGPENDING),
         (Resource::Msgqueue, "RLIMIT_MSGQUEUE", MSGQUEUE_BYTES),
         (Resource::Memlock, "RLIMIT_MEMLOCK", MEMLOCK_BYTES),
-    ] {
+    ];
+    if l.mode == super::LimitMode::Rlimit {
+        // No cgroup bounds memory or CPU: each process gets them instead.
+        all.push((Resource::As, "RLIMIT_AS", l.memory_bytes));
+        all.push((Resource::Cpu, "RLIMIT_CPU", l.cpu_secs));
+    }
+    for (res, name, want) in all {
         // Never above the current hard limit: raising it needs privilege in the host namespace.
         let v = getrlimit(res).maximum.map_or(want, |hard| want.min(hard));
         setrlimit(

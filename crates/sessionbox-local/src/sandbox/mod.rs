@@ -29,6 +29,7 @@
 mod cgroup;
 mod child;
 mod confine;
+mod limits;
 mod mounts;
 mod probe;
 
@@ -46,6 +47,9 @@ use serde::{Deserialize, Serialize};
 use sessionbox_core::{Error, ExitStatus, Result, validate_env_name};
 
 pub use child::init_main;
+pub use limits::{
+    Decision, LimitsReport, UidMapping, check_limits, decide, delegation_steps, limits_report,
+};
 pub use probe::{LayerState, LayerStatus, probe};
 
 /// Name of the runtime reported in errors.
@@ -94,10 +98,37 @@ const RESERVED_INSIDE: &[&str] = &[
     "/workspace",
 ];
 
+/// How a sandbox's memory, process and CPU limits are enforced.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LimitMode {
+    /// cgroups (`pids.max`, memory, CPU quota) for the whole sandbox, plus the rlimits. Needs
+    /// root, or a cgroup delegated to the caller; [`launch`] fails otherwise. The default.
+    #[default]
+    Cgroup,
+    /// rlimits only, per process: `RLIMIT_AS` (`memory_bytes`), `RLIMIT_NPROC` (`nproc`),
+    /// `RLIMIT_CPU` (`cpu_secs`) and `RLIMIT_FSIZE`, with the other rlimits. No cgroup is made:
+    /// the sandbox as a whole has no memory or CPU bound (see the sandbox README). Chosen
+    /// explicitly, for a caller without root and without a delegated cgroup.
+    Rlimit,
+}
+
+impl LimitMode {
+    /// `cgroup` or `rlimit`, as written in configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            LimitMode::Cgroup => "cgroup",
+            LimitMode::Rlimit => "rlimit",
+        }
+    }
+}
+
 /// Resource limits of one sandbox. Every limit is enforced; none may be zero.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct SandboxLimits {
+    /// How the limits are enforced: cgroups (default) or rlimits only.
+    pub mode: LimitMode,
     /// Most processes and threads at once (cgroup `pids.max`), counting the init. Default 512.
     pub pids: u64,
     /// Memory in bytes, page cache and tmpfs included (cgroup `memory.limit_in_bytes` and
@@ -114,6 +145,10 @@ pub struct SandboxLimits {
     /// Size of each of the `/tmp` and `/dev/shm` tmpfs, in bytes (their pages also count against
     /// `memory_bytes`). Default 512 MiB.
     pub tmpfs_bytes: u64,
+    /// CPU seconds one process may use (`RLIMIT_CPU`, soft and hard), only with
+    /// [`LimitMode::Rlimit`] (where no CPU quota holds): past it the kernel kills the process.
+    /// Default 3600.
+    pub cpu_secs: u64,
 }
 
 impl Default for SandboxLimits {
@@ -126,6 +161,8 @@ impl Default for SandboxLimits {
             fsize: 1 << 30,
             nproc: 512,
             tmpfs_bytes: 512 << 20,
+            mode: LimitMode::Cgroup,
+            cpu_secs: 3600,
         }
     }
 }
@@ -240,9 +277,10 @@ impl SandboxSpec {
             || l.fsize == 0
             || l.tmpfs_bytes < (1 << 20)
             || !(l.cpu.is_finite() && l.cpu >= 0.01)
+            || l.cpu_secs == 0
         {
             return bad(format!(
-                "sandbox limits out of range (pids and nproc >= 4, memory >= 16 MiB, nofile >= 16, fsize > 0, tmpfs >= 1 MiB, cpu >= 0.01): {l:?}"
+                "sandbox limits out of range (pids and nproc >= 4, memory >= 16 MiB, nofile >= 16, fsize > 0, tmpfs >= 1 MiB, cpu >= 0.01, cpu_secs > 0): {l:?}"
             ));
         }
         for (host, inside) in &self.ro_binds {
@@ -373,8 +411,13 @@ impl Default for SandboxStdio {
 enum Report {
     /// From the monitor: the host pid of the sandbox's init.
     Pid { pid: u32 },
-    /// From the init: every layer is in place and the program was executed.
-    Ready { landlock: String },
+    /// From the init: every layer is in place and the program was executed. `pid_ns` is the
+    /// inode of its PID namespace.
+    Ready {
+        landlock: String,
+        #[serde(default)]
+        pid_ns: Option<u64>,
+    },
     /// A layer could not be applied.
     Error {
         layer: String,
@@ -389,6 +432,8 @@ pub struct SandboxHandle {
     monitor: Mutex<Child>,
     monitor_pid: u32,
     init_pid: u32,
+    /// The inode of the sandbox's PID namespace (`/proc/<init>/ns/pid`), read once it is ready.
+    pid_ns: Option<u64>,
     cgroups: cgroup::Cgroups,
     landlock: String,
     stdio: Mutex<(Option<ChildStdin>, Option<ChildStdout>, Option<ChildStderr>)>,
@@ -446,7 +491,11 @@ pub fn launch_with(
         }
     };
     let mut spec = spec.resolved()?;
-    let cgroups = cgroup::Cgroups::create(&spec.cgroup, &spec.limits)?;
+    let cgroups = match spec.limits.mode {
+        LimitMode::Cgroup => cgroup::Cgroups::create(&spec.cgroup, &spec.limits)?,
+        // rlimits only: the init sets them; the PID namespace is what kills the sandbox.
+        LimitMode::Rlimit => cgroup::Cgroups::none(),
+    };
     // The monitor joins the v1 hierarchies itself: a single-threaded process writing `0` to
     // `tasks` moves without the kernel's threadgroup lock, whose first use after a pause waits
     // for an RCU grace period (about 10 ms, measured by `sessionbox bench`). Writing its pid to
@@ -535,7 +584,7 @@ pub fn launch_with(
 
     let mut reader = BufReader::new(stream);
     let mut init_pid = None;
-    let landlock = loop {
+    let (landlock, reported_ns) = loop {
         let left = LAUNCH_TIMEOUT.saturating_sub(started.elapsed());
         if left.is_zero() {
             return Err(fail(&mut monitor, Error::TimedOut(LAUNCH_TIMEOUT)));
@@ -571,7 +620,7 @@ pub fn launch_with(
         }
         match serde_json::from_str::<Report>(buf.trim_end()) {
             Ok(Report::Pid { pid }) => init_pid = Some(pid),
-            Ok(Report::Ready { landlock }) => break landlock,
+            Ok(Report::Ready { landlock, pid_ns }) => break (landlock, pid_ns),
             Ok(Report::Error {
                 layer,
                 reason,
@@ -604,10 +653,20 @@ pub fn launch_with(
         ));
     };
     // The limits hold only if the monitor (and so everything it started) is in every cgroup.
-    if !cgroups.holds(monitor.id()) {
+    if !cgroups.is_empty() && !cgroups.holds(monitor.id()) {
+        let id = monitor.id();
         return Err(fail(
             &mut monitor,
-            Error::Backend("the sandbox monitor is not in all of its cgroups".into()),
+            Error::Backend(format!(
+                "the sandbox monitor {} is not in all of its cgroups: {:?}; in {:?}",
+                id,
+                cgroups
+                    .paths()
+                    .iter()
+                    .map(|p| (p.clone(), std::fs::read_to_string(p.join("cgroup.procs"))))
+                    .collect::<Vec<_>>(),
+                std::fs::read_to_string(format!("/proc/{id}/cgroup"))
+            )),
         ));
     }
     let stdio = (
@@ -616,10 +675,21 @@ pub fn launch_with(
         monitor.stderr.take(),
     );
     tracing::debug!(init_pid, elapsed = ?started.elapsed(), cgroup = %spec.cgroup, "sandbox ready");
+    let pid_ns = reported_ns.or_else(|| pid_namespace(init_pid));
+    if cgroups.is_empty() && pid_ns.is_none() {
+        // Without cgroups the namespace is the only handle on the sandbox's processes.
+        return Err(fail(
+            &mut monitor,
+            Error::Backend(format!(
+                "the sandbox did not report its PID namespace (init {init_pid})"
+            )),
+        ));
+    }
     Ok(SandboxHandle {
         monitor_pid: monitor.id(),
         monitor: Mutex::new(monitor),
         init_pid,
+        pid_ns,
         cgroups,
         landlock,
         stdio: Mutex::new(stdio),
@@ -637,6 +707,71 @@ fn wait_briefly(child: &mut Child) -> String {
             Err(e) => return format!("cannot wait for it: {e}"),
         }
     }
+}
+
+/// The inode of `pid`'s PID namespace (`/proc/PID/ns/pid`), which tells a sandbox's processes
+/// apart from every other (and a recycled pid from the sandbox's init). `None` when the
+/// process is gone or not ours to inspect.
+pub fn pid_namespace(pid: u32) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}/ns/pid"))
+        .ok()
+        .map(|m| m.ino())
+}
+
+/// Host pids of every process in the PID namespace with inode `ns` (see [`pid_namespace`]),
+/// found in `/proc`. Without root the sandbox's init is not among them (it is not dumpable, so
+/// not the caller's to inspect); every process it started is.
+pub fn namespace_processes(ns: u64) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out: Vec<u32> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| pid_namespace(*p) == Some(ns))
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// Ends a sandbox that has no cgroups (rlimit-only limits) through its PID namespace:
+/// `SIGKILL` to its init, when `init_pid` is still the init of namespace `ns` (so a recycled pid
+/// is left alone), after which the kernel kills every other process of the namespace; then
+/// waits (at most 10 s) until none is left. Returns how many processes the namespace held.
+pub fn kill_namespace(init_pid: u32, ns: u64) -> usize {
+    let found = namespace_processes(ns);
+    // Still the init: its namespace says so, or (without root, when that cannot be read) a
+    // process of the namespace is its child (every process of it descends from the init).
+    let is_init = pid_namespace(init_pid) == Some(ns)
+        || found.iter().any(|p| parent_pid(*p) == Some(init_pid));
+    if is_init && let Some(pid) = rustix::process::Pid::from_raw(init_pid as i32) {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+    }
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = namespace_processes(ns);
+        if left.is_empty() || Instant::now() >= until {
+            break;
+        }
+        // A process that outlived its init's kill (it never does: the kernel zaps the
+        // namespace) is killed too.
+        for p in left {
+            if let Some(pid) = rustix::process::Pid::from_raw(p as i32) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    found.len() + usize::from(is_init && !found.contains(&init_pid))
+}
+
+/// The parent pid of `pid`, from `/proc/PID/stat` (readable for any process).
+fn parent_pid(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses; it ends at the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// True when this process was started by [`launch`] as a sandbox init, so `main` should call
@@ -665,7 +800,13 @@ impl SandboxHandle {
         self.monitor_pid
     }
 
-    /// The sandbox's cgroup directories (one per cgroup v1 hierarchy, or one cgroup v2 directory).
+    /// The inode of the sandbox's PID namespace (see [`pid_namespace`]).
+    pub fn pid_namespace(&self) -> Option<u64> {
+        self.pid_ns
+    }
+
+    /// The sandbox's cgroup directories (one per cgroup v1 hierarchy, or one cgroup v2
+    /// directory; none with [`LimitMode::Rlimit`]).
     pub fn cgroup_paths(&self) -> Vec<PathBuf> {
         self.cgroups.paths()
     }
@@ -675,8 +816,13 @@ impl SandboxHandle {
         &self.landlock
     }
 
-    /// Host pids of every process in the sandbox's cgroups now (the monitor included).
+    /// Host pids of every process in the sandbox's cgroups now (the monitor included); without
+    /// cgroups ([`LimitMode::Rlimit`]), of every process in its PID namespace (the monitor,
+    /// outside it, is not counted).
     pub fn processes(&self) -> Vec<u32> {
+        if self.cgroups.is_empty() {
+            return self.pid_ns.map(namespace_processes).unwrap_or_default();
+        }
         self.cgroups.pids().into_iter().collect()
     }
 
@@ -687,20 +833,30 @@ impl SandboxHandle {
         (s.0.take(), s.1.take(), s.2.take())
     }
 
-    /// Kills every process in the sandbox's cgroups, waits until they are empty, reaps the
-    /// monitor and removes the cgroups. Returns how many processes were killed (found in the
+    /// Kills every process in the sandbox's cgroups (without cgroups: its PID namespace, see
+    /// [`kill_namespace`]), waits until they are empty, reaps the monitor and removes the
+    /// cgroups. Returns how many processes were killed (found in the
     /// cgroups while killing). Killing a sandbox that already ended succeeds and returns 0.
     ///
     /// # Errors
     /// [`Error::Backend`] when processes remain after 10 s or a cgroup cannot be removed.
     pub fn kill(&self) -> Result<usize> {
-        let killed = self.cgroups.kill_all();
+        let killed = if self.cgroups.is_empty() {
+            self.pid_ns
+                .map_or(0, |ns| kill_namespace(self.init_pid, ns))
+        } else {
+            self.cgroups.kill_all()
+        };
         {
             let mut m = self.monitor.lock().unwrap_or_else(|e| e.into_inner());
             let _ = m.kill();
             let _ = m.wait();
         }
-        let left: BTreeSet<u32> = self.cgroups.pids();
+        let left: BTreeSet<u32> = if self.cgroups.is_empty() {
+            self.processes().into_iter().collect()
+        } else {
+            self.cgroups.pids()
+        };
         if !left.is_empty() {
             return Err(Error::Backend(format!(
                 "processes {left:?} are still in the sandbox cgroups after SIGKILL"

@@ -292,14 +292,28 @@ pub fn probe() -> Vec<LayerStatus> {
                     .paths()
                     .into_iter()
                     .find(|p| p.starts_with(&l.mount))
-                    .map(|p| p.parent().map(|p| p.display().to_string()).unwrap_or_default())
+                    .map(|p| {
+                        p.parent()
+                            .map(|p| p.display().to_string())
+                            .unwrap_or_default()
+                    })
                     .unwrap_or_default();
-                LayerStatus::ok(&layer, format!("cgroup {version}; sandboxes are created in {dir}"))
+                LayerStatus::ok(
+                    &layer,
+                    format!("cgroup {version}; sandboxes are created in {dir}"),
+                )
             }
             Err(e) => LayerStatus::missing(
                 &layer,
-                format!("cgroup {version} at {}: {e}", l.mount.display()),
-                "run sessionbox as root, or delegate a writable cgroup with the pids, memory and cpu controllers to its user",
+                format!(
+                    "cgroup {version} at {}: {}",
+                    l.mount.display(),
+                    match e {
+                        sessionbox_core::Error::RuntimeUnavailable { reason, .. } => reason.clone(),
+                        e => e.to_string(),
+                    }
+                ),
+                cgroup::HINT_WRITE,
             ),
         });
     }
