@@ -46,13 +46,13 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sessionbox_core::{
     CappedSink, ConversationKey, ConversationRef, DestroyReport, DirEntry, EditRequest, EditResult,
-    Error, ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch, GrepRequest, OutputStream,
-    Result, Runtime, RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
+    Error, ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch, GrepRequest, Result, Runtime,
+    RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
 };
 use sessionbox_egress::Policy;
 pub use sessionbox_egress::token::GatewayAccess;
 use sessionbox_execd::fs_ext::{FsRequest, FsResponse, FsSession};
-use sessionbox_execd::{Endpoint, EventType, ExecdClient, RunCommandRequest};
+use sessionbox_execd::{Endpoint, ExecdClient, RunCommandRequest};
 use sessionbox_store::Store;
 
 use crate::error::OpenSandboxError;
@@ -852,39 +852,25 @@ impl OpenSandboxSession {
         request.validate()?;
         let _in_use = self.in_use.enter(&self.key);
         let cwd = checked(request.cwd.as_deref().unwrap_or("."))?;
-        let mut run = RunCommandRequest::shell(request.command.clone())
-            .exact_output()
-            .cwd(cwd)
-            .timeout(request.timeout)
-            .max_output_bytes(request.output_limit as u64);
+        // The caller's own variables win over the gateway's (as on the isolated runtime).
+        let mut run = RunCommandRequest::for_exec(&request, cwd);
         if let Some(gateway) = &self.gateway {
             // The policy in force now; a fresh token for this command alone.
             let policy = policy_in_force(&self.store, &self.conversation).await?;
             let ttl = request.timeout + TOKEN_MARGIN;
             for (k, v) in gateway.command_env(self.key.as_str(), &policy, ttl) {
-                run = run.env(k, v);
+                run = run.env_default(k, v);
             }
-        }
-        // The caller's own variables come last and win (as on the isolated runtime).
-        for (k, v) in &request.env {
-            run = run.env(k, v);
-        }
-        if let Some(stdin) = &request.stdin {
-            run = run.stdin(stdin.clone());
         }
         let sink = sink.map(|s| std::sync::Mutex::new(CappedSink::new(s, request.output_limit)));
         let out = self
             .client
             .run_command_with(&run, |event| {
-                let Some(sink) = &sink else { return };
-                let stream = match event.kind {
-                    EventType::Stdout => OutputStream::Stdout,
-                    EventType::Stderr => OutputStream::Stderr,
-                    _ => return,
-                };
-                sink.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(stream, event.output());
+                if let (Some(sink), Some((stream, bytes))) = (&sink, event.output_stream()) {
+                    sink.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(stream, bytes);
+                }
             })
             .await
             .map_err(Error::from)?;

@@ -971,11 +971,28 @@ pub(crate) struct ExecExit {
 /// How often an exec event stream carries a `: keepalive` comment while nothing else is sent.
 pub(crate) const SSE_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// `events` as a server-sent event stream, with a `: keepalive`
+/// comment every [`SSE_KEEPALIVE`] while the command is quiet (for proxies in front of the
+/// server that give up on a silent response; the OpenSandbox server's own waits 180 s).
+fn sse_response(
+    events: impl futures::Stream<Item = axum::response::sse::Event> + Send + 'static,
+) -> Response {
+    use axum::response::sse::{KeepAlive, Sse};
+    use futures::StreamExt;
+    let events = events.map(Ok::<_, std::convert::Infallible>);
+    let mut r = Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(SSE_KEEPALIVE).text("keepalive"))
+        .into_response();
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
+
 /// Runs the command of `opened` in a task that sends its output as server-sent events; the
 /// turn is held until the command ends. When the client goes away, the exec future is dropped,
 /// which kills the command's process group.
 fn event_stream(opened: Opened, request: ExecRequest) -> Response {
-    use axum::response::sse::{Event, KeepAlive, Sse};
+    use axum::response::sse::Event;
     use sessionbox_core::OutputStream;
 
     use crate::output::Utf8Chunker;
@@ -1038,19 +1055,9 @@ fn event_stream(opened: Opened, request: ExecRequest) -> Response {
         opened.done().await;
         drop(tx);
     });
-    let events = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|e| (Ok::<_, std::convert::Infallible>(e), rx))
-    });
-    // A comment every few seconds while the command is quiet, for proxies in front of the
-    // server that give up on a silent response (the OpenSandbox server's own waits 180 s).
-    let mut r = Sse::new(events)
-        .keep_alive(KeepAlive::new().interval(SSE_KEEPALIVE).text("keepalive"))
-        .into_response();
-    r.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    r
+    sse_response(futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|e| (e, rx))
+    }))
 }
 
 // ---- Background commands. ----
@@ -1070,6 +1077,8 @@ pub(crate) struct LogsQuery {
 const LOGS_CHUNK: usize = 1024 * 1024;
 /// How long one step of a followed stream waits for output.
 const FOLLOW_WAIT: Duration = Duration::from_secs(15);
+/// Events a follower may have read ahead of its client.
+const FOLLOW_BUFFER: usize = 4;
 
 /// Checks a command id before anything is opened.
 fn command_id(cmd: &str) -> Result<(), ApiError> {
@@ -1167,6 +1176,12 @@ pub(crate) async fn command_logs(
                 "wait_ms is for JSON polls; an event stream follows the command by itself",
             ));
         }
+        // Waiting requests hold no turn of the conversation: they are counted instead.
+        let waiter = if follow || !read.wait.is_zero() {
+            Some(s.waiters.enter(&conv.key)?)
+        } else {
+            None
+        };
         let o = s.open(&conv, false).await?;
         // Check the command exists before answering 200 (an event stream cannot say 404).
         let first = match o.conv.command(&cmd).await {
@@ -1178,7 +1193,7 @@ pub(crate) async fn command_logs(
         };
         s.commands.observe(&s, &conv, std::slice::from_ref(&first));
         if follow {
-            return Ok(follow_command(o.detach(), cmd, read));
+            return Ok(follow_command(o.detach(), cmd, read, waiter));
         }
         if read.wait.is_zero() {
             let out = o.conv.command_output(&cmd, read).await;
@@ -1188,26 +1203,34 @@ pub(crate) async fn command_logs(
         let session = o.detach();
         let out = session.command_output(&cmd, read).await;
         let _ = Box::new(session).close().await;
+        drop(waiter);
         Ok(Json(CommandLogsView::of(&out?)).into_response())
     })
 }
 
 /// Follows command `id` on `session` from the offsets of `from` as server-sent events, until it
-/// has ended and its output was sent, or the client goes away; then closes the session.
+/// has ended and its output was sent, or the client goes away; then closes the session and
+/// gives `waiter`'s place back.
+///
+/// The output is read only as fast as the client takes it: the channel to the response holds
+/// a few events, and the next read waits for room, so a slow follower costs the server at most
+/// a few chunks.
 fn follow_command(
     session: Conversation,
     id: String,
     from: sessionbox_core::OutputRequest,
+    waiter: Option<crate::commands::WaiterGuard>,
 ) -> Response {
-    use axum::response::sse::{Event, KeepAlive, Sse};
+    use axum::response::sse::Event;
 
     use crate::output::Utf8Chunker;
 
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Event>(FOLLOW_BUFFER);
     tokio::spawn(async move {
-        fn send(tx: &tokio::sync::mpsc::UnboundedSender<Event>, name: &str, data: impl Serialize) {
+        let _waiter = waiter;
+        async fn send(tx: &tokio::sync::mpsc::Sender<Event>, name: &str, data: impl Serialize) {
             if let Ok(e) = Event::default().event(name).json_data(data) {
-                let _ = tx.send(e);
+                let _ = tx.send(e).await;
             }
         }
         let mut chunkers = [Utf8Chunker::default(), Utf8Chunker::default()];
@@ -1225,7 +1248,7 @@ fn follow_command(
                         .enumerate()
                     {
                         if let Some(text) = chunkers[i].push(bytes) {
-                            send(&tx, name, text);
+                            send(&tx, name, text).await;
                         }
                     }
                     read.stdout_from = out.stdout_next();
@@ -1233,10 +1256,10 @@ fn follow_command(
                     if out.complete() {
                         for (i, name) in ["stdout", "stderr"].into_iter().enumerate() {
                             if let Some(text) = chunkers[i].finish() {
-                                send(&tx, name, text);
+                                send(&tx, name, text).await;
                             }
                         }
-                        send(&tx, "exit", CommandView::from(&out.command));
+                        send(&tx, "exit", CommandView::from(&out.command)).await;
                         break;
                     }
                 }
@@ -1246,7 +1269,8 @@ fn follow_command(
                         &tx,
                         "error",
                         serde_json::json!({"code": e.code, "message": e.message}),
-                    );
+                    )
+                    .await;
                     break;
                 }
             }
@@ -1254,19 +1278,9 @@ fn follow_command(
         let _ = Box::new(session).close().await;
         drop(tx);
     });
-    let events = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|e| (Ok::<_, std::convert::Infallible>(e), rx))
-    });
-    // A comment every few seconds while the command is quiet, for proxies in front of the
-    // server that give up on a silent response (the OpenSandbox server's own waits 180 s).
-    let mut r = Sse::new(events)
-        .keep_alive(KeepAlive::new().interval(SSE_KEEPALIVE).text("keepalive"))
-        .into_response();
-    r.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    r
+    sse_response(futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|e| (e, rx))
+    }))
 }
 
 /// Kills a background command's process group and answers its final status once it has

@@ -275,3 +275,70 @@ pub(crate) fn started(state: &AppState, conv: &ConversationRef, cmd: &Background
         .commands
         .observe(state, conv, std::slice::from_ref(cmd));
 }
+
+/// Most requests that wait on background command output at once (SSE follows and JSON long
+/// polls) in one conversation; one more is refused (429 `busy`).
+pub const MAX_WAITERS_PER_CONVERSATION: usize = 8;
+/// Most such waiting requests at once in the whole server.
+pub const MAX_WAITERS: usize = 256;
+
+/// Counts the requests that wait on background command output, per conversation and in
+/// total, so that followers (which hold no conversation turn) cannot pile up without bound.
+#[derive(Default)]
+pub(crate) struct Waiters {
+    counts: Mutex<(HashMap<ConversationKey, usize>, usize)>,
+}
+
+/// One admitted waiting request; dropping it gives its place back.
+pub(crate) struct WaiterGuard {
+    waiters: std::sync::Arc<Waiters>,
+    key: ConversationKey,
+}
+
+impl Waiters {
+    /// Admits one more waiting request of `key`.
+    ///
+    /// # Errors
+    /// [`Error::Busy`] naming the limit that is reached.
+    pub fn enter(self: &std::sync::Arc<Self>, key: &ConversationKey) -> Result<WaiterGuard, Error> {
+        let mut g = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let (per, total) = &mut *g;
+        if *total >= MAX_WAITERS {
+            return Err(Error::Busy(format!(
+                "{MAX_WAITERS} requests already wait on command output in this server; try \
+                 again later"
+            )));
+        }
+        let n = per.entry(key.clone()).or_default();
+        if *n >= MAX_WAITERS_PER_CONVERSATION {
+            return Err(Error::Busy(format!(
+                "{MAX_WAITERS_PER_CONVERSATION} requests already follow or wait on command \
+                 output in this conversation; close one first"
+            )));
+        }
+        *n += 1;
+        *total += 1;
+        Ok(WaiterGuard {
+            waiters: self.clone(),
+            key: key.clone(),
+        })
+    }
+}
+
+impl Drop for WaiterGuard {
+    fn drop(&mut self) {
+        let mut g = self
+            .waiters
+            .counts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let (per, total) = &mut *g;
+        *total = total.saturating_sub(1);
+        if let Some(n) = per.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                per.remove(&self.key);
+            }
+        }
+    }
+}

@@ -54,6 +54,7 @@ use sessionbox_manager::Manager;
 
 pub use api::router;
 pub use auth::Principal;
+pub use commands::{MAX_WAITERS, MAX_WAITERS_PER_CONVERSATION};
 pub use error::{ApiError, status_of};
 pub use mcp::serve_stdio;
 pub use openapi::openapi;
@@ -98,6 +99,7 @@ pub struct Inner {
     pub config: ServerConfig,
     queues: Arc<queue::Queues>,
     commands: Arc<commands::Commands>,
+    waiters: Arc<commands::Waiters>,
     sessions: Arc<sessions::Sessions>,
     audit: audit::AuditWriter,
     metrics: metrics::Metrics,
@@ -117,6 +119,7 @@ impl AppState {
         AppState(Arc::new(Inner {
             queues: Arc::default(),
             commands: Arc::default(),
+            waiters: Arc::default(),
             sessions: Arc::new(sessions::Sessions::new(config.max_open_sessions)),
             audit: audit::AuditWriter::start(manager.store().clone()),
             metrics: metrics::Metrics::new(),

@@ -385,6 +385,27 @@ fn args<T: DeserializeOwned>(tool: &str, a: Option<JsonObject>) -> Result<T, Err
         .map_err(|e| Error::InvalidRequest(format!("invalid arguments for `{tool}`: {e}")))
 }
 
+/// With `expired` (the conversation's last incarnation expired then, and this call found it
+/// gone or made it anew), `result` carries a note saying so first, so that the model never
+/// takes an empty workspace for its old one.
+fn expired_note(
+    result: Result<String, Error>,
+    expired: Option<chrono::DateTime<Utc>>,
+) -> Result<String, Error> {
+    let Some(at) = expired else {
+        return result;
+    };
+    let note = format!(
+        "Note: this conversation expired at {} and its files are gone; it starts again empty.",
+        at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    );
+    match result {
+        Ok(text) => Ok(format!("{note}\n{text}")),
+        Err(Error::NotFound(m)) => Err(Error::NotFound(format!("{m}. {note}"))),
+        Err(e) => Err(e),
+    }
+}
+
 /// Cuts `s` to `max` characters, saying so.
 fn cut(s: &str, max: usize) -> String {
     match s.char_indices().nth(max) {
@@ -501,12 +522,31 @@ impl Tools {
             Ok(o) => o,
             // A conversation that does not exist yet has an empty workspace, and the model
             // sees it so: nothing is created until bash or write.
-            Err(e) if e.code == "not_found" && !creates => return Self::empty(op),
+            Err(e) if e.code == "not_found" && !creates => {
+                // An expired conversation is empty too, and the model is told why.
+                let expired = Self::expired_at(s, conv).await;
+                return expired_note(Self::empty(op), expired);
+            }
             Err(e) => return Err(Error::from_code(e.code, &e.message)),
         };
+        let expired = opened.previous_expired_at();
         let result = Self::apply(&opened.conv, op).await;
         opened.done().await;
-        result
+        expired_note(result, expired)
+    }
+
+    /// When `conv`'s record expired, if it is past its expiry (not yet destroyed).
+    async fn expired_at(s: &AppState, conv: &ConversationRef) -> Option<chrono::DateTime<Utc>> {
+        let store = s.manager.store().clone();
+        let key = conv.key.clone();
+        let record = tokio::task::spawn_blocking(move || store.get(&key))
+            .await
+            .ok()?
+            .ok()??;
+        record
+            .is_expired(Utc::now())
+            .then_some(record.expires_at)
+            .flatten()
     }
 
     /// What `op` finds in an empty workspace: a conversation that does not exist yet.

@@ -2587,3 +2587,79 @@ async fn unknown_fields_are_422_oversized_exec_input_is_413_and_errors_name_the_
     })
     .await;
 }
+
+/// Attack: one conversation opens follower after follower on a chatty background command
+/// (followers hold no turn of the conversation). Past the per-conversation limit the next one
+/// is 429 `busy`, a JSON long poll counts too, and a closed follower gives its place back; a
+/// follower that does not read holds the server to a few chunks, and another conversation's
+/// exec stays quick meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn followers_of_command_output_are_bounded_per_conversation() {
+    bounded(async {
+        let s = Server::start(ServerConfig::default(), true).await;
+        let c = "/v1/conversations/followed";
+        let (st, v) = body(
+            s.json(
+                Method::POST,
+                &format!("{c}/exec"),
+                &json!({"command": "head -c 8000000 /dev/urandom; sleep 20", "background": true, "output_limit": 16000000}),
+            )
+            .send()
+            .await
+            .unwrap(),
+        )
+        .await;
+        assert_eq!(st, StatusCode::ACCEPTED, "{v}");
+        let id = v["id"].as_str().unwrap().to_owned();
+        let logs = format!("{c}/commands/{id}/logs?stdout_offset=0&stderr_offset=0");
+        let follow = || {
+            s.req(Method::GET, &logs)
+                .header("accept", "text/event-stream")
+                .send()
+        };
+        // Followers that never read their bodies.
+        let mut held = Vec::new();
+        for _ in 0..sessionbox_server::MAX_WAITERS_PER_CONVERSATION {
+            let r = follow().await.unwrap();
+            assert_eq!(r.status(), StatusCode::OK);
+            held.push(r);
+        }
+        error(follow().await.unwrap(), StatusCode::TOO_MANY_REQUESTS, "busy").await;
+        error(
+            s.req(Method::GET, &format!("{logs}&wait_ms=1000"))
+                .send()
+                .await
+                .unwrap(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "busy",
+        )
+        .await;
+        // Another conversation is not held up by them.
+        let t = Instant::now();
+        let (st, _) = body(
+            s.json(Method::POST, "/v1/conversations/other/exec", &json!({"command": "echo hi"}))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(st, StatusCode::OK);
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        // A closed follower gives its place back.
+        drop(held.pop());
+        let mut admitted = false;
+        for _ in 0..50 {
+            let r = follow().await.unwrap();
+            if r.status() == StatusCode::OK {
+                admitted = true;
+                held.push(r);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(admitted, "the place of a closed follower was never given back");
+        drop(held);
+        s.req(Method::DELETE, c).send().await.unwrap();
+    })
+    .await;
+}
