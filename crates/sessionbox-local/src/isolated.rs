@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 use sessionbox_core::{BackgroundCommand, CommandOutput, OutputRequest, validate_command_id};
 use sessionbox_core::{
     CappedSink, ConversationKey, ConversationRef, DestroyReport, DirEntry, EditRequest, EditResult,
-    Error, ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch, GrepRequest, Limits,
-    OutputStream, Result, Runtime, RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
+    Error, ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch, GrepRequest, Limits, Result,
+    Runtime, RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
 };
 use sessionbox_execd::fs_ext::{FsRequest, FsResponse, FsSession};
 use sessionbox_execd::{ExecdClient, RunCommandRequest};
@@ -152,6 +152,10 @@ struct SandboxRecord {
     /// and kill its processes.
     #[serde(default)]
     pid_namespace: Option<u64>,
+    /// The names of the skills bound at `/skills/<name>` when it was launched (`None`: launched
+    /// without skills configured, or by a build that did not record them).
+    #[serde(default)]
+    skills: Option<Vec<String>>,
 }
 
 /// A sandbox launched less than this long ago is starting, not hung: it is given time to answer
@@ -325,8 +329,17 @@ impl IsolatedRuntime {
         spec.hostname = format!("sbx-{}", key.short());
         spec.limits = self.config.sandbox.clone();
         spec.ro_binds = vec![(self.config.exe.clone(), PathBuf::from(AGENT_EXE))];
+        let mut skills = None;
         if let Some(SkillBindsHook(binds)) = &self.skill_binds {
-            spec.ro_binds.extend(binds(key)?);
+            let binds = binds(key)?;
+            skills = Some(
+                binds
+                    .iter()
+                    .filter_map(|(_, inside)| inside.file_name())
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .collect(),
+            );
+            spec.ro_binds.extend(binds);
         }
         spec.args = self.config.agent_args.clone();
         spec.args.extend([
@@ -401,6 +414,7 @@ impl IsolatedRuntime {
             network,
             gateway_pid,
             pid_namespace: handle.pid_namespace(),
+            skills,
         };
         write_atomic(
             &run.join("sandbox.json"),
@@ -733,6 +747,17 @@ impl Runtime for IsolatedRuntime {
         self.skill_binds.as_ref().map(|_| SKILLS_ROOT.to_owned())
     }
 
+    fn present_skills(&self, key: &ConversationKey) -> Option<Vec<String>> {
+        self.skill_binds.as_ref()?;
+        let run = self.run_dir(key);
+        let record = read_record(&run)?;
+        // Only a sandbox that runs holds its skills; a stopped one mounts them afresh.
+        let dir = RunDir::open(&run).ok()?;
+        agent_answers(&dir.socket())
+            .then_some(record.skills)
+            .flatten()
+    }
+
     fn workspace_location(&self, key: &ConversationKey) -> String {
         self.workspace_dir(key).to_string_lossy().into_owned()
     }
@@ -874,17 +899,7 @@ impl IsolatedSession {
     async fn run(&self, request: ExecRequest, sink: Option<ExecSink<'_>>) -> Result<ExecResult> {
         request.validate()?;
         let cwd = checked(request.cwd.as_deref().unwrap_or("."))?;
-        let mut run = RunCommandRequest::shell(request.command.clone())
-            .exact_output()
-            .cwd(cwd)
-            .timeout(request.timeout)
-            .max_output_bytes(request.output_limit as u64);
-        for (k, v) in &request.env {
-            run = run.env(k, v);
-        }
-        if let Some(stdin) = &request.stdin {
-            run = run.stdin(stdin.clone());
-        }
+        let run = RunCommandRequest::for_exec(&request, cwd);
         let taken = std::sync::atomic::AtomicBool::new(false);
         // `relaunching` may build the call twice (the first never reached an agent, so nothing
         // was handed over): the sink is shared through a lock, uncontended.
@@ -906,15 +921,12 @@ impl IsolatedSession {
                             *interrupt.id.lock().unwrap_or_else(|e| e.into_inner()) =
                                 event.text.clone();
                         }
-                        let Some(sink) = &sink else { return };
-                        let stream = match event.kind {
-                            sessionbox_execd::EventType::Stdout => OutputStream::Stdout,
-                            sessionbox_execd::EventType::Stderr => OutputStream::Stderr,
-                            _ => return,
-                        };
-                        sink.lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .push(stream, event.output());
+                        if let (Some(sink), Some((stream, bytes))) = (&sink, event.output_stream())
+                        {
+                            sink.lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .push(stream, bytes);
+                        }
                     })
                 },
                 || taken.load(std::sync::atomic::Ordering::SeqCst),

@@ -96,8 +96,9 @@ async fn stdin_is_passed_through_and_a_big_one_does_not_deadlock() {
     let (_d, r) = run_here(&ExecRequest::new("tr a-z A-Z").stdin("hello\n")).await;
     assert_eq!(text(&r.stdout), "HELLO\n");
 
-    // 4 MiB in, echoed out: far more than a pipe buffer both ways.
-    let big: Vec<u8> = (0..4 * 1024 * 1024)
+    // The most stdin a request may carry (1 MiB), echoed out: far more than a pipe buffer
+    // (64 KiB) both ways.
+    let big: Vec<u8> = (0..sessionbox_core::MAX_STDIN_BYTES)
         .map(|i| b'a' + (i % 26) as u8)
         .collect();
     let req = ExecRequest::new("cat")
