@@ -136,7 +136,7 @@ pub struct GrepMatch {
 /// Limits on file operations. Defaults are what an agent's tools need; runtimes take them from
 /// configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct Limits {
     /// Largest file `read`, `write` or `edit` handles, in bytes (default 64 MiB).
     pub max_file_bytes: u64,

@@ -605,6 +605,7 @@ fn warn_skipped(tenant: &TenantId, catalog: &Catalog) {
         let new = WARNED.lock().map(|mut w| w.insert(fault)).unwrap_or(true);
         if new {
             tracing::warn!(
+                target: "sessionbox::skills",
                 tenant = %tenant,
                 skill = %k.name(),
                 "skill left out: {}",

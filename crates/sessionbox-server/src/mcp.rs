@@ -840,7 +840,10 @@ impl ServerHandler for Tools {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("sessionbox", env!("CARGO_PKG_VERSION")))
-            .with_instructions(instructions(self.state.manager.runtime().mounted_skills()))
+            .with_instructions(instructions(
+                !self.state.manager.skills().is_empty(),
+                self.state.manager.runtime().mounted_skills(),
+            ))
     }
 
     async fn list_tools(
@@ -888,20 +891,29 @@ impl ServerHandler for Tools {
 /// What the model is told about this server when a session starts: what a conversation is,
 /// that its files stay between turns, and where skills are (`mounted`: the runtime's read-only
 /// mount root; `None`: copies in the workspace).
-fn instructions(mounted: Option<String>) -> String {
-    let skills = match mounted {
-        Some(root) => format!("{}/NAME, read-only", root.trim_end_matches('/')),
-        // Copied into the workspace, or none at all (an isolated runtime without skills).
-        None => ".skills/NAME in the workspace where skills are copied, a managed copy (do not \
-                 edit it)"
+/// The server's instructions to the model. `any_skills`: this server has skills configured
+/// for some tenant; `mounted`: where the runtime mounts them (else they are copied into the
+/// workspace at `.skills/NAME`).
+fn instructions(any_skills: bool, mounted: Option<String>) -> String {
+    let skills = match (any_skills, mounted) {
+        (false, _) => {
+            "Agent Skills: none are configured on this server (`skill` says so).".to_owned()
+        }
+        (true, Some(root)) => format!(
+            "Agent Skills: `skill` lists them and loads one (its instructions and its directory, \
+             {}/NAME, read-only).",
+            root.trim_end_matches('/')
+        ),
+        (true, None) => "Agent Skills: `skill` lists them and loads one (its instructions and \
+                         its directory, .skills/NAME in the workspace, a managed copy: do not \
+                         edit it)."
             .to_owned(),
     };
     format!(
         "sessionbox gives this conversation a workspace of its own: a directory no other \
          conversation can see. The tools bash, read, write, edit, ls, glob and grep work in it \
          (relative paths start at its root). Its files persist across turns: a later turn of \
-         the same conversation finds them again; a new conversation starts empty. Agent Skills: \
-         `skill` lists them and loads one (its instructions and directory, {skills}). \
+         the same conversation finds them again; a new conversation starts empty. {skills} \
          `network` shows the network policy, which no tool can change."
     )
 }
@@ -927,6 +939,27 @@ fn model_text(name: &str, bytes: &[u8]) -> String {
                     bytes.len()
                 )
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::instructions;
+
+    #[test]
+    fn the_instructions_name_a_skill_directory_only_where_skills_exist() {
+        let none = instructions(false, Some("/skills".into()));
+        assert!(
+            none.contains("none are configured") && !none.contains("/skills/NAME"),
+            "{none}"
+        );
+        let mounted = instructions(true, Some("/skills/".into()));
+        assert!(mounted.contains("/skills/NAME, read-only"), "{mounted}");
+        let copied = instructions(true, None);
+        assert!(copied.contains(".skills/NAME in the workspace"), "{copied}");
+        for text in [none, mounted, copied] {
+            assert!(text.contains("persist across turns"), "{text}");
         }
     }
 }

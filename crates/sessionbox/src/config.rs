@@ -442,6 +442,12 @@ mod tests {
     }
 
     #[test]
+    fn an_unknown_key_in_limits_is_refused_like_everywhere_else() {
+        let e = toml::from_str::<FileConfig>("[limits]\nbogus = 1\n").unwrap_err();
+        assert!(e.to_string().contains("bogus"), "{e}");
+    }
+
+    #[test]
     fn isolated_limits_default_to_cgroups_and_rlimit_only_is_a_choice() {
         use sessionbox_local::sandbox::LimitMode;
         let dir = tempfile::tempdir().unwrap();

@@ -112,6 +112,11 @@ enum Command {
         /// Pass this process's stdin to the command.
         #[arg(long)]
         stdin: bool,
+        /// Most bytes of each of stdout and stderr passed on (at most 16 MiB); past it the
+        /// rest is discarded and the CLI says so. For more, write the output to a file in the
+        /// workspace and `read` it.
+        #[arg(long, value_name = "BYTES", default_value_t = sessionbox_core::MAX_OUTPUT_LIMIT)]
+        output_limit: usize,
         /// Start it in the background and print its id at once (see `commands`, `logs`,
         /// `kill`); it runs on after this process, owned by the runtime.
         #[arg(long)]
@@ -364,10 +369,16 @@ fn main() -> ExitCode {
             .chain(args.iter().cloned());
         return sessionbox_agent::run_cli(argv);
     }
+    // A command's stderr is the command's own, byte for byte: the warning about a skill left
+    // out goes to `serve`'s log, the audit and `sessionbox skills`, not into every command.
+    let default_filter = match &cli.command {
+        Command::Serve(_) => "warn",
+        _ => "warn,sessionbox::skills=off",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("SESSIONBOX_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
         .with_ansi(colour_on_stderr())
@@ -898,9 +909,17 @@ fn prepare(root: &str, command: &Command) -> anyhow::Result<Prepared> {
             timeout,
             env,
             stdin,
+            output_limit,
             command,
             ..
-        } => Some(exec_request(command, cwd.clone(), *timeout, env, *stdin)?),
+        } => Some(exec_request(
+            command,
+            cwd.clone(),
+            *timeout,
+            env,
+            *stdin,
+            *output_limit,
+        )?),
         _ => None,
     };
     let write_data = match command {
@@ -941,6 +960,7 @@ fn exec_request(
     timeout: f64,
     env: &[String],
     stdin: bool,
+    output_limit: usize,
 ) -> anyhow::Result<ExecRequest> {
     let line = match command {
         [one] => one.clone(),
@@ -951,7 +971,16 @@ fn exec_request(
             "--timeout {timeout}: give a number of seconds from 0.001 to 600"
         ))
     })?;
-    let mut req = ExecRequest::new(line).timeout(timeout);
+    if output_limit == 0 || output_limit > sessionbox_core::MAX_OUTPUT_LIMIT {
+        return Err(UsageError(format!(
+            "--output-limit {output_limit}: give a number of bytes from 1 to {}",
+            sessionbox_core::MAX_OUTPUT_LIMIT
+        ))
+        .into());
+    }
+    let mut req = ExecRequest::new(line)
+        .timeout(timeout)
+        .output_limit(output_limit);
     req.cwd = cwd;
     for kv in env {
         let Some((k, v)) = kv.split_once('=') else {
@@ -1133,12 +1162,25 @@ async fn run_on_session(
                     failed = Some(e);
                 }
             };
-            let r = s.exec_stream(exec.expect("built above"), &mut sink).await?;
+            let exec = exec.expect("built above");
+            let r_limit = exec.output_limit;
+            let r = s.exec_stream(exec, &mut sink).await?;
             if let Some(e) = failed {
                 return Err(e.into());
             }
-            if r.stdout_truncated || r.stderr_truncated {
-                eprintln!("sessionbox: output was cut at the output limit");
+            for (cut, name) in [
+                (r.stdout_truncated, "stdout"),
+                (r.stderr_truncated, "stderr"),
+            ] {
+                if cut {
+                    eprintln!(
+                        "sessionbox: the command's {name} was cut at {limit} bytes (--output-limit; \
+                         at most {max}) and the rest discarded; for more, write it to a file in \
+                         the workspace and `sessionbox read` it",
+                        limit = r_limit,
+                        max = sessionbox_core::MAX_OUTPUT_LIMIT
+                    );
+                }
             }
             if r.timed_out {
                 eprintln!(

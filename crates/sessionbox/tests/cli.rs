@@ -969,3 +969,62 @@ fn destroy_removes_the_conversations_network_policy() {
     run(&["--runtime", "host", "exec", "-c", "net", "--", "true"]);
     assert!(!run(&["policy", "show", "-c", "net"]).contains("api.example.com"));
 }
+
+/// `exec` passes on up to 16 MiB of each stream by default (3 MB of random bytes arrive
+/// whole, as a new user piping `tar czf -` expects); `--output-limit` sets it, and a cut
+/// stream is named on stderr with the limit and what to do instead.
+#[test]
+fn exec_passes_large_output_and_says_how_to_get_more_when_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let out = sessionbox(
+        &data,
+        &[
+            "exec",
+            "--runtime",
+            "host",
+            "-c",
+            "big",
+            "--",
+            "head -c 3000000 /dev/urandom | tee r.bin",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let read = sessionbox(&data, &["read", "-c", "big", "r.bin"]);
+    assert_eq!(out.stdout.len(), 3_000_000);
+    assert!(out.stdout == read.stdout, "the bytes differ from the file");
+    assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
+
+    let out = sessionbox(
+        &data,
+        &[
+            "exec",
+            "-c",
+            "big",
+            "--output-limit",
+            "10",
+            "--",
+            "head -c 100 /dev/zero",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(out.stdout, vec![0u8; 10]);
+    let err = text(&out.stderr);
+    assert!(err.contains("stdout was cut at 10 bytes"), "{err}");
+    assert!(
+        err.contains("--output-limit") && err.contains("sessionbox read"),
+        "{err}"
+    );
+
+    let out = sessionbox(
+        &data,
+        &["exec", "-c", "big", "--output-limit", "0", "--", "true"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--output-limit 0"),
+        "{}",
+        text(&out.stderr)
+    );
+    sessionbox(&data, &["destroy", "-c", "big"]);
+}

@@ -48,9 +48,9 @@ async def with_conversation(conversation, body):
             # skills are on this runtime.
             assert init["serverInfo"]["name"] == "sessionbox", init["serverInfo"]
             text = init.get("instructions", "")
-            # This data directory has no skills: the isolated runtime mounts none, so the
-            # model is told where copies would be.
-            where = ".skills/NAME in the workspace"
+            # This data directory has no skills: the model is told none are configured, never
+            # a skill path that does not exist.
+            where = "none are configured"
             for words in ("workspace of its own", "persist across turns", where):
                 assert words in text, (words, text)
             return await body(session)

@@ -206,10 +206,21 @@ fn host_copies_the_tenants_skills_from_the_config_file_and_skills_lists_them() {
             && err.contains("invalid name"),
         "{err}"
     );
+    assert_eq!(
+        err.matches("hello is left out").count(),
+        1,
+        "said once, not also by the log: {err}"
+    );
     let o = cli(&["exec", "-c", "c", "--", "ls .skills"]);
     assert_eq!(
         stdout(&o),
         "other\n",
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // A command's stderr is its own: no warning about the skill is mixed into it.
+    assert!(
+        o.stderr.is_empty(),
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
