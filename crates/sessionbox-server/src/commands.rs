@@ -244,13 +244,16 @@ pub(crate) struct CommandLogsView {
 
 impl CommandLogsView {
     /// The view of `o`. While the command runs, a character not complete yet at the end of a
-    /// stream is held back (it comes next time); the next offsets say so.
+    /// stream is held back (it comes next time); the next offsets say so. When such a piece
+    /// is all there is, it is sent as it is (with its exact bytes in `base64`), so that a
+    /// client polling for new output never gets the same empty answer again and again.
     pub fn of(o: &CommandOutput) -> Self {
         let running = o.command.running;
         let part = |bytes: &[u8], offset: u64| {
             let mut part = bytes;
-            if running {
-                part = &part[..part.len() - incomplete_tail(part)];
+            let whole = part.len() - incomplete_tail(part);
+            if running && whole > 0 {
+                part = &part[..whole];
             }
             (OutputText::of(part), offset + part.len() as u64)
         };
@@ -340,5 +343,34 @@ impl Drop for WaiterGuard {
                 per.remove(&self.key);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sessionbox_core::{BackgroundCommand, CommandOutput};
+
+    use super::CommandLogsView;
+
+    fn running(stdout: &[u8]) -> CommandOutput {
+        CommandOutput {
+            command: BackgroundCommand::started("c", "x", 0),
+            stdout_offset: 5,
+            stdout: stdout.to_vec(),
+            stderr_offset: 0,
+            stderr: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn an_unfinished_character_waits_unless_it_is_all_there_is() {
+        // After text, the first byte of the euro sign waits for the rest.
+        let v = CommandLogsView::of(&running(b"ab\xe2\x82"));
+        assert_eq!((v.stdout.text.as_str(), v.stdout_next_offset), ("ab", 7));
+        // Alone, it is sent as it is (exact in base64), and the offset moves on: a poller
+        // never gets the same empty answer forever.
+        let v = CommandLogsView::of(&running(b"\xe2\x82"));
+        assert_eq!(v.stdout_next_offset, 7);
+        assert_eq!(v.stdout.base64.as_deref(), Some("4oI="));
     }
 }
