@@ -1,7 +1,9 @@
 //! Agent Skills through the real `sessionbox` binary: on `isolated` a skill is mounted
 //! read-only at `/skills/<name>` (its script runs there; writing fails and the host's skill
 //! directory is unchanged; secrets are not in it) and its bootstrap runs once across resumes,
-//! also across an idle stop; on `host` the skills of `[skills.tenants]` are copied, and
+//! also across an idle stop; a skill added while the sandbox runs is not announced over MCP
+//! (`sessionbox mcp`, the official Python SDK) until the sandbox has started again with it
+//! mounted; on `host` the skills of `[skills.tenants]` are copied, and
 //! `sessionbox skills` lists them and warns of a broken one (left out, with the rule it breaks);
 //! on `aio` (against the
 //! AIO test server) they are uploaded through the runtime's API, and a changed copy is restored.
@@ -130,6 +132,116 @@ fn isolated_mounts_skills_read_only_runs_their_scripts_and_bootstraps_once_acros
     let o = env.cli(&["destroy", "-c", "chat"], &vars);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(tree(&skills), before);
+}
+
+fn write_skill(skills: &Path, name: &str, description: &str, body: &str, script: &str) {
+    let dir = skills.join(name);
+    std::fs::create_dir_all(dir.join("scripts")).unwrap();
+    std::fs::write(
+        dir.join("SKILL.md"),
+        format!("---\nname: {name}\ndescription: {description}\n---\n{body}"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("scripts/b.sh"), script).unwrap();
+}
+
+/// Issue 16 on `isolated`, through `sessionbox mcp --conversation` and the official MCP Python
+/// SDK (`tests/mcp_stdio_skills.py`, which fails on any warning the SDK logs): a skill added to
+/// the tenant's skills directory while the conversation's sandbox runs is not mounted there, so
+/// the `skill` tool neither lists it nor hands out its path; once the sandbox has stopped (idle)
+/// and starts again on the same workspace, it is mounted and announced.
+#[test]
+fn isolated_announces_a_skill_added_while_the_sandbox_runs_only_once_it_is_mounted() {
+    if !is_root() {
+        eprintln!("SKIPPED: isolated runtime tests need root (CI runs them as root)");
+        return;
+    }
+    let env = Env::new(1);
+    let holder = tempfile::tempdir().unwrap();
+    let skills = holder.path().join("skills");
+    write_skill(
+        &skills,
+        "alpha",
+        "First skill.",
+        "Run scripts/b.sh.\n",
+        "echo alpha here\n",
+    );
+    std::fs::create_dir_all(&env.data).unwrap();
+    std::fs::write(
+        env.data.join("sessionbox.toml"),
+        format!(
+            "[isolated]\nidle_timeout_secs = {}\nuid_base = {}\nuid_count = {}\n\
+             [skills.tenants]\ndefault = [{:?}]\n",
+            env.idle_secs,
+            env.uids.start,
+            env.uids.len(),
+            skills.to_string_lossy()
+        ),
+    )
+    .unwrap();
+    let none: [(&str, &str); 0] = [];
+    let cli = |args: &[&str]| {
+        let o = env.cli(args, &none);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        stdout(&o)
+    };
+    let mcp = |phase: &str| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_stdio_skills.py");
+        let out = std::process::Command::new("python3")
+            .arg(script)
+            .arg(EXE)
+            .arg(&env.data)
+            .arg(phase)
+            .output()
+            .expect("python3 runs (scripts/test installs the mcp package)");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.trim_end().ends_with("OK"),
+            "the MCP stdio client failed in phase {phase}:\n{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+
+    // The sandbox starts with alpha mounted, and a background command keeps it running (not
+    // idle) while beta is added and the model asks.
+    let id = cli(&["exec", "-c", "chat", "--background", "--", "sleep 300"])
+        .trim()
+        .to_owned();
+    let key = sessionbox_core::ConversationRef::parse("default", "chat")
+        .unwrap()
+        .key;
+    let first = Record::read(&env.run_dir(&key)).expect("a sandbox record");
+    write_skill(
+        &skills,
+        "beta",
+        "Added later.",
+        "Run scripts/b.sh.\n",
+        "echo beta here\n",
+    );
+    mcp("running");
+    assert!(
+        proc_info(first.init).is_some_and(|p| p.state != 'Z'),
+        "the sandbox ran throughout"
+    );
+
+    // Let it stop when idle (not destroyed: the workspace stays).
+    cli(&["kill", "-c", "chat", &id]);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while proc_info(first.init).is_some_and(|p| p.state != 'Z') {
+        assert!(
+            std::time::Instant::now() < until,
+            "the sandbox did not stop when idle"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    mcp("restarted");
+    let second = Record::read(&env.run_dir(&key)).expect("a sandbox record");
+    assert_ne!(first.init, second.init, "the sandbox was launched again");
+    cli(&["destroy", "-c", "chat"]);
 }
 
 #[test]
