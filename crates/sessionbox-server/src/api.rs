@@ -1153,7 +1153,9 @@ pub(crate) async fn command_status(
                content((CommandLogsView = "application/json"), (String = "text/event-stream"))),
               (status = 400, description = "invalid input", body = ErrorBody),
               (status = 401, description = "no valid API key", body = ErrorBody),
-              (status = 404, description = "no such conversation or command", body = ErrorBody)))]
+              (status = 404, description = "no such conversation or command", body = ErrorBody),
+              (status = 422, description = "an unknown query parameter", body = ErrorBody),
+              (status = 429, description = "too many requests already follow or wait on command output", body = ErrorBody)))]
 pub(crate) async fn command_logs(
     State(s): State<AppState>,
     p: Principal,

@@ -483,7 +483,8 @@ pub(crate) async fn delete_conversation_policy(
            ("limit" = Option<usize>, Query, description = "the newest N, 1-1000; default 100")),
     responses((status = 200, body = EgressLogView),
               (status = 400, description = "invalid since or limit", body = ErrorBody),
-              (status = 401, description = "no valid API key", body = ErrorBody)))]
+              (status = 401, description = "no valid API key", body = ErrorBody),
+              (status = 422, description = "an unknown query parameter", body = ErrorBody)))]
 pub(crate) async fn tenant_egress_log(
     State(s): State<AppState>,
     p: Principal,
@@ -507,7 +508,8 @@ pub(crate) async fn tenant_egress_log(
            ("limit" = Option<usize>, Query, description = "the newest N, 1-1000; default 100")),
     responses((status = 200, body = EgressLogView),
               (status = 400, description = "invalid id, since or limit", body = ErrorBody),
-              (status = 401, description = "no valid API key", body = ErrorBody)))]
+              (status = 401, description = "no valid API key", body = ErrorBody),
+              (status = 422, description = "an unknown query parameter", body = ErrorBody)))]
 pub(crate) async fn conversation_egress_log(
     State(s): State<AppState>,
     p: Principal,
