@@ -21,8 +21,11 @@
 //! # async fn demo() -> Result<(), sessionbox_execd::ExecdError> {
 //! use sessionbox_execd::{ExecdClient, RunCommandRequest};
 //! let client = ExecdClient::unix("/run/sessionbox/execd.sock")?;
-//! let outcome = client.run_command(&RunCommandRequest::shell("echo hi")).await?;
-//! assert_eq!(outcome.stdout, "hi\n");
+//! // Exact output: every byte as the command wrote it (a sessionbox extension; an upstream
+//! // daemon frames output as one event per line instead).
+//! let request = RunCommandRequest::shell("echo hi").exact_output();
+//! let outcome = client.run_command(&request).await?;
+//! assert_eq!(outcome.stdout, b"hi\n");
 //! # Ok(()) }
 //! ```
 
