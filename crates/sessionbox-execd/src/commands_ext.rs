@@ -24,8 +24,6 @@
 
 use std::time::Duration;
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
 use reqwest::Method;
 use serde::{Deserialize, Serialize};
 use sessionbox_core::{
@@ -70,12 +68,12 @@ pub struct OutputResponse {
     /// Where `stdout` starts.
     pub stdout_offset: u64,
     /// stdout from `stdout_offset` on (base64, standard alphabet, padded).
-    #[serde(with = "b64")]
+    #[serde(with = "crate::b64::bytes")]
     pub stdout: Vec<u8>,
     /// Where `stderr` starts.
     pub stderr_offset: u64,
     /// stderr from `stderr_offset` on (base64).
-    #[serde(with = "b64")]
+    #[serde(with = "crate::b64::bytes")]
     pub stderr: Vec<u8>,
 }
 
@@ -211,20 +209,6 @@ impl ExecdClient {
             .call(OP, Method::DELETE, &command_path(id), &[], |rb| rb)
             .await?;
         self.json(OP, r).await
-    }
-}
-
-mod b64 {
-    use super::{Engine, STANDARD};
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(data: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&STANDARD.encode(data))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-        let text = String::deserialize(d)?;
-        STANDARD.decode(text).map_err(serde::de::Error::custom)
     }
 }
 

@@ -36,7 +36,7 @@ pub enum FsRequest {
         /// The file.
         path: String,
         /// The contents, base64 (standard alphabet, padded) in JSON.
-        #[serde(with = "b64")]
+        #[serde(with = "crate::b64::bytes")]
         data: Vec<u8>,
     },
     /// Replace an exact string.
@@ -85,7 +85,7 @@ pub enum FsRequest {
 #[serde(tag = "kind", content = "value", rename_all = "snake_case")]
 pub enum FsResponse {
     /// File contents (for `read`), base64 in JSON.
-    Data(#[serde(with = "b64")] Vec<u8>),
+    Data(#[serde(with = "crate::b64::bytes")] Vec<u8>),
     /// Done, nothing to return (`write`, `remove`, `mkdir`).
     Done,
     /// What an edit did.
@@ -225,21 +225,6 @@ pub trait FsSession: Send + Sync {
 /// An answer of the wrong kind for `op`.
 fn unexpected(op: &str, r: FsResponse) -> Error {
     Error::Backend(format!("the agent answered {op} with {r:?}"))
-}
-
-mod b64 {
-    use base64::Engine;
-    use base64::engine::general_purpose::STANDARD;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(data: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&STANDARD.encode(data))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-        let text = String::deserialize(d)?;
-        STANDARD.decode(text).map_err(serde::de::Error::custom)
-    }
 }
 
 #[cfg(test)]

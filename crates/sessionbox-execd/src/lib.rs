@@ -29,6 +29,7 @@
 //! # Ok(()) }
 //! ```
 
+mod b64;
 mod client;
 pub mod commands_ext;
 mod error;

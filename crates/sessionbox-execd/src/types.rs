@@ -54,7 +54,11 @@ pub struct RunCommandRequest {
     pub max_output_bytes: Option<u64>,
     /// sessionbox extension: bytes written to the command's stdin, which is then closed (base64,
     /// standard alphabet, in JSON). Absent: stdin is `/dev/null`. Upstream ignores it.
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_base64")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::b64::optional"
+    )]
     pub stdin: Option<Vec<u8>>,
     /// sessionbox extension: how the server frames `stdout`/`stderr` events. Absent: as
     /// upstream does (text, one event per line; bytes that are not UTF-8 cannot be carried).
@@ -73,30 +77,6 @@ pub enum OutputEncoding {
     /// The exact bytes, base64 (standard alphabet, padded) in the event's `bytes` field, in
     /// chunks as the server read them.
     Base64,
-}
-
-/// `Option<Vec<u8>>` as an optional base64 string (standard alphabet, padded).
-mod opt_base64 {
-    use base64::Engine;
-    use base64::engine::general_purpose::STANDARD;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(data: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
-        match data {
-            Some(d) => s.serialize_str(&STANDARD.encode(d)),
-            None => s.serialize_none(),
-        }
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
-        match Option::<String>::deserialize(d)? {
-            Some(t) => STANDARD
-                .decode(t)
-                .map(Some)
-                .map_err(serde::de::Error::custom),
-            None => Ok(None),
-        }
-    }
 }
 
 fn is_false(b: &bool) -> bool {
@@ -320,7 +300,11 @@ pub struct ServerStreamEvent {
     /// sessionbox extension on `stdout`/`stderr` events of a request that asked for
     /// [`OutputEncoding::Base64`]: the exact bytes of this piece (base64 on the wire), instead
     /// of `text`. Upstream never sends it.
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_base64")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::b64::optional"
+    )]
     pub bytes: Option<Vec<u8>>,
     /// Cell number (code interpreter).
     #[serde(default, skip_serializing_if = "Option::is_none")]
