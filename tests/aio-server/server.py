@@ -805,6 +805,9 @@ def main() -> None:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, int(port)))
+    # Listen before announcing the address: a client that connects as soon as it reads the
+    # line must find a listening socket, not a bound one (which refuses connections).
+    sock.listen(128)
     bound = sock.getsockname()
     shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
     print(f"aio-test-server listening on http://{shown}:{bound[1]}", flush=True)
