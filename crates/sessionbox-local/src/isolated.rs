@@ -13,7 +13,9 @@
 //! - `run/<key>/`: 0700, root's: `lock`, `agent.sock`, `sandbox.json` (cgroups, pids),
 //!   `agent.log` (the agent's stderr).
 
-use std::fs::File;
+use std::fmt;
+use std::fs::{self, File};
+use std::ops::Range;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -65,8 +67,8 @@ pub struct EgressWiring {
     pub gateway_args: Vec<String>,
 }
 
-impl std::fmt::Debug for EgressWiring {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Debug for EgressWiring {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EgressWiring")
             .field("gateway_args", &self.gateway_args)
             .finish_non_exhaustive()
@@ -93,13 +95,14 @@ pub const SKILLS_ROOT: &str = "/skills";
 #[derive(Clone)]
 struct SkillBindsHook(SkillBinds);
 
-impl std::fmt::Debug for SkillBindsHook {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Debug for SkillBindsHook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("SkillBinds")
     }
 }
 
-/// Settings of the `isolated` runtime.
+/// Settings of the `isolated` runtime. [`IsolatedConfig::new`] gives every default; the
+/// setters (or the public fields) change the rest.
 #[derive(Clone)]
 pub struct IsolatedConfig {
     /// The data directory (workspaces and run directories live beneath it).
@@ -120,8 +123,102 @@ pub struct IsolatedConfig {
     pub idle_timeout_of: Option<IdleTimeoutLookup>,
 }
 
-impl std::fmt::Debug for IsolatedConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl IsolatedConfig {
+    /// The first host uid given to a conversation by default (`[isolated] uid_base`).
+    pub const DEFAULT_UID_BASE: u32 = 3_000_000;
+    /// How many host uids conversations get by default (`[isolated] uid_count`).
+    pub const DEFAULT_UID_COUNT: u32 = 65_536;
+    /// How long an agent waits for a request before it stops, by default.
+    pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+    /// The arguments that make the `sessionbox` executable the agent.
+    pub const DEFAULT_AGENT_ARGS: &'static [&'static str] = &["agent"];
+
+    /// The settings for `data_dir` and the `sessionbox` executable `exe`, with every default:
+    /// default file and sandbox limits, [`Self::DEFAULT_IDLE_TIMEOUT`],
+    /// [`Self::DEFAULT_AGENT_ARGS`], no per-conversation idle timeouts, and host uids from
+    /// `allocate_uid`, which is given the range [`Self::uid_range`]`(None, None)` by callers
+    /// that keep the defaults.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// use sessionbox_local::isolated::IsolatedConfig;
+    ///
+    /// let uids = IsolatedConfig::uid_range(None, Some(64));
+    /// assert_eq!(uids, 3_000_000..3_000_064);
+    /// let config = IsolatedConfig::new("/var/lib/sessionbox", "/usr/bin/sessionbox", Arc::new(
+    ///     move |_key| Ok(uids.start),
+    /// ))
+    /// .with_idle_timeout(Duration::from_secs(30));
+    /// assert_eq!(config.agent_args, ["agent"]);
+    /// ```
+    pub fn new(
+        data_dir: impl Into<PathBuf>,
+        exe: impl Into<PathBuf>,
+        allocate_uid: UidAllocator,
+    ) -> Self {
+        IsolatedConfig {
+            data_dir: data_dir.into(),
+            limits: Limits::default(),
+            sandbox: SandboxLimits::default(),
+            idle_timeout: Self::DEFAULT_IDLE_TIMEOUT,
+            exe: exe.into(),
+            agent_args: Self::DEFAULT_AGENT_ARGS
+                .iter()
+                .map(|a| (*a).to_owned())
+                .collect(),
+            allocate_uid,
+            idle_timeout_of: None,
+        }
+    }
+
+    /// The host uids to allocate conversations from: `count` uids from `base`, each
+    /// defaulting ([`Self::DEFAULT_UID_BASE`], [`Self::DEFAULT_UID_COUNT`]); the range ends at
+    /// `u32::MAX` at most.
+    #[must_use]
+    pub fn uid_range(base: Option<u32>, count: Option<u32>) -> Range<u32> {
+        let base = base.unwrap_or(Self::DEFAULT_UID_BASE);
+        base..base.saturating_add(count.unwrap_or(Self::DEFAULT_UID_COUNT))
+    }
+
+    /// Sets the file-operation limits.
+    #[must_use]
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Sets the sandbox limits.
+    #[must_use]
+    pub fn with_sandbox(mut self, sandbox: SandboxLimits) -> Self {
+        self.sandbox = sandbox;
+        self
+    }
+
+    /// Sets the idle timeout of conversations that have none of their own.
+    #[must_use]
+    pub fn with_idle_timeout(mut self, idle_timeout: Duration) -> Self {
+        self.idle_timeout = idle_timeout;
+        self
+    }
+
+    /// Sets the arguments that make `exe` the agent.
+    #[must_use]
+    pub fn with_agent_args(mut self, args: Vec<String>) -> Self {
+        self.agent_args = args;
+        self
+    }
+
+    /// Looks each conversation's own idle timeout up when its sandbox is launched.
+    #[must_use]
+    pub fn with_idle_timeout_of(mut self, lookup: IdleTimeoutLookup) -> Self {
+        self.idle_timeout_of = Some(lookup);
+        self
+    }
+}
+
+impl fmt::Debug for IsolatedConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IsolatedConfig")
             .field("data_dir", &self.data_dir)
             .field("limits", &self.limits)
@@ -132,30 +229,62 @@ impl std::fmt::Debug for IsolatedConfig {
     }
 }
 
-/// What the launching process records so that any other process can find, inventory and end
-/// the sandbox.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct SandboxRecord {
-    monitor_pid: u32,
-    init_pid: u32,
-    cgroups: Vec<PathBuf>,
+/// What the launching process records about a conversation's sandbox (in its private run
+/// directory) so that any other process can find, inventory and end it; read it with
+/// [`IsolatedRuntime::sandbox_info`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct SandboxInfo {
+    /// The sandbox's monitor: the host process that launched the init and waits for it.
+    pub monitor_pid: u32,
+    /// The sandbox's init (pid 1 inside), as a host pid.
+    pub init_pid: u32,
+    /// The sandbox's cgroup in each hierarchy (empty with rlimit-only limits).
+    pub cgroups: Vec<PathBuf>,
     /// When it was launched, in milliseconds since the Unix epoch.
     #[serde(default)]
-    launched_ms: u64,
+    pub launched_ms: u64,
     /// Launched with the egress relay (its profile let it out).
     #[serde(default)]
-    network: bool,
+    pub network: bool,
     /// The egress gateway serving it, outside the sandbox.
     #[serde(default)]
-    gateway_pid: Option<u32>,
+    pub gateway_pid: Option<u32>,
     /// The inode of its PID namespace: without cgroups (rlimit-only limits) the way to find
     /// and kill its processes.
     #[serde(default)]
-    pid_namespace: Option<u64>,
+    pub pid_namespace: Option<u64>,
     /// The names of the skills bound at `/skills/<name>` when it was launched (`None`: launched
     /// without skills configured, or by a build that did not record them).
     #[serde(default)]
-    skills: Option<Vec<String>>,
+    pub skills: Option<Vec<String>>,
+}
+
+impl SandboxInfo {
+    /// The sandbox's live processes (host pids, sorted): those in its cgroups, or without
+    /// cgroups those in its PID namespace.
+    #[must_use]
+    pub fn processes(&self) -> Vec<u32> {
+        if self.cgroups.is_empty() {
+            return self
+                .pid_namespace
+                .map(sandbox::namespace_processes)
+                .unwrap_or_default();
+        }
+        let mut pids: Vec<u32> = self
+            .cgroups
+            .iter()
+            .filter_map(|d| fs::read_to_string(d.join("cgroup.procs")).ok())
+            .flat_map(|s| {
+                s.split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .collect::<Vec<u32>>()
+            })
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
 }
 
 /// A sandbox launched less than this long ago is starting, not hung: it is given time to answer
@@ -200,7 +329,7 @@ impl IsolatedRuntime {
         create_private_dir_all(&workspaces)?;
         create_private_dir_all(&run)?;
         let canon = |p: &Path| {
-            std::fs::canonicalize(p)
+            fs::canonicalize(p)
                 .map_err(|e| Error::Backend(format!("cannot resolve {}: {e}", p.display())))
         };
         let run = canon(&run)?;
@@ -253,6 +382,20 @@ impl IsolatedRuntime {
             );
         }
         b
+    }
+
+    /// What was recorded about the conversation's sandbox when it was last launched, or `None`
+    /// when it has none (never launched, ended and cleaned up, or destroyed). The sandbox may
+    /// have stopped on its own since (idle): [`SandboxInfo::processes`] is then empty.
+    pub fn sandbox_info(&self, key: &ConversationKey) -> Option<SandboxInfo> {
+        read_record(&self.run_dir(key))
+    }
+
+    /// The path of the conversation's agent socket. It may be longer than a Unix socket path
+    /// can be (107 bytes) under a long data directory; the runtime itself connects through a
+    /// descriptor of the run directory.
+    pub fn agent_socket(&self, key: &ConversationKey) -> PathBuf {
+        self.run_dir(key).join("agent.sock")
     }
 
     fn workspace_dir(&self, key: &ConversationKey) -> PathBuf {
@@ -315,7 +458,7 @@ impl IsolatedRuntime {
         };
         let workspace = self.workspace_dir(key);
         prepare_workspace(&workspace, uid)?;
-        let _ = std::fs::remove_file(&socket);
+        let _ = fs::remove_file(&socket);
         let listener = std::os::unix::net::UnixListener::bind(&socket)
             .map_err(|e| Error::Backend(format!("cannot bind the agent socket: {e}")))?;
         let mut spec = SandboxSpec::new(
@@ -375,7 +518,7 @@ impl IsolatedRuntime {
         } else {
             None
         };
-        let log = std::fs::OpenOptions::new()
+        let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(run.join("agent.log"))
@@ -406,7 +549,7 @@ impl IsolatedRuntime {
             }
             _ => None,
         };
-        let record = SandboxRecord {
+        let record = SandboxInfo {
             monitor_pid: handle.monitor_pid(),
             init_pid: handle.pid(),
             cgroups: handle.cgroup_paths(),
@@ -485,33 +628,9 @@ fn agent_answers(socket: &Path) -> bool {
     std::os::unix::net::UnixStream::connect(socket).is_ok()
 }
 
-fn read_record(run: &Path) -> Option<SandboxRecord> {
-    let data = std::fs::read(run.join("sandbox.json")).ok()?;
+fn read_record(run: &Path) -> Option<SandboxInfo> {
+    let data = fs::read(run.join("sandbox.json")).ok()?;
     serde_json::from_slice(&data).ok()
-}
-
-/// The sandbox's processes: those in its cgroups, or without cgroups those in its PID
-/// namespace.
-fn cgroup_pids(record: &SandboxRecord) -> Vec<u32> {
-    if record.cgroups.is_empty() {
-        return record
-            .pid_namespace
-            .map(sandbox::namespace_processes)
-            .unwrap_or_default();
-    }
-    let mut pids: Vec<u32> = record
-        .cgroups
-        .iter()
-        .filter_map(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok())
-        .flat_map(|s| {
-            s.split_whitespace()
-                .filter_map(|p| p.parse().ok())
-                .collect::<Vec<u32>>()
-        })
-        .collect();
-    pids.sort_unstable();
-    pids.dedup();
-    pids
 }
 
 /// Binds the conversation's gateway socket: `dir` (root's, 0711, bound read-only into the
@@ -524,16 +643,16 @@ fn bind_gateway_socket(
 ) -> Result<std::os::unix::net::UnixListener> {
     use std::os::unix::fs::PermissionsExt;
     create_private_dir_all(dir)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o711))
         .map_err(|e| Error::Backend(format!("cannot set up the egress directory: {e}")))?;
     let path = run_dir
         .socket()
         .with_file_name("egress")
         .join("gateway.sock");
-    let _ = std::fs::remove_file(&path);
+    let _ = fs::remove_file(&path);
     let listener = std::os::unix::net::UnixListener::bind(&path)
         .map_err(|e| Error::Backend(format!("cannot bind the egress gateway socket: {e}")))?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600))
         .map_err(|e| Error::Backend(format!("cannot set up the egress gateway socket: {e}")))?;
     if rustix::process::geteuid().is_root() {
         let id = rustix::process::Uid::from_raw(uid);
@@ -562,7 +681,7 @@ fn spawn_gateway(
     let fd = rustix::io::fcntl_dupfd_cloexec(&listener, 10)
         .map_err(|e| Error::Backend(format!("cannot pass the egress socket: {e}")))?;
     let raw = fd.as_raw_fd();
-    let log = std::fs::OpenOptions::new()
+    let log = fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(run.join("egress.log"))
@@ -624,14 +743,14 @@ fn spawn_gateway(
 
 /// Kills the recorded gateway, if it is still the process recorded (its command line names
 /// the conversation's key: a recycled pid is left alone).
-fn kill_gateway(record: &SandboxRecord, run: &Path) {
+fn kill_gateway(record: &SandboxInfo, run: &Path) {
     let Some(pid) = record.gateway_pid else {
         return;
     };
     let Some(key) = run.file_name().and_then(|k| k.to_str()) else {
         return;
     };
-    let ours = std::fs::read(format!("/proc/{pid}/cmdline"))
+    let ours = fs::read(format!("/proc/{pid}/cmdline"))
         .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == key.as_bytes()));
     if ours && let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
         let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
@@ -653,13 +772,13 @@ fn kill_recorded(run: &Path) -> usize {
         if let Some(pid) = rustix::process::Pid::from_raw(record.monitor_pid as i32) {
             let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::NOHANG);
         }
-        let _ = std::fs::remove_file(run.join("sandbox.json"));
+        let _ = fs::remove_file(run.join("sandbox.json"));
         return killed;
     }
     let mut killed = std::collections::BTreeSet::new();
     let until = Instant::now() + Duration::from_secs(5);
     loop {
-        let pids = cgroup_pids(&record);
+        let pids = record.processes();
         if pids.is_empty() || Instant::now() > until {
             break;
         }
@@ -681,23 +800,23 @@ fn kill_recorded(run: &Path) -> usize {
     }
     for d in &record.cgroups {
         let until = Instant::now() + Duration::from_secs(2);
-        while std::fs::remove_dir(d).is_err() && d.exists() && Instant::now() < until {
+        while fs::remove_dir(d).is_err() && d.exists() && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
-    let _ = std::fs::remove_file(run.join("sandbox.json"));
+    let _ = fs::remove_file(run.join("sandbox.json"));
     killed.len()
 }
 
 /// Creates the workspace (0700) and gives it to `uid` when running as root.
 fn prepare_workspace(dir: &Path, uid: u32) -> Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(Error::Backend(format!("cannot create the workspace: {e}"))),
     }
-    let meta = std::fs::symlink_metadata(dir)
+    let meta = fs::symlink_metadata(dir)
         .map_err(|e| Error::Backend(format!("cannot inspect the workspace: {e}")))?;
     if !meta.is_dir() {
         return Err(Error::Backend("the workspace is not a directory".into()));
@@ -717,8 +836,8 @@ fn prepare_workspace(dir: &Path, uid: u32) -> Result<()> {
 
 fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, data)
-        .and_then(|()| std::fs::rename(&tmp, path))
+    fs::write(&tmp, data)
+        .and_then(|()| fs::rename(&tmp, path))
         .map_err(|e| Error::Backend(format!("cannot write {}: {e}", path.display())))
 }
 
@@ -831,7 +950,7 @@ impl Runtime for IsolatedRuntime {
                 report.processes_killed = kill_recorded(&run);
                 report.sandbox_removed = had;
             }
-            match std::fs::symlink_metadata(&workspace) {
+            match fs::symlink_metadata(&workspace) {
                 Ok(_) => {
                     sessionbox_fs::remove_tree(&workspace)
                         .map_err(|e| Error::Backend(format!("cannot remove the workspace: {e}")))?;
@@ -856,7 +975,7 @@ impl Runtime for IsolatedRuntime {
         blocking(move || {
             let mut keys = std::collections::BTreeSet::new();
             for dir in [&workspaces, &run] {
-                let entries = std::fs::read_dir(dir)
+                let entries = fs::read_dir(dir)
                     .map_err(|e| Error::Backend(format!("cannot list {}: {e}", dir.display())))?;
                 for entry in entries.flatten() {
                     if let Some(k) = entry
@@ -872,7 +991,7 @@ impl Runtime for IsolatedRuntime {
                 .into_iter()
                 .map(|key| {
                     let processes = read_record(&run.join(key.as_str()))
-                        .map(|r| cgroup_pids(&r))
+                        .map(|r| r.processes())
                         .unwrap_or_default();
                     RuntimeConversation { key, processes }
                 })
@@ -1110,5 +1229,59 @@ impl Session for IsolatedSession {
 
     async fn close(self: Box<Self>) -> Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runtime(dir: &Path) -> IsolatedRuntime {
+        let config = IsolatedConfig::new(dir, "/bin/true", Arc::new(|_| Ok(4_000_000)))
+            .with_sandbox(SandboxLimits {
+                mode: sandbox::LimitMode::Rlimit,
+                ..SandboxLimits::default()
+            });
+        IsolatedRuntime::new(config).unwrap()
+    }
+
+    #[test]
+    fn the_defaults_are_those_of_the_configuration_file() {
+        let config = IsolatedConfig::new("/d", "/e", Arc::new(|_| Ok(1)));
+        assert_eq!(config.idle_timeout, Duration::from_secs(600));
+        assert_eq!(config.agent_args, ["agent"]);
+        assert!(config.idle_timeout_of.is_none());
+        assert_eq!(IsolatedConfig::uid_range(None, None), 3_000_000..3_065_536);
+        assert_eq!(IsolatedConfig::uid_range(Some(10), Some(5)), 10..15);
+        assert_eq!(
+            IsolatedConfig::uid_range(Some(u32::MAX - 1), None),
+            u32::MAX - 1..u32::MAX
+        );
+    }
+
+    #[test]
+    fn sandbox_info_reads_what_the_launch_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = runtime(dir.path());
+        let key = ConversationKey::parse(&"ab".repeat(32)).unwrap();
+        assert_eq!(rt.sandbox_info(&key), None);
+        let info = SandboxInfo {
+            monitor_pid: 7,
+            init_pid: 8,
+            cgroups: vec![PathBuf::from("/sys/fs/cgroup/x")],
+            launched_ms: 9,
+            network: true,
+            gateway_pid: Some(10),
+            pid_namespace: None,
+            skills: Some(vec!["s".into()]),
+        };
+        create_private_dir_all(&rt.run_dir(&key)).unwrap();
+        write_atomic(
+            &rt.run_dir(&key).join("sandbox.json"),
+            &serde_json::to_vec(&info).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(rt.sandbox_info(&key), Some(info));
+        assert!(rt.agent_socket(&key).ends_with("agent.sock"));
     }
 }
