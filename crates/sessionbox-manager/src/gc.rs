@@ -45,7 +45,7 @@ use serde::Serialize;
 use sessionbox_core::{ConversationKey, ConversationRef, Error, Result, RuntimeConversation};
 use sessionbox_store::{ConversationRecord, ConversationState, OrphanClaim, Store};
 
-use crate::{Manager, blocking};
+use crate::Manager;
 
 /// How long the notice of an expired conversation is kept for the next use of its id: 30
 /// days. A use after that makes a new conversation without saying that an old one expired.
@@ -180,8 +180,7 @@ impl Manager {
             .into_iter()
             .map(|c| (c.key.clone(), c))
             .collect();
-        let store = self.store.clone();
-        let records = blocking(move || store.list(None)).await?;
+        let records = self.store.run(move |s| s.list(None)).await?;
         let now = Utc::now();
         let grace = chrono::Duration::from_std(options.grace).unwrap_or(chrono::Duration::MAX);
         let recorded: BTreeSet<&ConversationKey> = records.iter().map(|r| &r.key).collect();
@@ -250,9 +249,12 @@ impl Manager {
         if !options.dry_run {
             // Notices of expired conversations are kept for a while, for the next use of
             // their ids (see `Conversation::previous_expired`).
-            let store = self.store.clone();
             let before = now - chrono::Duration::days(EXPIRED_NOTICE_DAYS);
-            if let Err(e) = blocking(move || store.prune_expired_notices(before)).await {
+            if let Err(e) = self
+                .store
+                .run(move |s| s.prune_expired_notices(before))
+                .await
+            {
                 tracing::warn!(error = %e, "garbage collection could not prune expired notices");
             }
         }
@@ -266,23 +268,24 @@ impl Manager {
         key: &ConversationKey,
         seen: Option<&ConversationRecord>,
     ) -> Result<Option<String>> {
-        let store = self.store.clone();
         let k = key.clone();
-        let Some(_lock) = blocking(move || store.try_lock_conversation(&k)).await? else {
+        let Some(_lock) = self.store.run(move |s| s.try_lock_conversation(&k)).await? else {
             return Ok(Some("in use; left for the next collection".into()));
         };
-        let store = self.store.clone();
         let k = key.clone();
-        let now_record = blocking(move || store.get(&k)).await?;
+        let now_record = self.store.run(move |s| s.get(&k)).await?;
         let same = |r: &ConversationRecord| seen.is_some_and(|s| s.generation == r.generation);
         match kind {
             Kind::Expired => {
                 let Some(r) = now_record.filter(same) else {
                     return Ok(Some("gone already".into()));
                 };
-                let store = self.store.clone();
                 let k = key.clone();
-                if !blocking(move || store.claim_expired(&k, Utc::now())).await? {
+                if !self
+                    .store
+                    .run(move |s| s.claim_expired(&k, Utc::now()))
+                    .await?
+                {
                     return Ok(Some("renewed before it could be claimed".into()));
                 }
                 self.note_expired(&r).await;
@@ -318,10 +321,13 @@ impl Manager {
                 if self.runtime.list().await?.iter().any(|c| &c.key == key) {
                     return Ok(Some("the runtime holds it now".into()));
                 }
-                let store = self.store.clone();
                 let k = key.clone();
                 let generation = r.generation;
-                if !blocking(move || store.claim_for_destroy(&k, generation)).await? {
+                if !self
+                    .store
+                    .run(move |s| s.claim_for_destroy(&k, generation))
+                    .await?
+                {
                     return Ok(Some("changed since it was found".into()));
                 }
                 let conv = ConversationRef::new(r.tenant.clone(), r.conversation_id.clone());
@@ -331,9 +337,11 @@ impl Manager {
                 result.map(|_| None)
             }
             Kind::Orphan => {
-                let store = self.store.clone();
                 let k = key.clone();
-                if blocking(move || store.claim_orphan(&k, Utc::now())).await?
+                if self
+                    .store
+                    .run(move |s| s.claim_orphan(&k, Utc::now()))
+                    .await?
                     == OrphanClaim::HasRecord
                 {
                     return Ok(Some("a record was made for it meanwhile".into()));
@@ -383,9 +391,9 @@ impl Manager {
 }
 
 async fn release(store: &Store, key: &ConversationKey) -> Result<()> {
-    let store = store.clone();
     let k = key.clone();
-    blocking(move || store.release_orphan(&k))
+    store
+        .run(move |s| s.release_orphan(&k))
         .await
         .map_err(|e| Error::Backend(format!("could not release a cleaned key: {e}")))
 }

@@ -122,7 +122,7 @@ impl Manager {
         }
         let skills = self.skills.clone();
         let t = tenant.clone();
-        let catalog = blocking(move || Ok(skills.catalog(&t))).await?;
+        let catalog = off_runtime(move || skills.catalog(&t)).await?;
         warn_skipped(tenant, &catalog);
         Ok(catalog)
     }
@@ -139,7 +139,7 @@ impl Manager {
         if self.runtime.mounted_skills().is_some() {
             let runtime = self.runtime.clone();
             let key = conversation.key.clone();
-            let present = blocking(move || Ok(runtime.present_skills(&key))).await?;
+            let present = off_runtime(move || runtime.present_skills(&key)).await?;
             if let Some(present) = present {
                 catalog
                     .skills
@@ -229,12 +229,12 @@ impl Manager {
         let mut expired_once = false;
         let mut expired_here = None;
         let (record, created) = loop {
-            let store = self.store.clone();
             let conv = conversation.clone();
             let name = runtime_name.clone();
-            let (record, created) =
-                blocking(move || store.get_or_create_with(&conv, &name, Utc::now(), &lifecycle))
-                    .await?;
+            let (record, created) = self
+                .store
+                .run(move |s| s.get_or_create_with(&conv, &name, Utc::now(), &lifecycle))
+                .await?;
             if record.state == ConversationState::Destroying {
                 return Err(Error::Busy(format!(
                     "conversation {} is being destroyed; retry in a moment",
@@ -258,9 +258,8 @@ impl Manager {
         // handed a silently empty workspace. The notice is the store's (it outlives garbage
         // collection); this open destroyed it itself when the notice is missing.
         let previous_expired = if created {
-            let store = self.store.clone();
             let key = conversation.key.clone();
-            let taken = blocking(move || store.take_expired_notice(&key)).await?;
+            let taken = self.store.run(move |s| s.take_expired_notice(&key)).await?;
             taken.or_else(|| {
                 expired_here.map(|r| ExpiredNotice {
                     key: r.key.clone(),
@@ -274,9 +273,8 @@ impl Manager {
             None
         };
         if !created {
-            let store = self.store.clone();
             let key = conversation.key.clone();
-            blocking(move || store.touch(&key, Utc::now())).await?;
+            self.store.run(move |s| s.touch(&key, Utc::now())).await?;
         }
         let session = match self.runtime.open(conversation).await {
             Ok(s) => s,
@@ -293,9 +291,8 @@ impl Manager {
         // The record may have been destroyed while the runtime opened the conversation (a
         // renew racing expiry, a destroy from another process): then what the runtime just
         // made may have no owner.
-        let store = self.store.clone();
         let key = conversation.key.clone();
-        let now = blocking(move || store.get(&key)).await?;
+        let now = self.store.run(move |s| s.get(&key)).await?;
         match now {
             Some(r)
                 if r.generation == record.generation && r.state == ConversationState::Active =>
@@ -320,18 +317,18 @@ impl Manager {
                     Some(r) => r.generation == record.generation,
                     // Gone: remove what this open made, unless a new record claims the key.
                     None => {
-                        let store = self.store.clone();
                         let key = conversation.key.clone();
-                        blocking(move || store.claim_orphan(&key, Utc::now())).await?
+                        self.store
+                            .run(move |s| s.claim_orphan(&key, Utc::now()))
+                            .await?
                             == OrphanClaim::Claimed
                     }
                 };
                 if ours {
                     let removed = self.runtime.destroy(&conversation.key).await;
                     if now.is_none() {
-                        let store = self.store.clone();
                         let key = conversation.key.clone();
-                        blocking(move || store.release_orphan(&key)).await?;
+                        self.store.run(move |s| s.release_orphan(&key)).await?;
                     }
                     removed?;
                 }
@@ -349,9 +346,11 @@ impl Manager {
         conversation: &ConversationRef,
         record: &ConversationRecord,
     ) -> Result<()> {
-        let store = self.store.clone();
         let key = conversation.key.clone();
-        let claimed = blocking(move || store.claim_expired(&key, Utc::now())).await?;
+        let claimed = self
+            .store
+            .run(move |s| s.claim_expired(&key, Utc::now()))
+            .await?;
         if !claimed {
             return Ok(());
         }
@@ -376,8 +375,12 @@ impl Manager {
     /// remove now (it may be unreachable) is labelled as the conversation's, and garbage
     /// collection removes it as an orphan once the record is gone.
     async fn undo_create(&self, key: &ConversationKey, generation: i64) {
-        let (store, k) = (self.store.clone(), key.clone());
-        match blocking(move || store.claim_for_destroy(&k, generation)).await {
+        let k = key.clone();
+        match self
+            .store
+            .run(move |s| s.claim_for_destroy(&k, generation))
+            .await
+        {
             Ok(true) => {}
             // Another call holds it now (a destroy, or a later record of the key).
             Ok(false) => return,
@@ -389,8 +392,12 @@ impl Manager {
         if let Err(e) = self.runtime.destroy(key).await {
             tracing::warn!("after a failed first open, the runtime could not clean up: {e}");
         }
-        let (store, k) = (self.store.clone(), key.clone());
-        if let Err(e) = blocking(move || store.delete_generation(&k, generation)).await {
+        let k = key.clone();
+        if let Err(e) = self
+            .store
+            .run(move |s| s.delete_generation(&k, generation))
+            .await
+        {
             tracing::warn!("cannot remove the record of a failed first open: {e}");
         }
     }
@@ -406,9 +413,11 @@ impl Manager {
     ) -> Result<DestroyOutcome> {
         let key = &conversation.key;
         let runtime = self.runtime.destroy(key).await?;
-        let store = self.store.clone();
         let k = key.clone();
-        let record_removed = blocking(move || store.delete_generation(&k, generation)).await?;
+        let record_removed = self
+            .store
+            .run(move |s| s.delete_generation(&k, generation))
+            .await?;
         if record_removed {
             self.forget_egress(conversation).await?;
         }
@@ -420,17 +429,21 @@ impl Manager {
 
     /// Removes the conversation's own network policy and egress verdicts.
     async fn forget_egress(&self, conversation: &ConversationRef) -> Result<()> {
-        let store = self.store.clone();
         let c = conversation.clone();
-        blocking(move || store.forget_conversation_egress(&c).map(drop)).await
+        self.store
+            .run(move |s| s.forget_conversation_egress(&c).map(drop))
+            .await
     }
 
     /// Keeps a notice that `record` expired, for the next use of its id. Best effort: a
     /// failure is logged (the destroy goes on).
     pub(crate) async fn note_expired(&self, record: &ConversationRecord) {
-        let store = self.store.clone();
         let r = record.clone();
-        if let Err(e) = blocking(move || store.note_expired(&r, Utc::now())).await {
+        if let Err(e) = self
+            .store
+            .run(move |s| s.note_expired(&r, Utc::now()))
+            .await
+        {
             tracing::warn!(error = %e, "cannot keep the notice of an expired conversation");
         }
     }
@@ -467,19 +480,20 @@ impl Manager {
             let Some(command) = skill.doc.bootstrap() else {
                 continue;
             };
-            let store = self.store.clone();
             let key = conversation.key.clone();
             let (name, digest) = (skill.doc.name.clone(), skill.digest.clone());
-            let claimed = blocking(move || {
-                store.claim_bootstrap(
-                    &key,
-                    &name,
-                    &digest,
-                    Utc::now(),
-                    chrono::Duration::minutes(BOOTSTRAP_STALE_MINUTES),
-                )
-            })
-            .await?;
+            let claimed = self
+                .store
+                .run(move |s| {
+                    s.claim_bootstrap(
+                        &key,
+                        &name,
+                        &digest,
+                        Utc::now(),
+                        chrono::Duration::minutes(BOOTSTRAP_STALE_MINUTES),
+                    )
+                })
+                .await?;
             if !claimed {
                 continue;
             }
@@ -488,10 +502,11 @@ impl Manager {
             // A run that could not start is recorded as failed (exit -1): the next open tries
             // again, as after a failing command.
             let code = run.as_ref().map_or(-1, ExecResult::shell_exit_code);
-            let store = self.store.clone();
             let key = conversation.key.clone();
             let name = skill.doc.name.clone();
-            blocking(move || store.finish_bootstrap(&key, &name, code, Utc::now())).await?;
+            self.store
+                .run(move |s| s.finish_bootstrap(&key, &name, code, Utc::now()))
+                .await?;
             let outcome = match &run {
                 Ok(r) if r.success() => Ok(()),
                 Ok(r) => Err(Error::Conflict(format!(
@@ -534,28 +549,28 @@ impl Manager {
     async fn destroy_inner(&self, conversation: &ConversationRef) -> Result<DestroyOutcome> {
         let key = &conversation.key;
         // Destroyed on purpose: a later use of the id is not told it expired.
-        let store = self.store.clone();
         let k = key.clone();
-        blocking(move || store.forget_expired_notice(&k)).await?;
+        self.store.run(move |s| s.forget_expired_notice(&k)).await?;
         // A conversation is destroyed by the runtime that holds it: another runtime would remove
         // the record and leave the sandbox running.
-        let store = self.store.clone();
         let k = key.clone();
-        let Some(record) = blocking(move || store.get(&k)).await? else {
+        let Some(record) = self.store.run(move |s| s.get(&k)).await? else {
             // No record: remove whatever the runtime holds for the key, with the key claimed
             // so that no record is made meanwhile.
-            let store = self.store.clone();
             let k = key.clone();
-            if blocking(move || store.claim_orphan(&k, Utc::now())).await? == OrphanClaim::HasRecord
+            if self
+                .store
+                .run(move |s| s.claim_orphan(&k, Utc::now()))
+                .await?
+                == OrphanClaim::HasRecord
             {
                 return Err(Error::Busy(
                     "the conversation was created while it was being destroyed; retry".into(),
                 ));
             }
             let runtime = self.runtime.destroy(key).await;
-            let store = self.store.clone();
             let k = key.clone();
-            blocking(move || store.release_orphan(&k)).await?;
+            self.store.run(move |s| s.release_orphan(&k)).await?;
             // A policy set for the id before it was ever used goes too: destroy ends it all.
             self.forget_egress(conversation).await?;
             return Ok(DestroyOutcome {
@@ -570,18 +585,18 @@ impl Manager {
                 record.conversation_id, record.runtime, record.runtime
             )));
         }
-        let store = self.store.clone();
         let k = key.clone();
         let generation = record.generation;
-        blocking(move || store.claim_for_destroy(&k, generation)).await?;
+        self.store
+            .run(move |s| s.claim_for_destroy(&k, generation))
+            .await?;
         self.finish_destroy(conversation, generation).await
     }
 
     /// The recorded conversations, of one tenant or all, most recently used first.
     pub async fn list(&self, tenant: Option<&TenantId>) -> Result<Vec<ConversationRecord>> {
-        let store = self.store.clone();
         let tenant = tenant.cloned();
-        blocking(move || store.list(tenant.as_ref())).await
+        self.store.run(move |s| s.list(tenant.as_ref())).await
     }
 
     async fn audit<T>(
@@ -635,18 +650,17 @@ async fn audit<T>(
         },
         detail,
     };
-    let store = store.clone();
-    if let Err(e) = blocking(move || store.audit(&entry)).await {
+    if let Err(e) = store.run(move |s| s.audit(&entry)).await {
         tracing::warn!(error = %e, "audit record not written");
     }
 }
 
-pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
+/// Runs blocking work that is not a store call (skills discovery, a runtime's file check) off
+/// the async runtime. Store calls go through [`Store::run`].
+async fn off_runtime<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| Error::Backend(format!("store task failed: {e}")))?
+        .map_err(|e| Error::Backend(format!("a blocking task failed: {e}")))
 }
 
 /// An open conversation: a runtime [`Session`] whose every operation is audited.

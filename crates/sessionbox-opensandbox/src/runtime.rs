@@ -236,17 +236,6 @@ pub fn to_core_error(e: OpenSandboxError) -> Error {
     }
 }
 
-async fn blocking_store<T, F>(store: &Store, f: F) -> Result<T>
-where
-    T: Send + 'static,
-    F: FnOnce(&Store) -> Result<T> + Send + 'static,
-{
-    let store = store.clone();
-    tokio::task::spawn_blocking(move || f(&store))
-        .await
-        .map_err(|e| Error::Backend(format!("a store task failed: {e}")))?
-}
-
 fn conversation_label(key: &ConversationKey) -> String {
     key.as_str()[..62].to_owned()
 }
@@ -326,7 +315,8 @@ impl OpenSandboxRuntime {
     /// Store failures.
     pub async fn sandbox_id(&self, key: &ConversationKey) -> Result<Option<String>> {
         let key = key.clone();
-        blocking_store(&self.store, move |s| s.remote_sandbox(&key))
+        self.store
+            .run(move |s| s.remote_sandbox(&key))
             .await
             .map(|r| r.map(|r| r.sandbox_id))
     }
@@ -337,7 +327,8 @@ impl OpenSandboxRuntime {
     /// Store failures.
     pub async fn recorded_expiry(&self, key: &ConversationKey) -> Result<Option<DateTime<Utc>>> {
         let key = key.clone();
-        blocking_store(&self.store, move |s| s.remote_sandbox(&key))
+        self.store
+            .run(move |s| s.remote_sandbox(&key))
             .await
             .map(|r| r.and_then(|r| r.expires_at))
     }
@@ -473,14 +464,16 @@ impl OpenSandboxRuntime {
         let mut lost = false;
         for _ in 0..5 {
             let k = key.clone();
-            let recorded = blocking_store(&self.store, move |s| s.remote_sandbox(&k)).await?;
+            let recorded = self.store.run(move |s| s.remote_sandbox(&k)).await?;
             let Some(record) = recorded else {
                 let (id, expires) = self.create_sandbox(conversation).await?;
                 let (k, i) = (key.clone(), id.clone());
-                let inserted = blocking_store(&self.store, move |s| {
-                    s.insert_remote_sandbox(&k, RUNTIME_NAME, &i, Some(expires), Utc::now())
-                })
-                .await;
+                let inserted = self
+                    .store
+                    .run(move |s| {
+                        s.insert_remote_sandbox(&k, RUNTIME_NAME, &i, Some(expires), Utc::now())
+                    })
+                    .await;
                 match inserted {
                     Ok((_, true)) => return Ok((id, lost)),
                     Ok((winner, false)) => {
@@ -514,10 +507,12 @@ impl OpenSandboxRuntime {
                     let _ = self.client.delete(&record.sandbox_id).await;
                     let (id, expires) = self.create_sandbox(conversation).await?;
                     let (k, old, new) = (key.clone(), record.sandbox_id.clone(), id.clone());
-                    let replaced = blocking_store(&self.store, move |s| {
-                        s.replace_remote_sandbox(&k, &old, &new, Some(expires), Utc::now())
-                    })
-                    .await;
+                    let replaced = self
+                        .store
+                        .run(move |s| {
+                            s.replace_remote_sandbox(&k, &old, &new, Some(expires), Utc::now())
+                        })
+                        .await;
                     match replaced {
                         Ok(true) => return Ok((id, true)),
                         Ok(false) => {
@@ -582,10 +577,9 @@ impl OpenSandboxRuntime {
         let target = self.expiry_from_now();
         self.client.renew(id, target).await.map_err(to_core_error)?;
         let (k, i) = (key.clone(), id.to_owned());
-        blocking_store(&self.store, move |s| {
-            s.set_remote_sandbox_expiry(&k, &i, Some(target))
-        })
-        .await?;
+        self.store
+            .run(move |s| s.set_remote_sandbox_expiry(&k, &i, Some(target)))
+            .await?;
         Ok(target)
     }
 
@@ -744,7 +738,9 @@ impl Runtime for OpenSandboxRuntime {
         if let Some(id) = self.sandbox_id(key).await? {
             report.sandbox_removed = self.client.delete(&id).await.map_err(to_core_error)?;
             let (k, i) = (key.clone(), id.clone());
-            blocking_store(&self.store, move |s| s.delete_remote_sandbox(&k, &i)).await?;
+            self.store
+                .run(move |s| s.delete_remote_sandbox(&k, &i))
+                .await?;
             report.workspace_removed = report.sandbox_removed;
         }
         // Sandboxes labelled for this conversation that were never recorded (a creator that
@@ -754,7 +750,7 @@ impl Runtime for OpenSandboxRuntime {
     }
 
     async fn list(&self) -> Result<Vec<RuntimeConversation>> {
-        let records = blocking_store(&self.store, |s| s.remote_sandboxes(RUNTIME_NAME)).await?;
+        let records = self.store.run(|s| s.remote_sandboxes(RUNTIME_NAME)).await?;
         Ok(records
             .into_iter()
             .map(|r| RuntimeConversation {
@@ -821,7 +817,7 @@ impl Runtime for OpenSandboxRuntime {
 /// The policy in force for `conversation`, from the store (as the gateway reads it).
 async fn policy_in_force(store: &Store, conversation: &ConversationRef) -> Result<Policy> {
     let conv = conversation.clone();
-    let stored = blocking_store(store, move |s| s.effective_egress_policy(&conv)).await?;
+    let stored = store.run(move |s| s.effective_egress_policy(&conv)).await?;
     match stored {
         None => Ok(Policy::None),
         Some(row) => Policy::from_json(&row.policy).map_err(|e| {

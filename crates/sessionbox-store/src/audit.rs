@@ -1,0 +1,121 @@
+//! The audit log: one entry per operation on a conversation (operation and outcome; never file
+//! contents, commands or secrets).
+
+use chrono::{DateTime, Utc};
+use sessionbox_core::{ConversationKey, Result, TenantId};
+
+use crate::db::{Db, Row};
+use crate::{AuditEntry, AuditFilter, AuditRecord, Store, TxLock, time};
+
+impl Store {
+    /// Appends an entry to the audit log.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when the database fails.
+    pub fn audit(&self, entry: &AuditEntry) -> Result<()> {
+        self.read(|db| insert_audit(db, entry))
+    }
+
+    /// Appends `entries` to the audit log in one transaction: all or none.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when the database fails.
+    pub fn audit_many(&self, entries: &[AuditEntry]) -> Result<()> {
+        self.write("append to the audit log", TxLock::None, |db| {
+            entries.iter().try_for_each(|e| insert_audit(db, e))
+        })
+    }
+
+    /// How often each operation ran on conversation `key` since `since` (its creation), from
+    /// the audit log: `(operation, count)` pairs sorted by operation. Only the manager's
+    /// operation records are counted, not the front ends' `http.*` and `mcp.*` records.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when the database fails.
+    pub fn operation_counts(
+        &self,
+        key: &ConversationKey,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<(String, u64)>> {
+        self.read(|db| {
+            db.query(
+                "count the conversation's operations",
+                "SELECT operation, COUNT(*) FROM audit
+                 WHERE conversation_key = $1 AND at >= $2
+                   AND operation NOT LIKE 'http.%' AND operation NOT LIKE 'mcp.%'
+                 GROUP BY operation ORDER BY operation",
+                &[key.as_str().into(), since.timestamp_millis().into()],
+            )?
+            .iter()
+            .map(|r| Ok((r.text(0)?, r.int(1)?.max(0) as u64)))
+            .collect()
+        })
+    }
+
+    /// Audit entries matching `filter`, newest first (by time, then by append order).
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when the database fails or a stored row is malformed.
+    pub fn audit_log(&self, filter: &AuditFilter) -> Result<Vec<AuditRecord>> {
+        let limit = filter
+            .limit
+            .map_or(i64::MAX, |n| i64::try_from(n).unwrap_or(i64::MAX));
+        self.read(|db| {
+            db.query(
+                "read the audit log",
+                "SELECT id, at, tenant, conversation_key, operation, outcome, detail FROM audit
+                 WHERE (CAST($1 AS TEXT) IS NULL OR tenant = $1)
+                   AND (CAST($2 AS TEXT) IS NULL OR conversation_key = $2)
+                   AND (CAST($4 AS BIGINT) IS NULL OR at >= $4)
+                 ORDER BY at DESC, id DESC LIMIT $3",
+                &[
+                    filter.tenant.as_ref().map(TenantId::as_str).into(),
+                    filter.key.as_ref().map(ConversationKey::as_str).into(),
+                    limit.into(),
+                    filter.since.map(|t| t.timestamp_millis()).into(),
+                ],
+            )?
+            .iter()
+            .map(audit_record)
+            .collect()
+        })
+    }
+}
+
+fn insert_audit(db: &mut dyn Db, entry: &AuditEntry) -> Result<()> {
+    db.execute(
+        "append to the audit log",
+        "INSERT INTO audit (at, tenant, conversation_key, operation, outcome, detail)
+         VALUES ($1, $2, $3, $4, $5, $6)",
+        &[
+            entry.at.timestamp_millis().into(),
+            entry.tenant.as_str().into(),
+            entry
+                .conversation_key
+                .as_ref()
+                .map(ConversationKey::as_str)
+                .into(),
+            entry.operation.as_str().into(),
+            entry.outcome.as_str().into(),
+            entry.detail.clone().into(),
+        ],
+    )
+    .map(drop)
+}
+
+fn audit_record(r: &Row) -> Result<AuditRecord> {
+    Ok(AuditRecord {
+        id: r.int(0)?,
+        entry: AuditEntry {
+            at: time(r.int(1)?)?,
+            tenant: r.text(2)?.parse()?,
+            conversation_key: r
+                .opt_text(3)?
+                .map(|k| ConversationKey::parse(&k))
+                .transpose()?,
+            operation: r.text(4)?,
+            outcome: r.text(5)?,
+            detail: r.opt_text(6)?,
+        },
+    })
+}
