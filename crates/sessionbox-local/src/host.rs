@@ -18,8 +18,8 @@ use sessionbox_core::{
 };
 use sessionbox_fs::Workspace;
 
-use crate::process;
 use crate::supervise::CommandDir;
+use sessionbox_process as process;
 
 /// Settings of the `host` runtime.
 #[derive(Debug, Clone)]

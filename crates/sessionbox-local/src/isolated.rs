@@ -1,7 +1,7 @@
 //! The `isolated` runtime: one Linux sandbox per conversation, run by our execd-compatible agent.
 //!
 //! On first use of a conversation the runtime binds a Unix socket in a root-only run directory,
-//! launches the sandbox ([`crate::sandbox`]) with the `sessionbox` binary bound read-only inside
+//! launches the sandbox ([`sessionbox_sandbox`]) with the `sessionbox` binary bound read-only inside
 //! and started as the agent, and hands it the listening socket. Every operation is then an execd
 //! request over that socket ([`sessionbox_execd`]). The agent stays warm between calls and
 //! between processes (a CLI call, the server): whoever asks first launches it, under a
@@ -33,7 +33,7 @@ use sessionbox_execd::fs_ext::{FsRequest, FsResponse, FsSession};
 use sessionbox_execd::{ExecdClient, RunCommandRequest};
 
 use crate::host::create_private_dir_all;
-use crate::sandbox::{self, SandboxLimits, SandboxSpec, SandboxStdio};
+use sessionbox_sandbox::{self as sandbox, SandboxLimits, SandboxSpec, SandboxStdio};
 
 /// The workspace as commands in the sandbox see it.
 pub const WORKSPACE: &str = "/workspace";

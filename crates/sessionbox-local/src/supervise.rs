@@ -3,7 +3,7 @@
 //! [`is_supervisor_invocation`] says so (the `sessionbox` binary does).
 //!
 //! The supervisor is started in a session of its own, so it outlives the process that started
-//! it (a killed `serve`, a CLI call). It runs the command through [`crate::process::run`] (a new
+//! it (a killed `serve`, a CLI call). It runs the command through [`sessionbox_process::run`] (a new
 //! process group, the base environment, output capped while it streams, the timeout), keeps
 //! everything in the command's directory, `<data dir>/run/<key>/commands/<id>/` (0700):
 //!
@@ -179,7 +179,7 @@ async fn run(dir: &Path, spec: &Spec, cwd: OwnedFd) -> End {
     let mut write_error: Option<String> = None;
     let mut term = signal(SignalKind::terminate()).ok();
     let outcome = {
-        let mut on_output = |s: crate::process::Stream, data: &[u8]| {
+        let mut on_output = |s: sessionbox_process::Stream, data: &[u8]| {
             let i = s as usize;
             let room = limit - kept[i];
             if data.len() > room {
@@ -195,13 +195,13 @@ async fn run(dir: &Path, spec: &Spec, cwd: OwnedFd) -> End {
                 write_error.get_or_insert_with(|| format!("cannot keep the output: {e}"));
             }
         };
-        let spawn = crate::process::Spawn {
+        let spawn = sessionbox_process::Spawn {
             request: &spec.request,
             cwd: std::os::fd::AsFd::as_fd(&cwd),
             home: &spec.home,
             kill_grace: Duration::from_millis(spec.kill_grace_ms),
         };
-        let run = crate::process::run(spawn, Some(&mut on_output));
+        let run = sessionbox_process::run(spawn, Some(&mut on_output));
         tokio::select! {
             r = run => Some(r),
             // Dropping `run` kills the command's process group.

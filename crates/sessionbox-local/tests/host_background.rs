@@ -1,5 +1,5 @@
-//! Background commands of the `host` runtime, with real supervisors (the test-support binary
-//! `sessionbox-sandbox-init` is also a supervisor, as the `sessionbox` binary is) and real
+//! Background commands of the `host` runtime, with real supervisors (this test binary is also
+//! a supervisor, through [`supervisor_entry`], as the `sessionbox` binary is) and real
 //! processes: exact output kept apart, the limit on running commands only, kill, a second
 //! runtime over the same data directory (a restarted server) that finds a command still
 //! running, and destroy.
@@ -14,8 +14,20 @@ use sessionbox_local::host::{HostConfig, HostRuntime};
 
 fn runtime(dir: &std::path::Path) -> HostRuntime {
     let mut c = HostConfig::new(dir);
-    c.supervisor = Some(env!("CARGO_BIN_EXE_sessionbox-sandbox-init").into());
+    c.supervisor = Some(std::env::current_exe().unwrap());
+    c.supervisor_args = ["supervisor_entry", "--exact", "--test-threads=1", "-q"]
+        .map(String::from)
+        .to_vec();
     HostRuntime::new(c).unwrap()
+}
+
+/// Not a test: the entry of the host runtime's command supervisor (see [`runtime`]); run by
+/// the test runner, it does nothing.
+#[test]
+fn supervisor_entry() {
+    if sessionbox_local::supervise::is_supervisor_invocation() {
+        sessionbox_local::supervise::supervisor_main();
+    }
 }
 
 fn conversation(id: &str) -> ConversationRef {

@@ -1,4 +1,4 @@
-//! `sessionbox_local::sandbox` against real sandboxes. Each test launches `/bin/sh -c SCRIPT` in a
+//! `sessionbox_sandbox` against real sandboxes. Each test launches `/bin/sh -c SCRIPT` in a
 //! fresh sandbox whose workspace is a host temporary directory, and checks the effect from the
 //! host: files the script wrote, their owners, the host's processes and cgroups.
 //!
@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use sessionbox_core::{Error, ExitStatus};
-use sessionbox_local::sandbox::{
+use sessionbox_sandbox::{
     INSIDE_GID, INSIDE_UID, LayerState, PASSED_FD, SandboxHandle, SandboxLimits, SandboxSpec,
     SandboxStdio, launch, launch_with, probe,
 };
@@ -221,7 +221,10 @@ fn the_program_runs_as_the_sandbox_user_and_its_files_belong_to_the_conversation
 fn the_environment_is_the_specs_and_nothing_of_the_callers() {
     needs_root!();
     // cargo sets CARGO_PKG_NAME in this test process's environment.
-    assert_eq!(std::env::var("CARGO_PKG_NAME").unwrap(), "sessionbox-local");
+    assert_eq!(
+        std::env::var("CARGO_PKG_NAME").unwrap(),
+        "sessionbox-sandbox"
+    );
     let mut c = Case::new("env > /workspace/env");
     c.spec.env.push(("GIVEN".into(), "yes".into()));
     let (_h, status) = c.run(20);
@@ -804,7 +807,7 @@ fn rlimit_only_limits_make_no_cgroup_and_the_pid_namespace_ends_the_sandbox() {
          bash -c 'ulimit -u' > /workspace/nproc; sleep 1000 & sleep 1000 & echo ready > /workspace/ready; wait",
     );
     c.spec.limits = SandboxLimits {
-        mode: sessionbox_local::sandbox::LimitMode::Rlimit,
+        mode: sessionbox_sandbox::LimitMode::Rlimit,
         memory_bytes: 512 << 20,
         cpu_secs: 77,
         nproc: 90,
@@ -834,7 +837,7 @@ fn rlimit_only_limits_make_no_cgroup_and_the_pid_namespace_ends_the_sandbox() {
         procs
             .iter()
             .all(|p| !Path::new(&format!("/proc/{p}")).exists()
-                || sessionbox_local::sandbox::pid_namespace(*p) != h.pid_namespace())
+                || sessionbox_sandbox::pid_namespace(*p) != h.pid_namespace())
     );
     assert!(h.processes().is_empty());
 }
@@ -1213,12 +1216,17 @@ time.sleep(60)'",
 #[test]
 fn a_command_cannot_signal_the_agent_or_the_init_but_can_signal_its_own_children() {
     needs_root!();
-    // The test binary stands in for the agent: it runs the script through process::run.
+    // This test binary stands in for the agent (`run_command_entry`): it runs the script
+    // through process::run.
     let mut c = Case::new("");
-    c.spec.ro_binds = vec![(PathBuf::from(INIT), "/.sessionbox/init".into())];
-    c.spec.program = "/.sessionbox/init".into();
-    c.spec.args = vec![
-        "run-command".into(),
+    let exe = std::env::current_exe().unwrap();
+    c.spec.ro_binds = vec![(exe, "/.sessionbox/agent".into())];
+    c.spec.program = "/.sessionbox/agent".into();
+    c.spec.args = ["run_command_entry", "--exact", "--test-threads=1", "-q"]
+        .map(String::from)
+        .to_vec();
+    c.spec.env.push((
+        RUN_COMMAND.into(),
         "echo $PPID > /workspace/ppid; \
          kill -STOP $PPID 2> /workspace/agent_err; echo $? > /workspace/agent; \
          kill -STOP 1 2> /dev/null; echo $? > /workspace/init; \
@@ -1227,7 +1235,7 @@ fn a_command_cannot_signal_the_agent_or_the_init_but_can_signal_its_own_children
          sleep 30 & child=$!; kill $child; echo $? > /workspace/child; \
          wait $child 2> /dev/null; echo $? > /workspace/child_status"
             .into(),
-    ];
+    ));
     let (h, status) = c.run(20);
     // The agent was neither stopped nor killed (through the init's forwarding either): it ran
     // to the end and reported the command's status.
@@ -1246,4 +1254,52 @@ fn a_command_cannot_signal_the_agent_or_the_init_but_can_signal_its_own_children
     assert_eq!(c.read("child"), "0");
     assert_eq!(c.read("child_status"), "143");
     h.kill().unwrap();
+}
+
+/// The variable that makes this test binary the stand-in agent (see [`run_command_entry`]).
+const RUN_COMMAND: &str = "SESSIONBOX_TEST_RUN_COMMAND";
+
+/// Not a test: run as the program inside a sandbox with [`RUN_COMMAND`] set, this binary stands
+/// in for the agent and runs that command in `/workspace` through `sessionbox_process::run`, as
+/// the agent runs every command, then exits with its exit code (125 when it could not run it).
+/// Run by the test runner, it does nothing.
+#[test]
+fn run_command_entry() {
+    let Ok(command) = std::env::var(RUN_COMMAND) else {
+        return;
+    };
+    std::process::exit(run_command(&command));
+}
+
+fn run_command(command: &str) -> i32 {
+    use std::io::Write;
+    use std::os::fd::AsFd;
+
+    let req = sessionbox_core::ExecRequest::new(command);
+    let cwd = match std::fs::File::open("/workspace") {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("cannot open /workspace: {e}");
+            return 125;
+        }
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let spawn = sessionbox_process::Spawn::new(&req, cwd.as_fd(), "/workspace");
+    match rt.block_on(sessionbox_process::run(spawn, None)) {
+        Ok(r) => {
+            let _ = std::io::stdout().write_all(&r.stdout);
+            let _ = std::io::stderr().write_all(&r.stderr);
+            match r.status {
+                ExitStatus::Code(c) => c,
+                ExitStatus::Signal(s) => 128 + s,
+            }
+        }
+        Err(e) => {
+            eprintln!("cannot run the command: {e}");
+            125
+        }
+    }
 }

@@ -216,7 +216,7 @@ fn monitor(ctl_slot: &mut Option<OwnedFd>) -> Step<i32> {
         return Err(Failure::new(
             "init",
             "the init entry point was called in a multithreaded process",
-            "call sessionbox_local::sandbox::init_main first thing in main, before any thread starts",
+            "call sessionbox_sandbox::init_main first thing in main, before any thread starts",
         ));
     }
     // The descriptor `launch` passes for the program, when it says it passed one.

@@ -20,7 +20,7 @@
 //! One descriptor of the caller (a listening socket, [`SandboxStdio::passed_fd`]) can be handed
 //! to the program, at [`PASSED_FD`]; no other descriptor reaches it.
 //!
-//! What each layer enforces, and what it does not, is in this directory's `README.md`.
+//! What each layer enforces, and what it does not, is in the crate's `README.md`.
 //!
 //! Every layer is required: when one cannot be applied, [`launch`] fails with an
 //! [`Error::RuntimeUnavailable`] naming the layer and saying what to do. [`probe`] reports what

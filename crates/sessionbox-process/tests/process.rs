@@ -1,4 +1,4 @@
-//! `sessionbox_local::process` against real processes.
+//! `sessionbox_process` against real processes.
 
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use sessionbox_core::{BASE_PATH, ExecRequest, ExecResult, ExitStatus};
-use sessionbox_local::process::{DRAIN_DEADLINE, Spawn, Stream, kill_all, processes_under, run};
+use sessionbox_process::{DRAIN_DEADLINE, Spawn, Stream, kill_all, processes_under, run};
 
 /// Runs `req` in `dir` with HOME=/workspace.
 async fn run_in(dir: &Path, req: &ExecRequest) -> ExecResult {
