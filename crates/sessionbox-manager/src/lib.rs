@@ -581,8 +581,8 @@ impl Manager {
         let ours = self.runtime.info().name;
         if record.runtime != ours {
             return Err(Error::Conflict(format!(
-                "conversation {} belongs to the {} runtime; destroy it with --runtime {}",
-                record.conversation_id, record.runtime, record.runtime
+                "conversation {} belongs to the {} runtime; destroy it with that runtime",
+                record.conversation_id, record.runtime
             )));
         }
         let k = key.clone();

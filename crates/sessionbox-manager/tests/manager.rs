@@ -119,7 +119,10 @@ async fn destroy_through_another_runtime_is_refused_and_removes_nothing() {
     );
     let err = m.destroy(&conv).await.unwrap_err();
     assert_eq!(err.code(), "conflict");
-    assert!(err.to_string().contains("--runtime isolated"), "{err}");
+    assert!(
+        err.to_string().contains("belongs to the isolated runtime"),
+        "{err}"
+    );
     assert_eq!(m.list(None).await.unwrap().len(), 1);
 }
 

@@ -10,10 +10,7 @@ pub enum OpenSandboxError {
     #[error("{0}")]
     InvalidInput(String),
     /// The server could not be reached.
-    #[error(
-        "cannot reach the OpenSandbox server at {server}: {reason}; is it running? \
-         (scripts/opensandbox-up starts a local one)"
-    )]
+    #[error("cannot reach the OpenSandbox server at {server}: {reason}; is it running?")]
     Connect {
         /// The server's origin.
         server: String,
@@ -109,7 +106,7 @@ pub enum OpenSandboxError {
         "the OpenSandbox server cannot enforce a network policy (it answered {status} {code}: \
          {message}); install OpenSandbox's egress sidecar image on the server and name it in \
          the server's configuration ([egress] image, with the Docker runtime's network_mode = \
-         \"bridge\"), or set network_policy = false in [opensandbox] of sessionbox.toml (then \
+         \"bridge\"), or turn off the opensandbox network_policy setting (then \
          sandboxes get the server's network as it is and sessionbox's policy does not bind \
          them)"
     )]

@@ -1113,7 +1113,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let text = e.to_string();
-        assert!(text.contains("network_policy = false"), "{text}");
+        assert!(text.contains("network_policy setting"), "{text}");
         assert!(text.contains("[egress] image"), "{text}");
         let pull = |image: &str| {
             status_error(

@@ -208,8 +208,8 @@ pub fn to_core_error(e: OpenSandboxError) -> Error {
             Error::RuntimeUnavailable {
                 runtime: RUNTIME_NAME.into(),
                 reason: e.to_string(),
-                hint: "start a server with scripts/opensandbox-up, or point --endpoint / \
-                       OPEN_SANDBOX_DOMAIN at one"
+                hint: "start an OpenSandbox server, or point the opensandbox endpoint at a \
+                       running one"
                     .into(),
             }
         }
@@ -226,8 +226,8 @@ pub fn to_core_error(e: OpenSandboxError) -> Error {
             ),
             hint: "install OpenSandbox's egress sidecar image on the server and name it in the \
                    server's configuration ([egress] image; Docker runtime with network_mode = \
-                   \"bridge\"), or set network_policy = false in [opensandbox] of \
-                   sessionbox.toml (then sandboxes get the server's network as it is and \
+                   \"bridge\"), or turn off the opensandbox network_policy setting \
+                   (then sandboxes get the server's network as it is and \
                    sessionbox's policy does not bind them)"
                 .into(),
         },
@@ -270,7 +270,7 @@ impl OpenSandboxRuntime {
             return Err(Error::InvalidRequest(format!(
                 "network_policy needs the egress gateway named by a host name, not the \
                  address {}: OpenSandbox's egress sidecar matches names only; give the \
-                 gateway a name the sandboxes resolve, or set network_policy = false",
+                 gateway a name the sandboxes resolve, or turn off the network_policy setting",
                 g.address()
             )));
         }

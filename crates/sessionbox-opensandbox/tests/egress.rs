@@ -107,7 +107,7 @@ async fn a_server_without_the_egress_sidecar_refuses_a_network_policy_and_the_ru
     let text = e.to_string();
     for says in [
         "egress.image must be configured when networkPolicy is provided.",
-        "network_policy = false",
+        "network_policy setting",
         "egress sidecar image",
     ] {
         assert!(text.contains(says), "{says}: {text}");

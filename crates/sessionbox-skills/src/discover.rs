@@ -54,9 +54,7 @@ pub enum SkillError {
         second: PathBuf,
     },
     /// A skill is larger than a limit.
-    #[error(
-        "{dir}: {what} is {actual}, over the limit of {limit} ([skills] in sessionbox.toml sets it)"
-    )]
+    #[error("{dir}: {what} is {actual}, over the limit of {limit} (set in the skills settings)")]
     TooLarge {
         /// The skill directory.
         dir: PathBuf,
