@@ -6,15 +6,20 @@
 //!   before anything touches a file system.
 //! - [`Runtime`] and [`Session`]: what an isolation backend provides.
 //! - [`ExecRequest`], [`ExecResult`] and the file types: requests and results.
+//! - [`Operation`] and [`OpenMode`]: which operations create a conversation (one rule for
+//!   every front end).
+//! - [`Directory`]: what a runtime may ask about a recorded conversation.
 //! - [`Error`]: the one error type, with a stable [`Error::code`] for wire formats.
 //!
 //! Architecture invariant: this crate does no I/O and depends on no runtime crate.
 
 mod background;
+mod directory;
 mod error;
 mod exec;
 mod files;
 mod ids;
+mod open;
 mod path;
 mod runtime;
 
@@ -22,6 +27,7 @@ pub use background::{
     BackgroundCommand, CommandOutput, MAX_COMMAND_ID_BYTES, MAX_OUTPUT_CHUNK, MAX_OUTPUT_WAIT,
     MAX_RUNNING_COMMANDS, OutputRequest, background_unsupported, validate_command_id,
 };
+pub use directory::{Directory, NetworkPolicy, RemoteSandbox};
 pub use error::{
     DIRECTORY_NOT_EMPTY, EDIT_ABSENT, EDIT_AMBIGUOUS, EDIT_EMPTY, Error, Refusal, Result,
 };
@@ -34,5 +40,6 @@ pub use files::{
     DirEntry, EditRequest, EditResult, FileKind, FileStat, GrepMatch, GrepRequest, Limits,
 };
 pub use ids::{ConversationId, ConversationKey, ConversationRef, IdKind, TenantId};
+pub use open::{OpenMode, Operation};
 pub use path::{MAX_PATH_BYTES, WorkspacePath};
 pub use runtime::{DestroyReport, Runtime, RuntimeConversation, RuntimeInfo, Session};

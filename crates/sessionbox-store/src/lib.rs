@@ -69,8 +69,9 @@ pub use egress::{EgressLogEntry, EgressLogFilter, EgressLogRecord, PolicyScope, 
 pub use expired::ExpiredNotice;
 pub use keys::{API_KEY_PREFIX, ApiKeyRecord, NewApiKey};
 pub use locks::ConversationLock;
-pub use remote::RemoteSandbox;
 pub use schema::SCHEMA_VERSION;
+/// A conversation's remote sandbox, as recorded (core's type, so runtimes see it without the store).
+pub use sessionbox_core::RemoteSandbox;
 pub use types::{
     AuditEntry, AuditFilter, AuditRecord, ConversationRecord, ConversationState, Lifecycle,
     LifecyclePolicy,

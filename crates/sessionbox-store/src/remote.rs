@@ -6,26 +6,10 @@
 //! sandbox id, so a caller holding a stale id never overwrites or removes a newer one.
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
-use sessionbox_core::{ConversationKey, Error, Result};
+use sessionbox_core::{ConversationKey, Error, RemoteSandbox, Result};
 
 use crate::db::Row;
 use crate::{Store, TxLock, time};
-
-/// A conversation's remote sandbox, as recorded.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RemoteSandbox {
-    /// The conversation's key.
-    pub key: ConversationKey,
-    /// The runtime that made it (`opensandbox`).
-    pub runtime: String,
-    /// The server's id of the sandbox.
-    pub sandbox_id: String,
-    /// When it was recorded.
-    pub created_at: DateTime<Utc>,
-    /// The expiry sessionbox last set on it (the source of truth); `None` for none.
-    pub expires_at: Option<DateTime<Utc>>,
-}
 
 const COLUMNS: &str = "conversation_key, runtime, sandbox_id, created_at, expires_at";
 

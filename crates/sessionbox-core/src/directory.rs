@@ -1,0 +1,146 @@
+//! [`Directory`]: what a runtime may ask about a recorded conversation, in one narrow interface.
+//!
+//! A runtime does not open the store. What it needs to know about a conversation that the
+//! manager recorded (its sandbox uid, its idle timeout, its skills, the network policy in
+//! force, the remote sandbox it was given) it asks a [`Directory`], which the manager
+//! implements once over the store (`sessionbox_manager::StoreDirectory`). Tests give a runtime
+//! any other implementation.
+//!
+//! Core does no I/O: the trait only names the questions. Its network answer is opaque here
+//! ([`NetworkPolicy`]: the policy's canonical JSON and hash, decoded by the egress crate).
+
+use std::ops::Range;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::{ConversationKey, ConversationRef, Result};
+
+/// The network policy in force for a conversation (its own, else its tenant's, else the
+/// profile `none`), as a runtime receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkPolicy {
+    /// The policy's canonical JSON, as the egress crate writes it
+    /// (`sessionbox_egress::Policy::to_json`); the profile `none` when nothing is stored.
+    pub json: String,
+    /// The stored policy's hash (64 hex digits), `None` when no policy is stored (the profile
+    /// `none` by default). A session opened under one hash is stale under another.
+    pub hash: Option<String>,
+    /// True when the policy lets the conversation reach the network at all (an allowlist),
+    /// false for the profile `none`.
+    pub allows_network: bool,
+}
+
+/// A conversation's remote sandbox (a remote runtime's sandbox id), as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteSandbox {
+    /// The conversation's key.
+    pub key: ConversationKey,
+    /// The runtime that made it (`opensandbox`).
+    pub runtime: String,
+    /// The server's id of the sandbox.
+    pub sandbox_id: String,
+    /// When it was recorded.
+    pub created_at: DateTime<Utc>,
+    /// The expiry sessionbox last set on it (the source of truth); `None` for none.
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// What a runtime may ask about (and, for its remote sandboxes, record of) a conversation the
+/// manager recorded. Cheap to share (`Arc<dyn Directory>`); safe to call concurrently.
+///
+/// Every method may do I/O (a store round trip): call it from async code, or from a blocking
+/// thread through the runtime handle's `block_on`.
+#[async_trait]
+pub trait Directory: Send + Sync {
+    /// The network policy in force for `conversation` now.
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`] when it cannot be read, or the stored policy no longer
+    /// decodes (the message says to set it again).
+    async fn network(&self, conversation: &ConversationRef) -> Result<NetworkPolicy>;
+
+    /// The host uid (and gid) the conversation's sandbox runs as: the one it holds, else the
+    /// lowest free uid in `range`. It stays the conversation's while its record exists.
+    ///
+    /// # Errors
+    /// [`crate::Error::NotFound`] for a conversation not recorded; [`crate::Error::Conflict`]
+    /// when every uid in `range` is taken; [`crate::Error::Backend`].
+    async fn sandbox_uid(&self, key: &ConversationKey, range: Range<u32>) -> Result<u32>;
+
+    /// The conversation's own idle timeout (from its tenant's lifecycle when it was made);
+    /// `None` when it has none or is not recorded (the runtime's default applies).
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`].
+    async fn idle_timeout(&self, key: &ConversationKey) -> Result<Option<Duration>>;
+
+    /// The read-only binds `(host directory, inside path)` that present the conversation's
+    /// skills in a sandbox launched now (snapshots bound beneath the runtime's skills root);
+    /// empty when no skills are configured.
+    ///
+    /// # Errors
+    /// [`crate::Error::NotFound`] for a conversation not recorded; [`crate::Error::Backend`].
+    async fn skill_binds(&self, key: &ConversationKey) -> Result<Vec<(PathBuf, PathBuf)>>;
+
+    /// The remote sandbox recorded for `key`, if any.
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`].
+    async fn remote_sandbox(&self, key: &ConversationKey) -> Result<Option<RemoteSandbox>>;
+
+    /// Every remote sandbox recorded for `runtime` (a runtime's inventory).
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`].
+    async fn remote_sandboxes(&self, runtime: &str) -> Result<Vec<RemoteSandbox>>;
+
+    /// Records `sandbox_id` as `key`'s remote sandbox unless one is recorded already: the
+    /// recorded sandbox, and whether it is the one given (of concurrent callers exactly one
+    /// wins; the others must delete their own sandbox and use the winner's).
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidRequest`] for an empty runtime or id; [`crate::Error::Backend`].
+    async fn record_remote_sandbox(
+        &self,
+        key: &ConversationKey,
+        runtime: &str,
+        sandbox_id: &str,
+        expires_at: Option<DateTime<Utc>>,
+    ) -> Result<(RemoteSandbox, bool)>;
+
+    /// Replaces `key`'s remote sandbox `old` with `new` (a vanished sandbox replaced); false
+    /// when `old` is no longer the one recorded (another caller replaced or removed it).
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`].
+    async fn replace_remote_sandbox(
+        &self,
+        key: &ConversationKey,
+        old: &str,
+        new: &str,
+        expires_at: Option<DateTime<Utc>>,
+    ) -> Result<bool>;
+
+    /// Records the expiry sessionbox set on `key`'s remote sandbox `sandbox_id`; false when
+    /// that sandbox is no longer the one recorded.
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`].
+    async fn set_remote_sandbox_expiry(
+        &self,
+        key: &ConversationKey,
+        sandbox_id: &str,
+        expires_at: Option<DateTime<Utc>>,
+    ) -> Result<bool>;
+
+    /// Forgets `key`'s remote sandbox `sandbox_id` (it was deleted); false when that sandbox
+    /// was not the one recorded.
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`].
+    async fn forget_remote_sandbox(&self, key: &ConversationKey, sandbox_id: &str) -> Result<bool>;
+}
