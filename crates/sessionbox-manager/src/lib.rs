@@ -22,6 +22,7 @@
 //! Architecture invariant: this crate knows no wire format and no runtime in particular; it sees
 //! only the [`Runtime`] and [`Session`] traits, the store and the skills catalog.
 
+mod directory;
 pub mod gc;
 
 use std::sync::Arc;
@@ -39,6 +40,7 @@ use sessionbox_store::{
     Store,
 };
 
+pub use directory::{StoreDirectory, effective_policy};
 pub use gc::{GcItem, GcOptions, GcReport};
 
 /// A bootstrap claimed this long ago whose end was never recorded (its process died) may be
