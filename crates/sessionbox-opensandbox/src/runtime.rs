@@ -45,15 +45,14 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sessionbox_core::{
-    CappedSink, ConversationKey, ConversationRef, DestroyReport, DirEntry, EditRequest, EditResult,
-    Error, ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch, GrepRequest, Result, Runtime,
-    RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
+    CappedSink, ConversationKey, ConversationRef, DestroyReport, DirEntry, Directory, EditRequest,
+    EditResult, Error, ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch, GrepRequest, Result,
+    Runtime, RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
 };
 use sessionbox_egress::Policy;
 pub use sessionbox_egress::token::GatewayAccess;
 use sessionbox_execd::fs_ext::{FsRequest, FsResponse, FsSession};
 use sessionbox_execd::{Endpoint, ExecdClient, RunCommandRequest};
-use sessionbox_store::Store;
 
 use crate::error::OpenSandboxError;
 use crate::lifecycle::{
@@ -144,10 +143,10 @@ impl OpenSandboxConfig {
 }
 
 /// The `opensandbox` runtime. See the module documentation.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct OpenSandboxRuntime {
     client: OpenSandboxClient,
-    store: Store,
+    directory: Arc<dyn Directory>,
     config: Arc<OpenSandboxConfig>,
     in_use: InUse,
 }
@@ -240,16 +239,26 @@ fn conversation_label(key: &ConversationKey) -> String {
     key.as_str()[..62].to_owned()
 }
 
+impl std::fmt::Debug for OpenSandboxRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenSandboxRuntime")
+            .field("client", &self.client)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
 impl OpenSandboxRuntime {
     /// The boundary this runtime gives, in one sentence.
     pub const BOUNDARY: &'static str = "an OpenSandbox sandbox (a container on the server's Docker or Kubernetes) per conversation, running sessionbox's agent as execd; the boundary is the server's container runtime and its settings";
 
-    /// A runtime using `store` for the conversation-to-sandbox map.
+    /// A runtime asking `directory` for the conversation-to-sandbox map and the network policy
+    /// in force (`sessionbox_manager::StoreDirectory` answers from the store).
     ///
     /// # Errors
     /// [`Error::InvalidRequest`] for a malformed server address, instance name, or a timeout
     /// under 60 s.
-    pub fn new(config: OpenSandboxConfig, store: Store) -> Result<Self> {
+    pub fn new(config: OpenSandboxConfig, directory: Arc<dyn Directory>) -> Result<Self> {
         let client = OpenSandboxClient::new(config.client.clone()).map_err(to_core_error)?;
         if !crate::metadata::is_valid_value(&config.instance) || config.instance.is_empty() {
             return Err(Error::InvalidRequest(format!(
@@ -276,7 +285,7 @@ impl OpenSandboxRuntime {
         }
         Ok(OpenSandboxRuntime {
             client,
-            store,
+            directory,
             config: Arc::new(config),
             in_use: InUse::default(),
         })
@@ -314,9 +323,8 @@ impl OpenSandboxRuntime {
     /// # Errors
     /// Store failures.
     pub async fn sandbox_id(&self, key: &ConversationKey) -> Result<Option<String>> {
-        let key = key.clone();
-        self.store
-            .run(move |s| s.remote_sandbox(&key))
+        self.directory
+            .remote_sandbox(key)
             .await
             .map(|r| r.map(|r| r.sandbox_id))
     }
@@ -326,9 +334,8 @@ impl OpenSandboxRuntime {
     /// # Errors
     /// Store failures.
     pub async fn recorded_expiry(&self, key: &ConversationKey) -> Result<Option<DateTime<Utc>>> {
-        let key = key.clone();
-        self.store
-            .run(move |s| s.remote_sandbox(&key))
+        self.directory
+            .remote_sandbox(key)
             .await
             .map(|r| r.and_then(|r| r.expires_at))
     }
@@ -349,7 +356,7 @@ impl OpenSandboxRuntime {
         if !self.config.egress.network_policy {
             return Ok(None);
         }
-        let policy = policy_in_force(&self.store, conversation).await?;
+        let policy = policy_in_force(&*self.directory, conversation).await?;
         let gateway = self
             .config
             .egress
@@ -463,16 +470,12 @@ impl OpenSandboxRuntime {
         let key = &conversation.key;
         let mut lost = false;
         for _ in 0..5 {
-            let k = key.clone();
-            let recorded = self.store.run(move |s| s.remote_sandbox(&k)).await?;
+            let recorded = self.directory.remote_sandbox(key).await?;
             let Some(record) = recorded else {
                 let (id, expires) = self.create_sandbox(conversation).await?;
-                let (k, i) = (key.clone(), id.clone());
                 let inserted = self
-                    .store
-                    .run(move |s| {
-                        s.insert_remote_sandbox(&k, RUNTIME_NAME, &i, Some(expires), Utc::now())
-                    })
+                    .directory
+                    .record_remote_sandbox(key, RUNTIME_NAME, &id, Some(expires))
                     .await;
                 match inserted {
                     Ok((_, true)) => return Ok((id, lost)),
@@ -506,12 +509,9 @@ impl OpenSandboxRuntime {
                     );
                     let _ = self.client.delete(&record.sandbox_id).await;
                     let (id, expires) = self.create_sandbox(conversation).await?;
-                    let (k, old, new) = (key.clone(), record.sandbox_id.clone(), id.clone());
                     let replaced = self
-                        .store
-                        .run(move |s| {
-                            s.replace_remote_sandbox(&k, &old, &new, Some(expires), Utc::now())
-                        })
+                        .directory
+                        .replace_remote_sandbox(key, &record.sandbox_id, &id, Some(expires))
                         .await;
                     match replaced {
                         Ok(true) => return Ok((id, true)),
@@ -576,9 +576,8 @@ impl OpenSandboxRuntime {
     async fn renew(&self, key: &ConversationKey, id: &str) -> Result<DateTime<Utc>> {
         let target = self.expiry_from_now();
         self.client.renew(id, target).await.map_err(to_core_error)?;
-        let (k, i) = (key.clone(), id.to_owned());
-        self.store
-            .run(move |s| s.set_remote_sandbox_expiry(&k, &i, Some(target)))
+        self.directory
+            .set_remote_sandbox_expiry(key, id, Some(target))
             .await?;
         Ok(target)
     }
@@ -727,7 +726,7 @@ impl Runtime for OpenSandboxRuntime {
             sandbox_id: id,
             client,
             state_lost,
-            store: self.store.clone(),
+            directory: self.directory.clone(),
             gateway: self.config.egress.gateway.clone(),
             in_use: self.in_use.clone(),
         }))
@@ -737,10 +736,7 @@ impl Runtime for OpenSandboxRuntime {
         let mut report = DestroyReport::default();
         if let Some(id) = self.sandbox_id(key).await? {
             report.sandbox_removed = self.client.delete(&id).await.map_err(to_core_error)?;
-            let (k, i) = (key.clone(), id.clone());
-            self.store
-                .run(move |s| s.delete_remote_sandbox(&k, &i))
-                .await?;
+            self.directory.forget_remote_sandbox(key, &id).await?;
             report.workspace_removed = report.sandbox_removed;
         }
         // Sandboxes labelled for this conversation that were never recorded (a creator that
@@ -750,7 +746,7 @@ impl Runtime for OpenSandboxRuntime {
     }
 
     async fn list(&self) -> Result<Vec<RuntimeConversation>> {
-        let records = self.store.run(|s| s.remote_sandboxes(RUNTIME_NAME)).await?;
+        let records = self.directory.remote_sandboxes(RUNTIME_NAME).await?;
         Ok(records
             .into_iter()
             .map(|r| RuntimeConversation {
@@ -814,18 +810,19 @@ impl Runtime for OpenSandboxRuntime {
     }
 }
 
-/// The policy in force for `conversation`, from the store (as the gateway reads it).
-async fn policy_in_force(store: &Store, conversation: &ConversationRef) -> Result<Policy> {
-    let conv = conversation.clone();
-    let stored = store.run(move |s| s.effective_egress_policy(&conv)).await?;
-    match stored {
-        None => Ok(Policy::None),
-        Some(row) => Policy::from_json(&row.policy).map_err(|e| {
-            Error::Backend(format!(
-                "the stored network policy of this conversation cannot be used: {e}; set it again"
-            ))
-        }),
-    }
+/// The policy in force for `conversation`, as the directory answers it (and the gateway reads
+/// it): the egress crate's policy, from the canonical text the directory already decoded once.
+async fn policy_in_force(
+    directory: &dyn Directory,
+    conversation: &ConversationRef,
+) -> Result<Policy> {
+    let network = directory.network(conversation).await?;
+    Policy::from_json(&network.json).map_err(|e| {
+        Error::Backend(format!(
+            "the network policy of conversation {} cannot be used: {e}; set it again",
+            conversation.id
+        ))
+    })
 }
 
 /// An open `opensandbox` conversation: an execd client of its sandbox, through the server
@@ -836,7 +833,7 @@ struct OpenSandboxSession {
     sandbox_id: String,
     client: ExecdClient,
     state_lost: bool,
-    store: Store,
+    directory: Arc<dyn Directory>,
     gateway: Option<GatewayAccess>,
     in_use: InUse,
 }
@@ -852,7 +849,7 @@ impl OpenSandboxSession {
         let mut run = RunCommandRequest::for_exec(&request, cwd);
         if let Some(gateway) = &self.gateway {
             // The policy in force now; a fresh token for this command alone.
-            let policy = policy_in_force(&self.store, &self.conversation).await?;
+            let policy = policy_in_force(&*self.directory, &self.conversation).await?;
             let ttl = request.timeout + TOKEN_MARGIN;
             for (k, v) in gateway.command_env(self.key.as_str(), &policy, ttl) {
                 run = run.env_default(k, v);
@@ -893,7 +890,7 @@ impl OpenSandboxSession {
         let cwd = checked(request.cwd.as_deref().unwrap_or("."))?;
         let mut run = sessionbox_execd::commands_ext::run_request(&request, cwd);
         if let Some(gateway) = &self.gateway {
-            let policy = policy_in_force(&self.store, &self.conversation).await?;
+            let policy = policy_in_force(&*self.directory, &self.conversation).await?;
             let ttl = request.timeout + TOKEN_MARGIN;
             let mut env: BTreeMap<String, String> = gateway
                 .command_env(self.key.as_str(), &policy, ttl)

@@ -30,7 +30,7 @@ fn runtime_of(
     config
         .resource_limits
         .insert("memory".into(), "256Mi".into());
-    OpenSandboxRuntime::new(config, store).unwrap()
+    OpenSandboxRuntime::new(config, common::directory(store)).unwrap()
 }
 
 async fn ended(s: &dyn Session, id: &str) -> BackgroundCommand {

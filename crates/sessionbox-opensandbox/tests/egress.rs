@@ -123,7 +123,8 @@ async fn a_server_without_the_egress_sidecar_refuses_a_network_policy_and_the_ru
     config.egress.network_policy = true;
     config.egress.gateway =
         Some(GatewayAccess::new("172.17.0.1:3128", TokenKey::from_bytes([9; 32])).unwrap());
-    let e = OpenSandboxRuntime::new(config, Store::open_in_memory().unwrap()).unwrap_err();
+    let e =
+        OpenSandboxRuntime::new(config, directory(Store::open_in_memory().unwrap())).unwrap_err();
     assert_eq!(e.code(), "invalid_request");
     assert!(e.to_string().contains("host name"), "{e}");
 }

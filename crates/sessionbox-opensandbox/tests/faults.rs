@@ -60,14 +60,14 @@ async fn server_down_is_a_typed_unavailable_error() {
         "faults",
     );
     config.timeout = Duration::from_secs(60);
-    let rt = sessionbox_opensandbox::OpenSandboxRuntime::new(
-        config,
-        sessionbox_store::Store::open_in_memory().unwrap(),
-    )
-    .unwrap();
+    let directory =
+        sessionbox_manager::StoreDirectory::new(sessionbox_store::Store::open_in_memory().unwrap());
+    let rt =
+        sessionbox_opensandbox::OpenSandboxRuntime::new(config, std::sync::Arc::new(directory))
+            .unwrap();
     let e = rt.open(&conv("down")).await.err().unwrap();
     assert_eq!(e.code(), "runtime_unavailable", "{e}");
-    assert!(e.to_string().contains("opensandbox-up"), "{e}");
+    assert!(e.to_string().contains("start an OpenSandbox server"), "{e}");
     assert!(!e.to_string().contains("k-secret-value"));
 }
 

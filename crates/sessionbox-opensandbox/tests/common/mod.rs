@@ -74,7 +74,7 @@ pub fn runtime_with(
     edit(&mut config);
     let store = Store::open_in_memory().unwrap();
     (
-        OpenSandboxRuntime::new(config, store.clone()).unwrap(),
+        OpenSandboxRuntime::new(config, directory(store.clone())).unwrap(),
         store,
     )
 }
@@ -87,7 +87,7 @@ pub fn runtime_in(domain: &str, key: ApiKey, test: &str, store: Store) -> OpenSa
     config
         .resource_limits
         .insert("memory".into(), "256Mi".into());
-    OpenSandboxRuntime::new(config, store).unwrap()
+    OpenSandboxRuntime::new(config, directory(store)).unwrap()
 }
 
 pub fn runtime(domain: &str, key: ApiKey, test: &str) -> (OpenSandboxRuntime, Store) {
@@ -109,4 +109,9 @@ pub async fn assert_nothing_left(rt: &OpenSandboxRuntime) {
         "sandboxes of ours left on the server: {:?}",
         left.iter().map(|s| &s.id).collect::<Vec<_>>()
     );
+}
+
+/// The runtime's view of `store`: the manager's one `Directory`.
+pub fn directory(store: Store) -> std::sync::Arc<dyn sessionbox_core::Directory> {
+    std::sync::Arc::new(sessionbox_manager::StoreDirectory::new(store))
 }
