@@ -1,4 +1,10 @@
-//! The writer of the server's own `http.*` audit records, off the request path.
+//! The server's own `http.*` audit records: the middleware that writes one per answered call,
+//! and the writer that stores them off the request path.
+//!
+//! A handler says what to record by putting an [`Audited`] in its response's extensions (as it
+//! puts the error's [`ErrorCode`] there); [`track`] turns it into the record, with the status,
+//! the outcome code and the duration. A response without one (an extractor's rejection, an
+//! unknown route, `/mcp`, which audits its tools itself) is not recorded here.
 //!
 //! A request hands its record to this writer and answers at once; the writer appends what has
 //! queued up in one transaction (so a burst of requests costs one commit, not one each).
@@ -7,8 +13,84 @@
 //! its last moments. The operation records that the manager writes (`open`, `exec`, `write`,
 //! ...) are written before the operation's answer, so no operation goes unrecorded.
 
+use std::time::Instant;
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use chrono::Utc;
+use sessionbox_core::ConversationKey;
 use sessionbox_store::{AuditEntry, Store};
 use tokio::sync::{mpsc, oneshot};
+
+use crate::AppState;
+use crate::auth::Principal;
+use crate::error::{ApiError, ErrorCode};
+
+/// What to record of one call: a response extension read by [`track`].
+#[derive(Debug, Clone)]
+pub(crate) struct Audited {
+    /// The operation, recorded as `http.OPERATION`.
+    pub operation: &'static str,
+    /// Who called.
+    pub principal: Principal,
+    /// The conversation, when the call named a valid one.
+    pub key: Option<ConversationKey>,
+}
+
+impl Audited {
+    /// A record of `operation` by `principal`, on the conversation `key` when there is one.
+    pub(crate) fn new(
+        operation: &'static str,
+        principal: &Principal,
+        key: Option<ConversationKey>,
+    ) -> Self {
+        Audited {
+            operation,
+            principal: principal.clone(),
+            key,
+        }
+    }
+
+    /// `result` as the response, carrying this record for [`track`].
+    pub(crate) fn respond(self, result: Result<Response, ApiError>) -> Response {
+        let mut response = result.unwrap_or_else(IntoResponse::into_response);
+        response.extensions_mut().insert(self);
+        response
+    }
+}
+
+/// Middleware: writes the `http.*` record of every response that carries an [`Audited`].
+pub(crate) async fn track(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let mut response = next.run(request).await;
+    let Some(audited) = response.extensions_mut().remove::<Audited>() else {
+        return response;
+    };
+    let status = response.status();
+    let outcome = if status.is_success() {
+        "ok".to_owned()
+    } else {
+        response
+            .extensions()
+            .get::<ErrorCode>()
+            .map_or_else(|| status.as_u16().to_string(), |code| code.0.to_owned())
+    };
+    state.audit.record(AuditEntry {
+        at: Utc::now(),
+        tenant: audited.principal.tenant,
+        conversation_key: audited.key,
+        operation: format!("http.{}", audited.operation),
+        outcome,
+        detail: Some(format!(
+            "key={} status={} duration_ms={}",
+            audited.principal.key_id.as_deref().unwrap_or("-"),
+            status.as_u16(),
+            started.elapsed().as_millis()
+        )),
+    });
+    response
+}
 
 /// Most records appended in one transaction.
 const MAX_BATCH: usize = 512;

@@ -82,7 +82,7 @@ impl FromRequestParts<AppState> for Principal {
                         "forbidden",
                         "without an API key this server answers only requests to a loopback \
                          host (Host: localhost, 127.0.0.1 or [::1]) from no other origin; create \
-                         a key with `sessionbox keys create --tenant T` and send it",
+                         an API key and send it",
                     ));
                 }
                 Ok(Principal {

@@ -20,13 +20,14 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sessionbox_core::{
-    BackgroundCommand, CommandOutput, ConversationKey, ConversationRef, Error, ExitStatus,
-    OutputRequest, Session,
+    BackgroundCommand, CommandOutput, ConversationKey, ConversationRef, Error, OutputRequest,
+    Session,
 };
 
 use crate::AppState;
-use crate::openapi::ExitStatusDoc;
+use crate::conversation::OpenMode;
 use crate::output::{OutputText, incomplete_tail};
+use crate::views::{ErrorBody, ExitStatusView};
 
 /// How long one poll of a watcher waits for the command's end.
 const WATCH_WAIT: Duration = Duration::from_secs(25);
@@ -94,10 +95,10 @@ impl Commands {
 /// Opens a session of its own (without creating the conversation) and holds no turn while it
 /// waits.
 async fn watch(state: AppState, conv: ConversationRef, id: String) {
-    let opened = match state.open(&conv, false).await {
-        Ok(o) => o.detach(),
-        Err(e) => {
-            tracing::debug!(error = %e.message, "cannot watch a background command");
+    let opened = match state.open(&conv, OpenMode::ExistingOnly).await {
+        Ok(opened) => opened.detach(),
+        Err(error) => {
+            tracing::debug!(%error, "cannot watch a background command");
             state.commands.ended(&conv.key, &id);
             return;
         }
@@ -154,8 +155,7 @@ pub(crate) struct CommandView {
     exit_code: Option<i32>,
     /// How it ended; `null` while it runs or when it could not run. A killed command reports
     /// the signal that ended it.
-    #[schema(value_type = Option<ExitStatusDoc>)]
-    status: Option<ExitStatus>,
+    status: Option<ExitStatusView>,
     /// True when its timeout ended it.
     timed_out: bool,
     /// True when it was killed through the API (or its conversation destroyed).
@@ -175,7 +175,7 @@ pub(crate) struct CommandView {
     /// Milliseconds from start to end (or to now, while it runs).
     duration_ms: u64,
     /// Why it could not run, when it could not: `{"code", "message"}`.
-    #[schema(value_type = Option<crate::openapi::ErrorBody>)]
+    #[schema(value_type = Option<ErrorBody>)]
     error: Option<serde_json::Value>,
 }
 
@@ -187,7 +187,7 @@ impl From<&BackgroundCommand> for CommandView {
             command: c.command.clone(),
             running: c.running,
             exit_code: c.shell_exit_code(),
-            status: c.status,
+            status: c.status.map(ExitStatusView::from),
             timed_out: c.timed_out,
             killed: c.killed,
             stdout_bytes: c.stdout_bytes,

@@ -30,19 +30,22 @@
 //! Architecture invariant: only this crate knows the HTTP and MCP wire formats of the
 //! public API; it reaches conversations only through the [`Manager`].
 
-mod api;
 mod audit;
 mod auth;
 mod commands;
+mod conversation;
 mod error;
+mod extract;
 mod mcp;
 mod metrics;
 mod openapi;
 mod output;
 mod policy;
 mod queue;
+mod routes;
 mod sessions;
 mod skills;
+mod views;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -52,12 +55,12 @@ use std::sync::Arc;
 use sessionbox_core::{Error, Result, TenantId};
 use sessionbox_manager::Manager;
 
-pub use api::router;
 pub use auth::Principal;
 pub use commands::{MAX_WAITERS, MAX_WAITERS_PER_CONVERSATION};
 pub use error::{ApiError, status_of};
 pub use mcp::serve_stdio;
 pub use openapi::openapi;
+pub use routes::router;
 
 /// Settings of the server.
 #[derive(Debug, Clone)]
@@ -90,12 +93,16 @@ impl Default for ServerConfig {
     }
 }
 
-/// The shared state of the handlers.
+/// The shared state of the handlers: a cheap handle on one [`SharedState`].
 #[derive(Clone)]
-pub struct AppState(Arc<Inner>);
+pub struct AppState(Arc<SharedState>);
 
-pub struct Inner {
+/// What every handler of one server shares: the manager, the settings, and the server's own
+/// bookkeeping (queues, kept sessions, background commands, audit writer, metrics).
+pub struct SharedState {
+    /// The manager every operation goes through.
     pub manager: Manager,
+    /// The server's settings.
     pub config: ServerConfig,
     queues: Arc<queue::Queues>,
     commands: Arc<commands::Commands>,
@@ -106,8 +113,8 @@ pub struct Inner {
 }
 
 impl Deref for AppState {
-    type Target = Inner;
-    fn deref(&self) -> &Inner {
+    type Target = SharedState;
+    fn deref(&self) -> &SharedState {
         &self.0
     }
 }
@@ -116,7 +123,7 @@ impl AppState {
     /// State over `manager` with `config`. Starts the audit writer of `http.*` records on the
     /// current Tokio runtime, so it must be called within one.
     pub fn new(manager: Manager, config: ServerConfig) -> Self {
-        AppState(Arc::new(Inner {
+        AppState(Arc::new(SharedState {
             queues: Arc::default(),
             commands: Arc::default(),
             waiters: Arc::default(),
@@ -153,14 +160,15 @@ impl AppState {
 /// Refuses a listen address that is not loopback unless the store holds a valid API key.
 ///
 /// # Errors
-/// [`Error::InvalidRequest`] saying how to create a key; [`Error::Backend`] from the store.
+/// [`Error::InvalidRequest`] saying that a key must exist first (front ends add how to make
+/// one); [`Error::Backend`] from the store.
 pub fn check_listen(addr: &SocketAddr, store: &sessionbox_store::Store) -> Result<()> {
     if addr.ip().is_loopback() || store.has_api_keys()? {
         return Ok(());
     }
     Err(Error::InvalidRequest(format!(
         "refusing to listen on {addr}, which is not a loopback address, while no API key \
-         exists; create one first with `sessionbox keys create --tenant TENANT`"
+         exists; create an API key first"
     )))
 }
 

@@ -1,108 +1,86 @@
 //! The OpenAPI 3.1 document, generated from the handlers' annotations (utoipa), served at
 //! `/v1/openapi.json`.
 //!
-//! `sessionbox-core` knows no wire format, so the core types that appear in responses are
-//! mirrored here for the schema only (`*Doc`); the handlers serialise the core types themselves,
-//! and the tests check the two agree.
-
-#![allow(dead_code)] // The mirrors are only read by the schema generator.
+//! The schemas are those of the very types the handlers serialise (the views, see
+//! `views.rs`). The error answers every route shares are declared once: 401 is added to every
+//! operation that needs a key ([`Unauthorized`]), and the routes on a conversation list
+//! [`ConversationErrors`].
 
 use std::sync::OnceLock;
 
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa::openapi::{RefOr, ResponseBuilder};
+use utoipa::{IntoResponses, Modify, OpenApi, ToSchema};
 
-use crate::api;
+use crate::routes::{commands, conversations, exec, files, fs, health};
+use crate::views::{ErrorBody, ExitStatusView, FileKindView};
 
-/// Every error: a stable code and a message for people (also the data of an `error` event on
-/// an exec event stream).
-#[derive(ToSchema)]
-#[schema(as = Error)]
-pub(crate) struct ErrorBody {
-    /// `invalid_id`, `invalid_path`, `invalid_request`, `outside_workspace`, `unauthorized`,
-    /// `not_found`, `conflict`, `already_exists`, `too_large`, `busy`, ...
-    code: String,
-    message: String,
+/// The error answers of the routes on one conversation, besides 401 (see [`Unauthorized`]).
+#[derive(IntoResponses)]
+#[allow(dead_code)] // Only read by the schema generator.
+pub(crate) enum ConversationErrors {
+    #[response(status = 400, description = "invalid input")]
+    InvalidInput(ErrorBody),
+    #[response(status = 403, description = "path outside the workspace")]
+    OutsideWorkspace(ErrorBody),
+    #[response(status = 404, description = "no such conversation or file")]
+    NotFound(ErrorBody),
+    #[response(status = 409, description = "conflict")]
+    Conflict(ErrorBody),
+    #[response(status = 413, description = "body too large")]
+    TooLarge(ErrorBody),
+    #[response(status = 422, description = "JSON of the wrong shape")]
+    WrongShape(ErrorBody),
+    #[response(status = 429, description = "the conversation's queue is full")]
+    Busy(ErrorBody),
 }
 
-/// Raw bytes.
-#[derive(ToSchema)]
-#[schema(as = Binary, value_type = String, format = Binary)]
-pub(crate) struct BinaryDoc(Vec<u8>);
+/// Adds the 401 answer to every operation that needs a key (all but those that declare
+/// `security()`, the health checks).
+struct Unauthorized;
 
-/// How a command ended: `{"code": N}` or `{"signal": N}`.
-#[derive(ToSchema)]
-#[schema(as = ExitStatus)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum ExitStatusDoc {
-    Code(i32),
-    Signal(i32),
+impl Modify for Unauthorized {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let unauthorized = ResponseBuilder::new()
+            .description("no valid API key")
+            .content(
+                "application/json",
+                utoipa::openapi::ContentBuilder::new()
+                    .schema(Some(RefOr::Ref(utoipa::openapi::Ref::from_schema_name(
+                        ErrorBody::name(),
+                    ))))
+                    .build(),
+            )
+            .build();
+        for item in doc.paths.paths.values_mut() {
+            for op in operations(item) {
+                if op.security.is_none() {
+                    op.responses
+                        .responses
+                        .entry("401".to_owned())
+                        .or_insert_with(|| unauthorized.clone().into());
+                }
+            }
+        }
+    }
 }
 
-#[derive(ToSchema)]
-#[schema(as = FileKind)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum FileKindDoc {
-    File,
-    Directory,
-    Symlink,
-    Other,
-}
-
-/// One directory entry.
-#[derive(ToSchema)]
-#[schema(as = DirEntry)]
-pub(crate) struct DirEntryDoc {
-    name: String,
-    kind: FileKindDoc,
-    size: u64,
-    modified_unix: i64,
-}
-
-/// Metadata of one path.
-#[derive(ToSchema)]
-#[schema(as = FileStat)]
-pub(crate) struct FileStatDoc {
-    path: String,
-    kind: FileKindDoc,
-    size: u64,
-    /// Permission bits in octal, at least four digits (`"0644"`).
-    #[schema(pattern = "^[0-7]{4,}$", example = "0644")]
-    mode: String,
-    modified_unix: i64,
-}
-
-/// What an edit did.
-#[derive(ToSchema)]
-#[schema(as = EditResult)]
-pub(crate) struct EditResultDoc {
-    replacements: usize,
-}
-
-/// A content search.
-#[derive(ToSchema)]
-#[schema(as = GrepRequest)]
-pub(crate) struct GrepRequestDoc {
-    /// A Rust `regex` pattern.
-    pattern: String,
-    /// File or directory to search; default the whole workspace.
-    path: Option<String>,
-    /// Only files whose workspace-relative path matches this glob.
-    glob: Option<String>,
-    #[schema(default = false)]
-    case_insensitive: Option<bool>,
-    max_matches: Option<usize>,
-}
-
-/// One matching line.
-#[derive(ToSchema)]
-#[schema(as = GrepMatch)]
-pub(crate) struct GrepMatchDoc {
-    path: String,
-    line_number: u64,
-    line: String,
+/// The operations of one path.
+fn operations(
+    item: &mut utoipa::openapi::PathItem,
+) -> impl Iterator<Item = &mut utoipa::openapi::path::Operation> {
+    [
+        &mut item.get,
+        &mut item.put,
+        &mut item.post,
+        &mut item.delete,
+        &mut item.patch,
+        &mut item.head,
+    ]
+    .into_iter()
+    .flatten()
 }
 
 /// The pattern of a conversation id (`ConversationId`'s rule, as a regular expression).
@@ -117,15 +95,7 @@ impl Modify for IdRule {
         use utoipa::openapi::path::ParameterIn;
         use utoipa::openapi::schema::{ObjectBuilder, Type};
         for item in doc.paths.paths.values_mut() {
-            let ops = [
-                &mut item.get,
-                &mut item.put,
-                &mut item.post,
-                &mut item.delete,
-                &mut item.patch,
-                &mut item.head,
-            ];
-            for op in ops.into_iter().flatten() {
+            for op in operations(item) {
                 for p in op.parameters.iter_mut().flatten() {
                     if p.name == "id" && p.parameter_in == ParameterIn::Path {
                         p.schema = Some(
@@ -166,27 +136,27 @@ impl Modify for Security {
         description = "Isolated, resumable workspaces for AI-agent conversations."
     ),
     paths(
-        api::healthz,
-        api::readyz,
-        api::list_conversations,
-        api::get_conversation,
-        api::open_conversation,
-        api::destroy_conversation,
-        api::exec,
-        api::list_commands,
-        api::command_status,
-        api::command_logs,
-        api::kill_command,
-        api::upload_files,
-        api::read_file,
-        api::write_file,
-        api::remove_file,
-        api::edit,
-        api::mkdir,
-        api::ls,
-        api::stat,
-        api::glob,
-        api::grep,
+        health::healthz,
+        health::readyz,
+        conversations::list,
+        conversations::get,
+        conversations::open,
+        conversations::destroy,
+        exec::exec,
+        commands::list,
+        commands::status,
+        commands::logs,
+        commands::kill,
+        files::upload,
+        files::read,
+        files::write,
+        files::remove,
+        files::edit,
+        files::mkdir,
+        fs::ls,
+        fs::stat,
+        fs::glob,
+        fs::grep,
         crate::policy::get_tenant_policy,
         crate::policy::put_tenant_policy,
         crate::policy::delete_tenant_policy,
@@ -201,14 +171,14 @@ impl Modify for Security {
     ),
     components(schemas(
         ErrorBody,
-        ExitStatusDoc,
-        FileKindDoc,
+        ExitStatusView,
+        FileKindView,
         crate::output::OutputText,
-        api::ExecExit,
+        exec::ExecExit,
         crate::commands::CommandView,
         crate::commands::CommandListView
     )),
-    modifiers(&Security, &IdRule),
+    modifiers(&Security, &IdRule, &Unauthorized),
     security(("bearer" = []), ("api_key" = []))
 )]
 struct ApiDoc;

@@ -22,9 +22,6 @@
 //! policy: a model that could widen its own allowlist would make the policy worthless against
 //! prompt injection.
 
-use std::collections::HashMap;
-use std::time::Instant;
-
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -34,11 +31,13 @@ use serde::{Deserialize, Serialize};
 use sessionbox_core::{ConversationKey, ConversationRef, Error, TenantId};
 use sessionbox_egress::Policy;
 use sessionbox_store::{EgressLogFilter, PolicyScope, StoredPolicy};
+use std::collections::HashMap;
 
-use crate::api::{JsonBody, PathArgs, QueryArgs};
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::openapi::ErrorBody;
+use crate::extract::{JsonBody, PathArgs, QueryArgs};
+use crate::routes::{audited, on_conversation};
+use crate::views::ErrorBody;
 use crate::{AppState, blocking};
 
 /// Most verdicts one request returns.
@@ -345,15 +344,13 @@ async fn clear_policy(s: &AppState, scope: PolicyScope) -> Result<bool, Error> {
 
 /// The tenant's network policy (what its conversations get unless they have their own).
 #[utoipa::path(get, path = "/v1/policy", tag = "network",
-    responses((status = 200, body = PolicyView),
-              (status = 401, description = "no valid API key", body = ErrorBody)))]
+    responses((status = 200, body = PolicyView)))]
 pub(crate) async fn get_tenant_policy(State(s): State<AppState>, p: Principal) -> Response {
-    let started = Instant::now();
     let result = tenant_policy(&s, &p.tenant)
         .await
         .map(|v| Json(v).into_response())
         .map_err(ApiError::from);
-    s.finish(&p, "policy_get", None, started, result).await
+    audited(&p, "policy_get", result)
 }
 
 /// Sets the tenant's network policy. Applies to the next connection of every conversation of
@@ -361,7 +358,6 @@ pub(crate) async fn get_tenant_policy(State(s): State<AppState>, p: Principal) -
 #[utoipa::path(put, path = "/v1/policy", tag = "network", request_body = PolicyBody,
     responses((status = 200, description = "set; the tenant's policy now", body = PolicyView),
               (status = 400, description = "malformed JSON", body = ErrorBody),
-              (status = 401, description = "no valid API key", body = ErrorBody),
               (status = 413, description = "body too large", body = ErrorBody),
               (status = 422, description = "a rule or the profile is refused (the message names the rule), or JSON of the wrong shape", body = ErrorBody)))]
 pub(crate) async fn put_tenant_policy(
@@ -369,7 +365,6 @@ pub(crate) async fn put_tenant_policy(
     p: Principal,
     JsonBody(body): JsonBody<PolicyBody>,
 ) -> Response {
-    let started = Instant::now();
     let result = async {
         let policy = requested(body)?;
         store_policy(&s, PolicyScope::Tenant(p.tenant.clone()), &policy).await?;
@@ -377,23 +372,21 @@ pub(crate) async fn put_tenant_policy(
         Ok(Json(tenant_policy(&s, &p.tenant).await?).into_response())
     }
     .await;
-    s.finish(&p, "policy_set", None, started, result).await
+    audited(&p, "policy_set", result)
 }
 
 /// Removes the tenant's network policy: its conversations without their own policy are back
 /// to the default profile `none`. Answers the policy now in force for the tenant.
 #[utoipa::path(delete, path = "/v1/policy", tag = "network",
-    responses((status = 200, description = "removed (or there was none); the default now", body = PolicyView),
-              (status = 401, description = "no valid API key", body = ErrorBody)))]
+    responses((status = 200, description = "removed (or there was none); the default now", body = PolicyView)))]
 pub(crate) async fn delete_tenant_policy(State(s): State<AppState>, p: Principal) -> Response {
-    let started = Instant::now();
     let result = async {
         clear_policy(&s, PolicyScope::Tenant(p.tenant.clone())).await?;
         applied(&s, |c| c.tenant == p.tenant).await;
         Ok(Json(tenant_policy(&s, &p.tenant).await?).into_response())
     }
     .await;
-    s.finish(&p, "policy_delete", None, started, result).await
+    audited(&p, "policy_delete", result)
 }
 
 // ---- One conversation. ----
@@ -403,22 +396,16 @@ pub(crate) async fn delete_tenant_policy(State(s): State<AppState>, p: Principal
 #[utoipa::path(get, path = "/v1/conversations/{id}/policy", tag = "network",
     params(("id" = String, Path, description = "conversation id")),
     responses((status = 200, body = PolicyView),
-              (status = 400, description = "invalid id", body = ErrorBody),
-              (status = 401, description = "no valid API key", body = ErrorBody)))]
+              (status = 400, description = "invalid id", body = ErrorBody)))]
 pub(crate) async fn get_conversation_policy(
     State(s): State<AppState>,
     p: Principal,
     PathArgs(id): PathArgs<String>,
 ) -> Response {
-    let started = Instant::now();
-    let conv = s.conversation(&p, &id);
-    let key = conv.as_ref().ok().map(|c| c.key.clone());
-    let result = async {
-        let conv = conv?;
+    on_conversation(&p, "policy_get", &id, async |conv| {
         Ok(Json(in_force(&s, &conv).await?.1).into_response())
-    }
-    .await;
-    s.finish(&p, "policy_get", key, started, result).await
+    })
+    .await
 }
 
 /// Sets a conversation's own network policy (it wins over the tenant's). The conversation
@@ -427,7 +414,6 @@ pub(crate) async fn get_conversation_policy(
     params(("id" = String, Path, description = "conversation id")), request_body = PolicyBody,
     responses((status = 200, description = "set; the policy now in force", body = PolicyView),
               (status = 400, description = "invalid id, or malformed JSON", body = ErrorBody),
-              (status = 401, description = "no valid API key", body = ErrorBody),
               (status = 413, description = "body too large", body = ErrorBody),
               (status = 422, description = "a rule or the profile is refused (the message names the rule), or JSON of the wrong shape", body = ErrorBody)))]
 pub(crate) async fn put_conversation_policy(
@@ -436,18 +422,13 @@ pub(crate) async fn put_conversation_policy(
     PathArgs(id): PathArgs<String>,
     JsonBody(body): JsonBody<PolicyBody>,
 ) -> Response {
-    let started = Instant::now();
-    let conv = s.conversation(&p, &id);
-    let key = conv.as_ref().ok().map(|c| c.key.clone());
-    let result = async {
-        let conv = conv?;
+    on_conversation(&p, "policy_set", &id, async |conv| {
         let policy = requested(body)?;
         store_policy(&s, PolicyScope::Conversation(conv.clone()), &policy).await?;
         applied(&s, |c| c.key == conv.key).await;
         Ok(Json(in_force(&s, &conv).await?.1).into_response())
-    }
-    .await;
-    s.finish(&p, "policy_set", key, started, result).await
+    })
+    .await
 }
 
 /// Removes a conversation's own network policy: its tenant's applies again (or `none`).
@@ -455,24 +436,18 @@ pub(crate) async fn put_conversation_policy(
 #[utoipa::path(delete, path = "/v1/conversations/{id}/policy", tag = "network",
     params(("id" = String, Path, description = "conversation id")),
     responses((status = 200, description = "removed (or there was none); the policy now in force", body = PolicyView),
-              (status = 400, description = "invalid id", body = ErrorBody),
-              (status = 401, description = "no valid API key", body = ErrorBody)))]
+              (status = 400, description = "invalid id", body = ErrorBody)))]
 pub(crate) async fn delete_conversation_policy(
     State(s): State<AppState>,
     p: Principal,
     PathArgs(id): PathArgs<String>,
 ) -> Response {
-    let started = Instant::now();
-    let conv = s.conversation(&p, &id);
-    let key = conv.as_ref().ok().map(|c| c.key.clone());
-    let result = async {
-        let conv = conv?;
+    on_conversation(&p, "policy_delete", &id, async |conv| {
         clear_policy(&s, PolicyScope::Conversation(conv.clone())).await?;
         applied(&s, |c| c.key == conv.key).await;
         Ok(Json(in_force(&s, &conv).await?.1).into_response())
-    }
-    .await;
-    s.finish(&p, "policy_delete", key, started, result).await
+    })
+    .await
 }
 
 // ---- Verdicts. ----
@@ -483,21 +458,19 @@ pub(crate) async fn delete_conversation_policy(
            ("limit" = Option<usize>, Query, description = "the newest N, 1-1000; default 100")),
     responses((status = 200, body = EgressLogView),
               (status = 400, description = "invalid since or limit", body = ErrorBody),
-              (status = 401, description = "no valid API key", body = ErrorBody),
               (status = 422, description = "an unknown query parameter", body = ErrorBody)))]
 pub(crate) async fn tenant_egress_log(
     State(s): State<AppState>,
     p: Principal,
     QueryArgs(q): QueryArgs<LogQuery>,
 ) -> Response {
-    let started = Instant::now();
     let result = async {
         let (since, limit) = log_filter(&q)?;
         let entries = verdicts(&s, &p.tenant, None, since, limit).await?;
         Ok(Json(EgressLogView { entries }).into_response())
     }
     .await;
-    s.finish(&p, "egress_log", None, started, result).await
+    audited(&p, "egress_log", result)
 }
 
 /// The egress gateway's verdicts for one conversation, newest first. Does not open or create
@@ -508,7 +481,6 @@ pub(crate) async fn tenant_egress_log(
            ("limit" = Option<usize>, Query, description = "the newest N, 1-1000; default 100")),
     responses((status = 200, body = EgressLogView),
               (status = 400, description = "invalid id, since or limit", body = ErrorBody),
-              (status = 401, description = "no valid API key", body = ErrorBody),
               (status = 422, description = "an unknown query parameter", body = ErrorBody)))]
 pub(crate) async fn conversation_egress_log(
     State(s): State<AppState>,
@@ -516,17 +488,12 @@ pub(crate) async fn conversation_egress_log(
     PathArgs(id): PathArgs<String>,
     QueryArgs(q): QueryArgs<LogQuery>,
 ) -> Response {
-    let started = Instant::now();
-    let conv = s.conversation(&p, &id);
-    let key = conv.as_ref().ok().map(|c| c.key.clone());
-    let result = async {
-        let conv = conv?;
+    on_conversation(&p, "egress_log", &id, async |conv| {
         let (since, limit) = log_filter(&q)?;
         let entries = verdicts(&s, &p.tenant, Some(&conv), since, limit).await?;
         Ok(Json(EgressLogView { entries }).into_response())
-    }
-    .await;
-    s.finish(&p, "egress_log", key, started, result).await
+    })
+    .await
 }
 
 #[cfg(test)]

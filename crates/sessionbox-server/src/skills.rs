@@ -10,8 +10,6 @@
 //! path follows from the runtime. The skills are in place once the conversation is opened (by
 //! any call that opens it).
 
-use std::time::Instant;
-
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -19,10 +17,11 @@ use serde::Serialize;
 use sessionbox_core::{ConversationRef, Error, TenantId};
 
 use crate::AppState;
-use crate::api::PathArgs;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::openapi::ErrorBody;
+use crate::extract::PathArgs;
+use crate::routes::{audited, on_conversation};
+use crate::views::ErrorBody;
 
 /// A skill as listed.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -101,35 +100,27 @@ pub(crate) async fn load(
 
 /// This tenant's skills: name and description of each.
 #[utoipa::path(get, path = "/v1/skills", tag = "skills",
-    responses((status = 200, body = SkillsView),
-              (status = 401, description = "no valid API key", body = ErrorBody)))]
+    responses((status = 200, body = SkillsView)))]
 pub(crate) async fn list_skills(State(s): State<AppState>, p: Principal) -> Response {
-    let started = Instant::now();
     let result = list(&s, &p.tenant)
         .await
         .map(|skills| Json(SkillsView { skills }).into_response())
         .map_err(ApiError::from);
-    s.finish(&p, "skills", None, started, result).await
+    audited(&p, "skills", result)
 }
 
 /// Loads one skill for a conversation: its instructions and its base directory there.
 #[utoipa::path(get, path = "/v1/conversations/{id}/skills/{name}", tag = "skills",
     params(("id" = String, Path, description = "conversation id"), ("name" = String, Path, description = "skill name")),
     responses((status = 200, body = SkillView), (status = 400, description = "invalid input", body = ErrorBody),
-              (status = 401, description = "no valid API key", body = ErrorBody),
               (status = 404, description = "no such skill (one that breaks a rule is left out; one added while the conversation's sandbox runs is there once it restarts)", body = ErrorBody)))]
 pub(crate) async fn load_skill(
     State(s): State<AppState>,
     p: Principal,
     PathArgs((id, name)): PathArgs<(String, String)>,
 ) -> Response {
-    let started = Instant::now();
-    let conv = s.conversation(&p, &id);
-    let key = conv.as_ref().ok().map(|c| c.key.clone());
-    let result = async {
-        let conv = conv?;
+    on_conversation(&p, "skill", &id, async |conv| {
         Ok(Json(load(&s, &conv, &name).await?).into_response())
-    }
-    .await;
-    s.finish(&p, "skill", key, started, result).await
+    })
+    .await
 }

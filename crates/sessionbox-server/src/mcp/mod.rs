@@ -1,0 +1,292 @@
+//! MCP over streamable HTTP at `/mcp` (rmcp): the agent tools `bash`, `read`, `write`, `edit`,
+//! `ls`, `glob`, `grep` on one conversation's workspace, `skill` (list the tenant's skills,
+//! or load one: its instructions and its base directory in the conversation), and `network`
+//! (the conversation's network policy and its recent egress verdicts).
+//!
+//! `network` is read-only, and no tool changes a network policy: the model is the party a
+//! policy restrains, and a prompt-injected model that could widen its own allowlist would make
+//! the policy worthless. Policies are set by the operator (REST with an API key, or the CLI).
+//!
+//! Every request carries the same API key as the REST API (it names the tenant) and an
+//! `X-Conversation-Id` header naming the conversation; a missing or invalid one is refused with
+//! the JSON error body before MCP sees the request. Tool failures come back as tool results
+//! with `isError` (text the model can read), not as protocol errors. Each call goes through the
+//! [`Manager`](sessionbox_manager::Manager) (audited per operation), waits for the
+//! conversation's turn like a REST call, and is audited once more as `mcp.TOOL` with the key id.
+
+mod run;
+mod schema;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodRouter, any_service};
+use chrono::Utc;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData, RoleServer, ServerHandler};
+use sessionbox_core::{ConversationId, ConversationRef, Error};
+use sessionbox_store::AuditEntry;
+
+use crate::auth::Principal;
+use crate::error::ApiError;
+use crate::{AppState, blocking};
+
+/// The header that names the conversation of an MCP request.
+pub const CONVERSATION_HEADER: &str = "x-conversation-id";
+
+/// The `/mcp` route: authentication and the conversation header, then rmcp's service.
+pub fn route(state: AppState) -> MethodRouter<AppState> {
+    let mut config = StreamableHttpServerConfig::default();
+    if state.config.open_tenant.is_none() {
+        // Every request needs a key, so a DNS-rebinding page gains nothing: accept any Host.
+        config.allowed_hosts = Vec::new();
+    }
+    let handler_state = state.clone();
+    let service: StreamableHttpService<Tools, LocalSessionManager> = StreamableHttpService::new(
+        move || {
+            Ok(Tools {
+                state: handler_state.clone(),
+                fixed: None,
+            })
+        },
+        Arc::default(),
+        config,
+    );
+    any_service(service).layer(axum::middleware::from_fn_with_state(state, admit))
+}
+
+/// Serves the MCP tools on one conversation over stdin and stdout (newline-delimited JSON-RPC,
+/// the MCP stdio transport) until the client closes stdin.
+///
+/// The caller is `tenant` with no key id: a local process that can run this already owns the
+/// data directory. Calls are audited as `mcp.TOOL` like the HTTP ones and wait for the
+/// conversation's turn in this process (other processes on the same data directory are ordered
+/// by the runtime's own locks).
+///
+/// # Errors
+/// [`Error::Backend`] when the transport fails to start or ends with an error.
+pub async fn serve_stdio(
+    state: AppState,
+    conversation: ConversationRef,
+) -> sessionbox_core::Result<()> {
+    use rmcp::ServiceExt;
+    let tools = Tools {
+        state,
+        fixed: Some(Caller {
+            principal: Principal {
+                tenant: conversation.tenant.clone(),
+                key_id: None,
+            },
+            conversation,
+        }),
+    };
+    let running = tools
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| Error::Backend(format!("MCP stdio transport did not start: {e}")))?;
+    running
+        .waiting()
+        .await
+        .map_err(|e| Error::Backend(format!("MCP stdio transport failed: {e}")))?;
+    Ok(())
+}
+
+/// Who calls and on which conversation, as [`admit`] found them.
+#[derive(Clone)]
+struct Caller {
+    principal: Principal,
+    conversation: ConversationRef,
+}
+
+/// Checks the key and the conversation header; refuses with the JSON error body.
+async fn admit(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
+    let (mut parts, body) = req.into_parts();
+    let principal =
+        match <Principal as axum::extract::FromRequestParts<AppState>>::from_request_parts(
+            &mut parts, &s,
+        )
+        .await
+        {
+            Ok(p) => p,
+            Err(e) => return e.into_response(),
+        };
+    let id = match parts.headers.get(CONVERSATION_HEADER) {
+        None => {
+            return ApiError::bad_request(
+                "MCP requests need an `X-Conversation-Id` header naming the conversation",
+            )
+            .into_response();
+        }
+        Some(v) => match v.to_str() {
+            Ok(v) => v.to_owned(),
+            Err(_) => {
+                return ApiError::bad_request("the `X-Conversation-Id` header is not ASCII")
+                    .into_response();
+            }
+        },
+    };
+    let id = match ConversationId::new(&id) {
+        Ok(id) => id,
+        Err(e) => {
+            let mut e = ApiError::from(e);
+            e.message = format!("X-Conversation-Id: {}", e.message);
+            return e.into_response();
+        }
+    };
+    let conversation = ConversationRef::new(principal.tenant.clone(), id);
+    req = Request::from_parts(parts, body);
+    req.extensions_mut().insert(Caller {
+        principal,
+        conversation,
+    });
+    let delete = req.method() == axum::http::Method::DELETE;
+    let mut response = next.run(req).await;
+    // rmcp answers a session's termination with 202, which the specification does not name
+    // and clients log as a failure (the Python SDK wants 200 or 204): the session is gone, so
+    // say so with 204.
+    if delete && response.status() == axum::http::StatusCode::ACCEPTED {
+        *response.status_mut() = axum::http::StatusCode::NO_CONTENT;
+    }
+    response
+}
+
+/// The MCP server of one session: over HTTP the caller comes with each request; over stdio it
+/// is fixed for the life of the process.
+#[derive(Clone)]
+pub struct Tools {
+    state: AppState,
+    fixed: Option<Caller>,
+}
+
+impl Tools {
+    async fn audit(&self, caller: &Caller, tool: &str, outcome: String, started: Instant) {
+        let entry = AuditEntry {
+            at: Utc::now(),
+            tenant: caller.principal.tenant.clone(),
+            conversation_key: Some(caller.conversation.key.clone()),
+            operation: format!("mcp.{tool}"),
+            outcome,
+            detail: Some(format!(
+                "key={} duration_ms={}",
+                caller.principal.key_id.as_deref().unwrap_or("-"),
+                started.elapsed().as_millis()
+            )),
+        };
+        let store = self.state.manager.store().clone();
+        if let Err(e) = blocking(move || store.audit(&entry)).await {
+            tracing::warn!(error = %e, "audit record not written");
+        }
+    }
+}
+
+impl ServerHandler for Tools {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("sessionbox", env!("CARGO_PKG_VERSION")))
+            .with_instructions(instructions(
+                !self.state.manager.skills().is_empty(),
+                self.state.manager.runtime().mounted_skills(),
+            ))
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(schema::tools()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let caller = match &self.fixed {
+            Some(c) => c.clone(),
+            None => context
+                .extensions
+                .get::<axum::http::request::Parts>()
+                .and_then(|p| p.extensions.get::<Caller>())
+                .cloned()
+                .ok_or_else(|| ErrorData::internal_error("the request has no caller", None))?,
+        };
+        let started = Instant::now();
+        let result = self.run(&caller, &request.name, request.arguments).await;
+        let (outcome, out) = match result {
+            Ok(text) => (
+                "ok".to_owned(),
+                CallToolResult::success(vec![ContentBlock::text(text)]),
+            ),
+            Err(e) => (
+                e.code().to_owned(),
+                CallToolResult::error(vec![ContentBlock::text(format!(
+                    "error ({}): {e}",
+                    e.code()
+                ))]),
+            ),
+        };
+        self.audit(&caller, &request.name, outcome, started).await;
+        Ok(out.into())
+    }
+}
+
+/// What the model is told about this server when a session starts: what a conversation is,
+/// that its files stay between turns, and where skills are (`mounted`: the runtime's read-only
+/// mount root; `None`: copies in the workspace).
+/// The server's instructions to the model. `any_skills`: this server has skills configured
+/// for some tenant; `mounted`: where the runtime mounts them (else they are copied into the
+/// workspace at `.skills/NAME`).
+fn instructions(any_skills: bool, mounted: Option<String>) -> String {
+    let skills = match (any_skills, mounted) {
+        (false, _) => {
+            "Agent Skills: none are configured on this server (`skill` says so).".to_owned()
+        }
+        (true, Some(root)) => format!(
+            "Agent Skills: `skill` lists them and loads one (its instructions and its directory, \
+             {}/NAME, read-only).",
+            root.trim_end_matches('/')
+        ),
+        (true, None) => "Agent Skills: `skill` lists them and loads one (its instructions and \
+                         its directory, .skills/NAME in the workspace, a managed copy: do not \
+                         edit it)."
+            .to_owned(),
+    };
+    format!(
+        "sessionbox gives this conversation a workspace of its own: a directory no other \
+         conversation can see. The tools bash, read, write, edit, ls, glob and grep work in it \
+         (relative paths start at its root). Its files persist across turns: a later turn of \
+         the same conversation finds them again; a new conversation starts empty. {skills} \
+         `network` shows the network policy, which no tool can change."
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::instructions;
+
+    #[test]
+    fn the_instructions_name_a_skill_directory_only_where_skills_exist() {
+        let none = instructions(false, Some("/skills".into()));
+        assert!(
+            none.contains("none are configured") && !none.contains("/skills/NAME"),
+            "{none}"
+        );
+        let mounted = instructions(true, Some("/skills/".into()));
+        assert!(mounted.contains("/skills/NAME, read-only"), "{mounted}");
+        let copied = instructions(true, None);
+        assert!(copied.contains(".skills/NAME in the workspace"), "{copied}");
+        for text in [none, mounted, copied] {
+            assert!(text.contains("persist across turns"), "{text}");
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! `/v1/conversations` and `/v1/conversations/{id}`: list, show, open (create) and destroy.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sessionbox_core::Session;
+use sessionbox_store::ConversationRecord;
+
+use super::{audited, on_conversation};
+use crate::auth::Principal;
+use crate::conversation::{OpenMode, conversation_not_found, notify_expired};
+use crate::error::ApiError;
+use crate::extract::{PathArgs, QueryArgs};
+use crate::openapi::ConversationErrors;
+use crate::views::ErrorBody;
+use crate::{AppState, blocking, sessions};
+
+/// A conversation as the API shows it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = Conversation)]
+pub(crate) struct ConversationView {
+    id: String,
+    /// `active`, `expired` (past its expiry: its files are gone at its next use or garbage
+    /// collection, whichever comes first; the next use makes a new conversation) or
+    /// `destroying`.
+    state: String,
+    runtime: String,
+    created_at: DateTime<Utc>,
+    last_used_at: DateTime<Utc>,
+    expires_at: Option<DateTime<Utc>>,
+    /// What the conversation has done since it was created (`GET /v1/conversations/{id}`
+    /// only; absent in lists).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<UsageView>,
+}
+
+/// Operations run on a conversation since its creation, from the audit log.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = Usage)]
+pub(crate) struct UsageView {
+    /// Every operation (open, exec, read, write, ...), refused ones included.
+    operations: u64,
+    /// Commands run.
+    execs: u64,
+    /// Count per operation name.
+    by_operation: BTreeMap<String, u64>,
+}
+
+impl From<ConversationRecord> for ConversationView {
+    fn from(record: ConversationRecord) -> Self {
+        ConversationView {
+            state: record.status(Utc::now()).to_owned(),
+            id: record.conversation_id.into(),
+            runtime: record.runtime,
+            created_at: record.created_at,
+            last_used_at: record.last_used_at,
+            expires_at: record.expires_at,
+            usage: None,
+        }
+    }
+}
+
+/// A page of conversations.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct ConversationPage {
+    conversations: Vec<ConversationView>,
+    /// Pass as `cursor` for the next page; `null` on the last.
+    next_cursor: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ListQuery {
+    limit: Option<usize>,
+    cursor: Option<String>,
+}
+
+const MAX_PAGE: usize = 1000;
+const DEFAULT_PAGE: usize = 100;
+
+/// This tenant's conversations, by id, in pages.
+#[utoipa::path(get, path = "/v1/conversations", tag = "conversations",
+    operation_id = "list_conversations",
+    params(("limit" = Option<usize>, Query, description = "1-1000, default 100"),
+           ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    responses((status = 200, body = ConversationPage), ConversationErrors))]
+pub(crate) async fn list(
+    State(state): State<AppState>,
+    principal: Principal,
+    QueryArgs(query): QueryArgs<ListQuery>,
+) -> Response {
+    let result = async {
+        let limit = query.limit.unwrap_or(DEFAULT_PAGE);
+        if limit == 0 || limit > MAX_PAGE {
+            return Err(ApiError::bad_request(format!(
+                "limit must be between 1 and {MAX_PAGE}"
+            )));
+        }
+        let mut records = state.manager.list(Some(&principal.tenant)).await?;
+        records.sort_by(|a, b| a.conversation_id.cmp(&b.conversation_id));
+        let start = match &query.cursor {
+            Some(cursor) => {
+                records.partition_point(|r| r.conversation_id.as_str() <= cursor.as_str())
+            }
+            None => 0,
+        };
+        let mut page: Vec<ConversationView> = records
+            .into_iter()
+            .skip(start)
+            .take(limit + 1)
+            .map(ConversationView::from)
+            .collect();
+        let next_cursor = if page.len() > limit {
+            page.truncate(limit);
+            page.last().map(|c| c.id.clone())
+        } else {
+            None
+        };
+        Ok(Json(ConversationPage {
+            conversations: page,
+            next_cursor,
+        })
+        .into_response())
+    }
+    .await;
+    audited(&principal, "list", result)
+}
+
+/// One conversation: state, runtime, created, last use, expiry.
+#[utoipa::path(get, path = "/v1/conversations/{id}", tag = "conversations",
+    operation_id = "get_conversation",
+    params(("id" = String, Path, description = "conversation id")),
+    responses((status = 200, body = ConversationView), ConversationErrors))]
+pub(crate) async fn get(
+    State(state): State<AppState>,
+    principal: Principal,
+    PathArgs(id): PathArgs<String>,
+) -> Response {
+    on_conversation(&principal, "get", &id, async |conv| {
+        let Some(record) = state.record(&conv.key).await? else {
+            return Err(conversation_not_found(&conv).into());
+        };
+        let store = state.manager.store().clone();
+        let (key, since) = (conv.key.clone(), record.created_at);
+        let counts = blocking(move || store.operation_counts(&key, since)).await?;
+        let by_operation: BTreeMap<String, u64> = counts.into_iter().collect();
+        let mut view = ConversationView::from(record);
+        view.usage = Some(UsageView {
+            operations: by_operation.values().sum(),
+            execs: by_operation.get("exec").copied().unwrap_or(0),
+            by_operation,
+        });
+        Ok(Json(view).into_response())
+    })
+    .await
+}
+
+/// `POST /v1/conversations/{id}`: the conversation, opened (and created when new).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = OpenedConversation)]
+pub(crate) struct OpenedView {
+    /// True when this call created the conversation (status 201), false when it existed (200).
+    created: bool,
+    /// Set when this call created the conversation because the last one of its id expired:
+    /// when that one expired. Its files are gone; this one starts empty.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    previous_expired_at: Option<DateTime<Utc>>,
+    /// The workspace root as the conversation's commands see it (`/workspace` on the isolated
+    /// runtime; a host directory on the host runtime). Paths may be given relative to it.
+    workspace_root: String,
+    /// The conversation key: hex SHA-256 of tenant and id, the name of its workspace and
+    /// record (the same as the audit log's `conversation_key`).
+    key: String,
+    conversation: ConversationView,
+}
+
+/// Opens a conversation, creating it (workspace and sandbox) when it does not exist: 201 when
+/// created, 200 when it existed. Idempotent; concurrent first calls create it once.
+#[utoipa::path(post, path = "/v1/conversations/{id}", tag = "conversations",
+    operation_id = "open_conversation",
+    params(("id" = String, Path, description = "conversation id")),
+    responses((status = 200, description = "it existed", body = OpenedView), (status = 201, description = "created", body = OpenedView),
+              (status = 400, description = "invalid input", body = ErrorBody),
+              (status = 429, description = "the conversation's queue is full", body = ErrorBody)))]
+pub(crate) async fn open(
+    State(state): State<AppState>,
+    principal: Principal,
+    PathArgs(id): PathArgs<String>,
+) -> Response {
+    on_conversation(&principal, "open", &id, async |conv| {
+        let (created, previous_expired_at, workspace_root) = state
+            .with_conversation(&conv, OpenMode::CreateIfAbsent, async |opened| {
+                (
+                    opened.created(),
+                    opened.previous_expired_at(),
+                    opened.conv.workspace_root().to_owned(),
+                )
+            })
+            .await?;
+        let record = state
+            .record(&conv.key)
+            .await?
+            .ok_or_else(|| conversation_not_found(&conv))?;
+        let status = if created {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        };
+        let view = OpenedView {
+            created,
+            previous_expired_at,
+            workspace_root,
+            key: conv.key.to_string(),
+            conversation: record.into(),
+        };
+        Ok(notify_expired(
+            (status, Json(view)).into_response(),
+            previous_expired_at,
+        ))
+    })
+    .await
+}
+
+/// Destroys a conversation: processes, sandbox, workspace, record. 204 also when absent.
+#[utoipa::path(delete, path = "/v1/conversations/{id}", tag = "conversations",
+    operation_id = "destroy_conversation",
+    params(("id" = String, Path, description = "conversation id")),
+    responses((status = 204, description = "destroyed, or was absent"), ConversationErrors))]
+pub(crate) async fn destroy(
+    State(state): State<AppState>,
+    principal: Principal,
+    PathArgs(id): PathArgs<String>,
+) -> Response {
+    on_conversation(&principal, "destroy", &id, async |conv| {
+        let _turn = state.turn(&conv.key).await?;
+        let _held = state.hold(&conv.key).await?;
+        state.commands.end_conversation(&conv.key);
+        if let Some(cached) = state.sessions.take(&conv.key) {
+            sessions::close_all(vec![cached.conv]).await;
+        }
+        state.manager.destroy(&conv).await?;
+        Ok(StatusCode::NO_CONTENT.into_response())
+    })
+    .await
+}

@@ -1,0 +1,141 @@
+//! The routes, one module per resource, and what every handler shares: the router, and
+//! [`on_conversation`], which names a handler's conversation and audits the call.
+//!
+//! Handlers answer a [`Response`] that carries an [`Audited`] extension; the audit middleware
+//! ([`crate::audit::track`]) writes the record, and the metrics middleware
+//! ([`crate::metrics::track`]) counts it. Errors are [`sessionbox_core::Error`]s until the
+//! response, where they become the JSON error body ([`ApiError`]).
+
+pub(crate) mod commands;
+pub(crate) mod conversations;
+pub(crate) mod exec;
+pub(crate) mod files;
+pub(crate) mod fs;
+pub(crate) mod health;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::middleware::from_fn_with_state;
+use axum::response::Response;
+use axum::routing::{get, post};
+use sessionbox_core::{ConversationId, ConversationRef};
+
+use crate::audit::Audited;
+use crate::auth::Principal;
+use crate::error::ApiError;
+use crate::{AppState, metrics, policy, skills};
+
+/// The application: every route, JSON errors for unknown routes and methods, body limits, and
+/// the audit and metrics middleware.
+pub fn router(state: AppState) -> Router {
+    let file_limit = DefaultBodyLimit::max(state.config.max_file_bytes);
+    let json_limit = DefaultBodyLimit::max(state.config.max_json_bytes);
+    let conversation = "/v1/conversations/{id}";
+    let at = |tail: &str| format!("{conversation}{tail}");
+    Router::new()
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/v1/openapi.json", get(crate::openapi::document))
+        .route("/v1/conversations", get(conversations::list))
+        .route(
+            conversation,
+            get(conversations::get)
+                .post(conversations::open)
+                .delete(conversations::destroy),
+        )
+        .route(&at("/exec"), post(exec::exec))
+        .route(&at("/commands"), get(commands::list))
+        .route(
+            &at("/commands/{cmd}"),
+            get(commands::status).delete(commands::kill),
+        )
+        .route(&at("/commands/{cmd}/logs"), get(commands::logs))
+        .route(&at("/files"), post(files::upload).layer(file_limit))
+        .route(
+            &at("/files/{*path}"),
+            get(files::read)
+                .put(files::write)
+                .delete(files::remove)
+                .layer(file_limit),
+        )
+        .route(&at("/edit"), post(files::edit))
+        .route(&at("/mkdir"), post(files::mkdir))
+        .route(&at("/ls"), get(fs::ls))
+        .route(&at("/stat"), get(fs::stat))
+        .route(&at("/glob"), get(fs::glob))
+        .route(&at("/grep"), post(fs::grep))
+        .route(
+            "/v1/policy",
+            get(policy::get_tenant_policy)
+                .put(policy::put_tenant_policy)
+                .delete(policy::delete_tenant_policy),
+        )
+        .route(
+            &at("/policy"),
+            get(policy::get_conversation_policy)
+                .put(policy::put_conversation_policy)
+                .delete(policy::delete_conversation_policy),
+        )
+        .route("/v1/egress-log", get(policy::tenant_egress_log))
+        .route(&at("/egress-log"), get(policy::conversation_egress_log))
+        .route("/v1/skills", get(skills::list_skills))
+        .route(&at("/skills/{name}"), get(skills::load_skill))
+        .route("/metrics", get(metrics::metrics))
+        .route("/mcp", crate::mcp::route(state.clone()))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(json_limit)
+        .layer(from_fn_with_state(state.clone(), crate::audit::track))
+        .layer(from_fn_with_state(state.clone(), metrics::track))
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not take that method",
+    )
+}
+
+/// The conversation `id` names in `principal`'s tenant.
+pub(crate) fn conversation_of(
+    principal: &Principal,
+    id: &str,
+) -> sessionbox_core::Result<ConversationRef> {
+    Ok(ConversationRef::new(
+        principal.tenant.clone(),
+        ConversationId::new(id)?,
+    ))
+}
+
+/// Runs `work` on the conversation `id` names, and audits the call as `operation` on that
+/// conversation (on none when the id is invalid; then `work` does not run).
+pub(crate) async fn on_conversation(
+    principal: &Principal,
+    operation: &'static str,
+    id: &str,
+    work: impl AsyncFnOnce(ConversationRef) -> Result<Response, ApiError>,
+) -> Response {
+    let conversation = conversation_of(principal, id);
+    let key = conversation.as_ref().ok().map(|c| c.key.clone());
+    let result = match conversation {
+        Ok(conversation) => work(conversation).await,
+        Err(error) => Err(error.into()),
+    };
+    Audited::new(operation, principal, key).respond(result)
+}
+
+/// Audits a call that names no conversation as `operation`.
+pub(crate) fn audited(
+    principal: &Principal,
+    operation: &'static str,
+    result: Result<Response, ApiError>,
+) -> Response {
+    Audited::new(operation, principal, None).respond(result)
+}
