@@ -29,7 +29,7 @@ use sessionbox_execd::wire::{self, error_code, query};
 use sessionbox_execd::{
     CommandEndExtension, CommandStatus, OutputEncoding, RunCommandRequest, ServerStreamEvent,
 };
-use sessionbox_local::process::{self, Spawn, Stream as OutStream};
+use sessionbox_process::{self as process, Spawn, Stream as OutStream};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;

@@ -2,7 +2,7 @@
 //! workspace, over a Unix socket or TCP.
 //!
 //! One protocol serves every runtime: our own `isolated` runtime talks to this agent over a Unix
-//! socket with [`sessionbox_execd::ExecdClient`], and the official OpenSandbox SDK talks to it over
+//! socket with `sessionbox_execd::ExecdClient`, and the official OpenSandbox SDK talks to it over
 //! HTTP as it would to upstream execd. Paths, headers, bodies and stream events come from
 //! [`sessionbox_execd`] (`wire`, `types`), so client and server cannot drift apart.
 //!
@@ -18,7 +18,7 @@
 //!   bits are refused.
 //! - **`/proxy/{port}/...`**: a reverse proxy to `127.0.0.1:{port}` inside the sandbox, behind
 //!   the token check; execd's port 44772 and the agent's own port are served by the agent.
-//! - **Processes.** Every command runs through [`sessionbox_local::process::run`]: `/bin/sh -c` in
+//! - **Processes.** Every command runs through [`sessionbox_process::run`]: `/bin/sh -c` in
 //!   a new session (its own process group), `fchdir` into a directory descriptor, the base
 //!   environment plus the request's `envs` (nothing of the agent's own environment, so never the
 //!   access token), inherited descriptors closed, output capped while it streams. The group is
@@ -183,7 +183,7 @@ impl AgentConfig {
                 .unwrap_or(usize::MAX)
                 .saturating_add(1024 * 1024),
             output_cap: DEFAULT_OUTPUT_CAP,
-            kill_grace: sessionbox_local::process::DEFAULT_KILL_GRACE,
+            kill_grace: sessionbox_process::DEFAULT_KILL_GRACE,
             max_finished_commands: DEFAULT_MAX_FINISHED_COMMANDS,
             egress_relay: None,
         }

@@ -7,13 +7,12 @@
 //! the [`sessionbox_core::Error::code`], so a refusal inside the sandbox (a link out, say) is the
 //! same typed error on the caller's side. Upstream execd does not serve this route.
 
+#[cfg(feature = "client")]
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use sessionbox_core::{
-    DirEntry, EditRequest, EditResult, Error, FileStat, GrepMatch, GrepRequest, WorkspacePath,
-};
-
-use crate::{ExecdClient, ExecdError};
+use sessionbox_core::{DirEntry, EditRequest, EditResult, FileStat, GrepMatch, GrepRequest};
+#[cfg(feature = "client")]
+use sessionbox_core::{Error, WorkspacePath};
 
 /// The extension route: `POST` with an [`FsRequest`] JSON body.
 pub const FS_PATH: &str = "/sessionbox/v1/fs";
@@ -100,18 +99,6 @@ pub enum FsResponse {
     Stat(FileStat),
 }
 
-impl ExecdClient {
-    /// `POST /sessionbox/v1/fs`: one file operation on a sessionbox agent.
-    ///
-    /// # Errors
-    /// The agent's typed error rebuilt with [`sessionbox_core::Error::from_code`] (through
-    /// `From<ExecdError>`); transport failures as [`ExecdError`].
-    pub async fn fs(&self, request: &FsRequest) -> Result<FsResponse, ExecdError> {
-        let r = self.post_json("fs", FS_PATH, &[], request).await?;
-        self.json("fs", r).await
-    }
-}
-
 /// The `Session` file operations of a session whose agent serves this extension: each checks
 /// its paths against the presented workspace root first (nothing is sent for a refused path),
 /// sends one [`FsRequest`] through [`FsSession::fs`], and takes the one answer that fits. A
@@ -121,6 +108,7 @@ impl ExecdClient {
 /// # Errors
 /// [`Error::InvalidPath`] or [`Error::OutsideWorkspace`] for a refused path; the agent's typed
 /// error; [`Error::Backend`] when the agent answers with the wrong kind of response.
+#[cfg(feature = "client")]
 #[async_trait]
 pub trait FsSession: Send + Sync {
     /// The workspace root as commands see it (`/workspace`).
@@ -223,6 +211,7 @@ pub trait FsSession: Send + Sync {
 }
 
 /// An answer of the wrong kind for `op`.
+#[cfg(feature = "client")]
 fn unexpected(op: &str, r: FsResponse) -> Error {
     Error::Backend(format!("the agent answered {op} with {r:?}"))
 }

@@ -1,5 +1,5 @@
 //! The OpenSandbox execd wire protocol: types, the command event-stream parser, and an async
-//! client. Only this crate knows the execd wire format.
+//! client (cargo feature `client`, on by default). Only this crate knows the execd wire format.
 //!
 //! sessionbox runs an in-sandbox agent that serves the OpenSandbox execd HTTP API, so one protocol
 //! serves every runtime: our own `isolated` runtime over a Unix socket, and real OpenSandbox
@@ -10,7 +10,8 @@
 //! - [`types`]: serde bodies ([`RunCommandRequest`], [`ServerStreamEvent`], [`FileInfo`], ...).
 //! - [`EventStreamParser`]: the body of `POST /command` as events, tolerant of upstream quirks.
 //! - [`multipart`]: the upload body, laid out as the SDK lays it out.
-//! - [`ExecdClient`]: every endpoint, over a Unix socket or `http(s)://`.
+//! - `ExecdClient` (feature `client`): every endpoint, over a Unix socket or `http(s)://`. The
+//!   agent (the server side) builds this crate without it, so it links no HTTP client.
 //! - [`ExecdError`]: what can fail; converts into [`sessionbox_core::Error`].
 //!
 //! Sources, in order of authority: the released `opensandbox==1.1.1` Python SDK and the upstream
@@ -18,6 +19,7 @@
 //! source; the crate's README lists the upstream quirks tolerated.
 //!
 //! ```no_run
+//! # #[cfg(feature = "client")]
 //! # async fn demo() -> Result<(), sessionbox_execd::ExecdError> {
 //! use sessionbox_execd::{ExecdClient, RunCommandRequest};
 //! let client = ExecdClient::unix("/run/sessionbox/execd.sock")?;
@@ -30,6 +32,7 @@
 //! ```
 
 mod b64;
+#[cfg(feature = "client")]
 mod client;
 pub mod commands_ext;
 mod error;
@@ -41,6 +44,7 @@ mod token;
 pub mod types;
 pub mod wire;
 
+#[cfg(feature = "client")]
 pub use client::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, Endpoint, EventStream, ExecdClient,
     ExecdClientBuilder, STREAM_GRACE,

@@ -815,7 +815,7 @@ impl ErrorResponse {
     }
 }
 
-/// One file for [`crate::ExecdClient::upload`]: where it goes and its bytes.
+/// One file for `ExecdClient::upload` (feature `client`): where it goes and its bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UploadFile {
     /// The metadata part.

@@ -2,6 +2,8 @@
 //! responses, so that upstream quirks (a stream held open after its last event, bare-JSON
 //! framing, redirects, odd error bodies) can be reproduced exactly.
 
+#![cfg(feature = "client")]
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
