@@ -161,6 +161,23 @@ async fn error(r: Response, status: StatusCode, code: &str) {
     assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
 }
 
+/// Sends `method path` (with the JSON `body` when given) and checks the error answer: the
+/// status, the code and a message.
+async fn check_status(
+    server: &Server,
+    method: Method,
+    path: &str,
+    body: Option<&Value>,
+    status: StatusCode,
+    code: &str,
+) {
+    let request = match body {
+        Some(body) => server.json(method, path, body),
+        None => server.req(method, path),
+    };
+    error(request.send().await.unwrap(), status, code).await;
+}
+
 /// Every test is bounded in time.
 async fn bounded(f: impl Future<Output = ()>) {
     tokio::time::timeout(Duration::from_secs(60), f)
@@ -182,17 +199,20 @@ async fn health_and_readiness_need_no_key() {
             let (st, v) = body(r).await;
             assert_eq!(st, StatusCode::OK, "{path}: {v}");
         }
-        error(
-            s.req(Method::GET, "/no/such/route").send().await.unwrap(),
+        check_status(
+            &s,
+            Method::GET,
+            "/no/such/route",
+            None,
             StatusCode::NOT_FOUND,
             "not_found",
         )
         .await;
-        error(
-            s.req(Method::PATCH, "/v1/conversations/a")
-                .send()
-                .await
-                .unwrap(),
+        check_status(
+            &s,
+            Method::PATCH,
+            "/v1/conversations/a",
+            None,
             StatusCode::METHOD_NOT_ALLOWED,
             "method_not_allowed",
         )
@@ -283,25 +303,21 @@ async fn exec_returns_exit_code_output_text_and_base64() {
             json!({"command": "true", "stdin": "a", "stdin_base64": "YQ=="}),
             json!({"command": "true", "stdin_base64": "!!"}),
         ] {
-            error(
-                s.json(Method::POST, "/v1/conversations/c1/exec", &bad)
-                    .send()
-                    .await
-                    .unwrap(),
+            check_status(
+                &s,
+                Method::POST,
+                "/v1/conversations/c1/exec",
+                Some(&bad),
                 StatusCode::BAD_REQUEST,
                 "invalid_request",
             )
             .await;
         }
-        error(
-            s.json(
-                Method::POST,
-                "/v1/conversations/c1/exec",
-                &json!({"command": "true", "cwd": "../x"}),
-            )
-            .send()
-            .await
-            .unwrap(),
+        check_status(
+            &s,
+            Method::POST,
+            "/v1/conversations/c1/exec",
+            Some(&json!({"command": "true", "cwd": "../x"})),
             StatusCode::FORBIDDEN,
             "outside_workspace",
         )
@@ -401,28 +417,20 @@ async fn files_round_trip_with_range_download_edit_ls_glob_grep_stat_and_delete(
         let (st, v) = body(r).await;
         assert_eq!(st, StatusCode::OK, "{v}");
         assert_eq!(v["replacements"], 1);
-        error(
-            s.json(
-                Method::POST,
-                &format!("{base}/edit"),
-                &json!({"path": "dir/a.txt", "old": "e", "new": "E"}),
-            )
-            .send()
-            .await
-            .unwrap(),
+        check_status(
+            &s,
+            Method::POST,
+            &format!("{base}/edit"),
+            Some(&json!({"path": "dir/a.txt", "old": "e", "new": "E"})),
             StatusCode::CONFLICT,
             "conflict",
         )
         .await;
-        error(
-            s.json(
-                Method::POST,
-                &format!("{base}/edit"),
-                &json!({"path": "nope.txt", "old": "e", "new": "E"}),
-            )
-            .send()
-            .await
-            .unwrap(),
+        check_status(
+            &s,
+            Method::POST,
+            &format!("{base}/edit"),
+            Some(&json!({"path": "nope.txt", "old": "e", "new": "E"})),
             StatusCode::NOT_FOUND,
             "not_found",
         )
@@ -492,11 +500,11 @@ async fn files_round_trip_with_range_download_edit_ls_glob_grep_stat_and_delete(
             .await
             .unwrap();
         assert_eq!(r.status(), StatusCode::NO_CONTENT);
-        error(
-            s.req(Method::GET, &format!("{base}/files/bin.dat"))
-                .send()
-                .await
-                .unwrap(),
+        check_status(
+            &s,
+            Method::GET,
+            &format!("{base}/files/bin.dat"),
+            None,
             StatusCode::NOT_FOUND,
             "not_found",
         )
@@ -507,11 +515,11 @@ async fn files_round_trip_with_range_download_edit_ls_glob_grep_stat_and_delete(
             .await
             .unwrap();
         assert_eq!(r.status(), StatusCode::NO_CONTENT);
-        error(
-            s.req(Method::DELETE, &format!("{base}/files/dir"))
-                .send()
-                .await
-                .unwrap(),
+        check_status(
+            &s,
+            Method::DELETE,
+            &format!("{base}/files/dir"),
+            None,
             StatusCode::NOT_FOUND,
             "not_found",
         )
@@ -566,20 +574,20 @@ async fn conversations_are_listed_in_pages_shown_and_destroyed_idempotently() {
             }
         }
         assert_eq!(seen, ["a", "b", "c", "d", "e"]);
-        error(
-            s.req(Method::GET, "/v1/conversations?limit=0")
-                .send()
-                .await
-                .unwrap(),
+        check_status(
+            &s,
+            Method::GET,
+            "/v1/conversations?limit=0",
+            None,
             StatusCode::BAD_REQUEST,
             "invalid_request",
         )
         .await;
-        error(
-            s.req(Method::GET, "/v1/conversations?limit=x")
-                .send()
-                .await
-                .unwrap(),
+        check_status(
+            &s,
+            Method::GET,
+            "/v1/conversations?limit=x",
+            None,
             StatusCode::BAD_REQUEST,
             "invalid_request",
         )
@@ -607,21 +615,21 @@ async fn conversations_are_listed_in_pages_shown_and_destroyed_idempotently() {
                 .unwrap();
             assert_eq!(r.status(), StatusCode::NO_CONTENT);
         }
-        error(
-            s.req(Method::GET, "/v1/conversations/a")
-                .send()
-                .await
-                .unwrap(),
+        check_status(
+            &s,
+            Method::GET,
+            "/v1/conversations/a",
+            None,
             StatusCode::NOT_FOUND,
             "not_found",
         )
         .await;
         // Reading from an absent conversation is 404 and does not create it.
-        error(
-            s.req(Method::GET, "/v1/conversations/a/files/x")
-                .send()
-                .await
-                .unwrap(),
+        check_status(
+            &s,
+            Method::GET,
+            "/v1/conversations/a/files/x",
+            None,
             StatusCode::NOT_FOUND,
             "not_found",
         )
@@ -662,11 +670,11 @@ async fn post_opens_a_conversation_creating_it_once() {
         assert_eq!(s.workspaces(), 1);
         assert_eq!(s.store.list(None).unwrap().len(), 1);
         // Invalid ids create nothing.
-        error(
-            s.req(Method::POST, "/v1/conversations/a%20b")
-                .send()
-                .await
-                .unwrap(),
+        check_status(
+            &s,
+            Method::POST,
+            "/v1/conversations/a%20b",
+            None,
             StatusCode::BAD_REQUEST,
             "invalid_id",
         )
@@ -902,11 +910,11 @@ async fn oversized_bodies_are_413() {
         };
         let s = Server::start(config, true).await;
         let big = json!({"command": "true", "stdin": "x".repeat(2048)});
-        error(
-            s.json(Method::POST, "/v1/conversations/o/exec", &big)
-                .send()
-                .await
-                .unwrap(),
+        check_status(
+            &s,
+            Method::POST,
+            "/v1/conversations/o/exec",
+            Some(&big),
             StatusCode::PAYLOAD_TOO_LARGE,
             "too_large",
         )
@@ -1926,31 +1934,15 @@ async fn background_commands_run_outside_the_queue_report_status_and_logs_and_ar
         stopped_growing(&s, "bg").await;
 
         // Bad offsets, unknown commands, another tenant: typed errors.
-        error(
-            s.req(Method::GET, &format!("{c}/commands/{id}/logs?stdout_offset=999999"))
-                .send()
-                .await
-                .unwrap(),
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-        )
-        .await;
-        error(
-            s.req(Method::GET, &format!("{c}/commands/{id}/logs?stdout_offset=-1"))
-                .send()
-                .await
-                .unwrap(),
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-        )
-        .await;
+        check_status(&s, Method::GET, &format!("{c}/commands/{id}/logs?stdout_offset=999999"), None, StatusCode::BAD_REQUEST, "invalid_request").await;
+        check_status(&s, Method::GET, &format!("{c}/commands/{id}/logs?stdout_offset=-1"), None, StatusCode::BAD_REQUEST, "invalid_request").await;
         for (m, path) in [
             (Method::GET, format!("{c}/commands/nope")),
             (Method::GET, format!("{c}/commands/nope/logs")),
             (Method::DELETE, format!("{c}/commands/nope")),
             (Method::GET, format!("/v1/conversations/other/commands/{id}")),
         ] {
-            error(s.req(m, &path).send().await.unwrap(), StatusCode::NOT_FOUND, "not_found").await;
+            check_status(&s, m, &path, None, StatusCode::NOT_FOUND, "not_found").await;
         }
         let other = s
             .store
@@ -2004,12 +1996,7 @@ async fn background_commands_run_outside_the_queue_report_status_and_logs_and_ar
         let r = s.req(Method::DELETE, c).send().await.unwrap();
         assert_eq!(r.status(), StatusCode::NO_CONTENT);
         assert!(until(5, || async { !host_pid_alive(pid) }).await, "pid {pid} lives");
-        error(
-            s.req(Method::GET, &format!("{c}/commands/{id}")).send().await.unwrap(),
-            StatusCode::NOT_FOUND,
-            "not_found",
-        )
-        .await;
+        check_status(&s, Method::GET, &format!("{c}/commands/{id}"), None, StatusCode::NOT_FOUND, "not_found").await;
         assert_eq!(s.workspaces(), 0);
         s.stop().await;
     })
@@ -2626,15 +2613,7 @@ async fn followers_of_command_output_are_bounded_per_conversation() {
             held.push(r);
         }
         error(follow().await.unwrap(), StatusCode::TOO_MANY_REQUESTS, "busy").await;
-        error(
-            s.req(Method::GET, &format!("{logs}&wait_ms=1000"))
-                .send()
-                .await
-                .unwrap(),
-            StatusCode::TOO_MANY_REQUESTS,
-            "busy",
-        )
-        .await;
+        check_status(&s, Method::GET, &format!("{logs}&wait_ms=1000"), None, StatusCode::TOO_MANY_REQUESTS, "busy").await;
         // Another conversation is not held up by them.
         let t = Instant::now();
         let (st, _) = body(
