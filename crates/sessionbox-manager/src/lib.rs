@@ -24,6 +24,7 @@
 
 mod directory;
 pub mod gc;
+mod open;
 
 use std::sync::Arc;
 
@@ -36,12 +37,12 @@ use sessionbox_core::{
 };
 use sessionbox_skills::{Catalog, Delivery, Skills};
 use sessionbox_store::{
-    AuditEntry, ConversationRecord, ConversationState, ExpiredNotice, LifecyclePolicy, OrphanClaim,
-    Store,
+    AuditEntry, ConversationRecord, ExpiredNotice, LifecyclePolicy, OrphanClaim, Store,
 };
 
 pub use directory::{StoreDirectory, effective_policy};
 pub use gc::{GcItem, GcOptions, GcReport};
+pub use open::{Held, TOUCH_EVERY};
 
 /// A bootstrap claimed this long ago whose end was never recorded (its process died) may be
 /// claimed again.
@@ -178,168 +179,6 @@ impl Manager {
     /// [`Error::InvalidPath`] or [`Error::OutsideWorkspace`].
     pub fn check_path(&self, conversation: &ConversationRef, path: &str) -> Result<WorkspacePath> {
         WorkspacePath::resolve(&self.runtime.presented_root(&conversation.key), path)
-    }
-
-    /// Opens `conversation`, creating its record and workspace on first use, and renews it.
-    ///
-    /// An expired conversation is destroyed first and made again (as a new conversation: its
-    /// files are gone).
-    ///
-    /// # Errors
-    /// - [`Error::Conflict`] when the conversation belongs to another runtime.
-    /// - [`Error::Busy`] while it is being destroyed or cleaned up (retry).
-    /// - [`Error::NotFound`] when it was destroyed while this call opened it.
-    /// - The runtime's errors.
-    pub async fn open(&self, conversation: &ConversationRef) -> Result<Conversation> {
-        let result = self.open_inner(conversation).await;
-        match &result {
-            Ok((conv, created)) => {
-                let detail = match (created, conv.session.state_lost()) {
-                    (true, _) => Some(match &conv.previous_expired {
-                        Some(n) => format!(
-                            "created previous_expired_at={}",
-                            n.expired_at
-                                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-                        ),
-                        None => "created".to_owned(),
-                    }),
-                    // The sandbox had vanished and was replaced: its files are gone.
-                    (false, true) => Some("state_lost".to_owned()),
-                    (false, false) => None,
-                };
-                self.audit(conversation, "open", &Ok::<(), Error>(()), detail)
-                    .await;
-            }
-            Err(e) => {
-                self.audit(conversation, "open", &Err::<(), _>(e.clone()), None)
-                    .await;
-            }
-        }
-        let (conv, _) = result?;
-        if !self.skills.roots(&conversation.tenant).is_empty() {
-            let r = self.deliver_skills(conversation, &*conv.session).await;
-            self.audit(conversation, "skills", &r, r.as_ref().ok().cloned())
-                .await;
-            r?;
-        }
-        Ok(conv)
-    }
-
-    async fn open_inner(&self, conversation: &ConversationRef) -> Result<(Conversation, bool)> {
-        let runtime_name = self.runtime.info().name;
-        let lifecycle = self.lifecycle.for_tenant(&conversation.tenant);
-        let mut expired_once = false;
-        let mut expired_here = None;
-        let (record, created) = loop {
-            let conv = conversation.clone();
-            let name = runtime_name.clone();
-            let (record, created) = self
-                .store
-                .run(move |s| s.get_or_create_with(&conv, &name, Utc::now(), &lifecycle))
-                .await?;
-            if record.state == ConversationState::Destroying {
-                return Err(Error::Busy(format!(
-                    "conversation {} is being destroyed; retry in a moment",
-                    conversation.id
-                )));
-            }
-            if !record.is_expired(Utc::now()) {
-                break (record, created);
-            }
-            if expired_once {
-                return Err(Error::Busy(format!(
-                    "conversation {} expired and is being destroyed; retry in a moment",
-                    conversation.id
-                )));
-            }
-            expired_once = true;
-            self.destroy_expired(conversation, &record).await?;
-            expired_here = Some(record);
-        };
-        // A new record of a key whose last conversation expired: the caller is told, never
-        // handed a silently empty workspace. The notice is the store's (it outlives garbage
-        // collection); this open destroyed it itself when the notice is missing.
-        let previous_expired = if created {
-            let key = conversation.key.clone();
-            let taken = self.store.run(move |s| s.take_expired_notice(&key)).await?;
-            taken.or_else(|| {
-                expired_here.map(|r| ExpiredNotice {
-                    key: r.key.clone(),
-                    tenant: r.tenant.clone(),
-                    conversation_id: r.conversation_id.clone(),
-                    expired_at: r.expires_at.unwrap_or_else(Utc::now),
-                    destroyed_at: Utc::now(),
-                })
-            })
-        } else {
-            None
-        };
-        if !created {
-            let key = conversation.key.clone();
-            self.store.run(move |s| s.touch(&key, Utc::now())).await?;
-        }
-        let session = match self.runtime.open(conversation).await {
-            Ok(s) => s,
-            Err(e) => {
-                if created {
-                    // Its first open failed, so the conversation never came to be: the record
-                    // goes, and the id stays free for any runtime (a wrong endpoint or key
-                    // leaves nothing behind).
-                    self.undo_create(&conversation.key, record.generation).await;
-                }
-                return Err(e);
-            }
-        };
-        // The record may have been destroyed while the runtime opened the conversation (a
-        // renew racing expiry, a destroy from another process): then what the runtime just
-        // made may have no owner.
-        let key = conversation.key.clone();
-        let now = self.store.run(move |s| s.get(&key)).await?;
-        match now {
-            Some(r)
-                if r.generation == record.generation && r.state == ConversationState::Active =>
-            {
-                Ok((
-                    Conversation {
-                        session,
-                        conversation: conversation.clone(),
-                        record,
-                        created,
-                        previous_expired,
-                        store: self.store.clone(),
-                    },
-                    created,
-                ))
-            }
-            now => {
-                let _ = session.close().await;
-                let ours = match &now {
-                    // Being destroyed: whoever destroys it may have finished with the runtime
-                    // before this open made a sandbox again.
-                    Some(r) => r.generation == record.generation,
-                    // Gone: remove what this open made, unless a new record claims the key.
-                    None => {
-                        let key = conversation.key.clone();
-                        self.store
-                            .run(move |s| s.claim_orphan(&key, Utc::now()))
-                            .await?
-                            == OrphanClaim::Claimed
-                    }
-                };
-                if ours {
-                    let removed = self.runtime.destroy(&conversation.key).await;
-                    if now.is_none() {
-                        let key = conversation.key.clone();
-                        self.store.run(move |s| s.release_orphan(&key)).await?;
-                    }
-                    removed?;
-                }
-                Err(Error::NotFound(format!(
-                    "conversation {} was destroyed while it was being opened",
-                    conversation.id
-                )))
-            }
-        }
     }
 
     /// Destroys an expired conversation if this call can claim it (a renew may win instead).
@@ -673,6 +512,8 @@ pub struct Conversation {
     created: bool,
     previous_expired: Option<ExpiredNotice>,
     store: Store,
+    /// When its record was last renewed by this process (see [`Manager::revalidate`]).
+    touched: std::sync::Mutex<std::time::Instant>,
 }
 
 impl Conversation {
@@ -686,6 +527,16 @@ impl Conversation {
     /// files are gone. Front ends tell the caller so.
     pub fn previous_expired(&self) -> Option<&ExpiredNotice> {
         self.previous_expired.as_ref()
+    }
+
+    /// When this process last renewed the conversation's record: at the open, then by
+    /// [`Manager::revalidate`].
+    pub fn touched_at(&self) -> std::time::Instant {
+        *self.touched.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn touched_now(&self) {
+        *self.touched.lock().unwrap_or_else(|e| e.into_inner()) = std::time::Instant::now();
     }
 
     /// The store record as it was when opened.

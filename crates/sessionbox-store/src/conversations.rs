@@ -121,13 +121,7 @@ impl Store {
                         conv.tenant, conv.id, conv.key
                     )));
                 };
-                if record.runtime != runtime {
-                    return Err(Error::Conflict(format!(
-                        "conversation {}/{} belongs to the {} runtime; destroy it first to use it \
-                         with the {runtime} runtime",
-                        conv.tenant, conv.id, record.runtime
-                    )));
-                }
+                record.check_runtime(runtime)?;
                 Ok((record, inserted == 1))
             },
         )

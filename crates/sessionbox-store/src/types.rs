@@ -96,6 +96,22 @@ pub struct ConversationRecord {
 }
 
 impl ConversationRecord {
+    /// Refuses a record owned by another runtime than `runtime`: a conversation is used (and
+    /// destroyed) by the runtime that made it.
+    ///
+    /// # Errors
+    /// [`sessionbox_core::Error::Conflict`] naming both runtimes.
+    pub fn check_runtime(&self, runtime: &str) -> sessionbox_core::Result<()> {
+        if self.runtime == runtime {
+            return Ok(());
+        }
+        Err(sessionbox_core::Error::Conflict(format!(
+            "conversation {}/{} belongs to the {} runtime; destroy it first to use it with the \
+             {runtime} runtime",
+            self.tenant, self.conversation_id, self.runtime
+        )))
+    }
+
     /// True when it has expired at `now` (garbage collection destroys it; it is not renewed).
     pub fn is_expired(&self, now: DateTime<Utc>) -> bool {
         self.expires_at.is_some_and(|e| e <= now)
