@@ -112,7 +112,7 @@ impl Metrics {
 }
 
 /// Middleware: counts and times every request by route template.
-pub(crate) async fn track(State(s): State<AppState>, req: Request, next: Next) -> Response {
+pub(crate) async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let route = req
         .extensions()
         .get::<MatchedPath>()
@@ -121,7 +121,7 @@ pub(crate) async fn track(State(s): State<AppState>, req: Request, next: Next) -
     let method = req.method().as_str().to_owned();
     let started = Instant::now();
     let response = next.run(req).await;
-    let m = &s.metrics;
+    let m = &state.metrics;
     let status = response.status();
     m.requests
         .with_label_values(&[route.as_str(), method.as_str(), status.as_str()])
@@ -144,11 +144,11 @@ pub(crate) async fn track(State(s): State<AppState>, req: Request, next: Next) -
 #[utoipa::path(get, path = "/metrics", tag = "health",
     responses((status = 200, description = "Prometheus text exposition format 0.0.4",
                content_type = "text/plain", body = String)))]
-pub(crate) async fn metrics(State(s): State<AppState>, _p: Principal) -> Response {
-    let m = &s.metrics;
-    m.busy.set(s.busy_conversations() as i64);
-    m.background.set(s.commands.running() as i64);
-    if let Ok(list) = s.manager.runtime().list().await {
+pub(crate) async fn metrics(State(state): State<AppState>, _principal: Principal) -> Response {
+    let m = &state.metrics;
+    m.busy.set(state.busy_conversations() as i64);
+    m.background.set(state.commands.running() as i64);
+    if let Ok(list) = state.manager.runtime().list().await {
         m.live
             .set(list.iter().filter(|c| !c.processes.is_empty()).count() as i64);
     }

@@ -345,12 +345,15 @@ async fn clear_policy(s: &AppState, scope: PolicyScope) -> Result<bool, Error> {
 /// The tenant's network policy (what its conversations get unless they have their own).
 #[utoipa::path(get, path = "/v1/policy", tag = "network",
     responses((status = 200, body = PolicyView)))]
-pub(crate) async fn get_tenant_policy(State(s): State<AppState>, p: Principal) -> Response {
-    let result = tenant_policy(&s, &p.tenant)
+pub(crate) async fn get_tenant_policy(
+    State(state): State<AppState>,
+    principal: Principal,
+) -> Response {
+    let result = tenant_policy(&state, &principal.tenant)
         .await
         .map(|v| Json(v).into_response())
         .map_err(ApiError::from);
-    audited(&p, "policy_get", result)
+    audited(&principal, "policy_get", result)
 }
 
 /// Sets the tenant's network policy. Applies to the next connection of every conversation of
@@ -361,32 +364,40 @@ pub(crate) async fn get_tenant_policy(State(s): State<AppState>, p: Principal) -
               (status = 413, description = "body too large", body = ErrorBody),
               (status = 422, description = "a rule or the profile is refused (the message names the rule), or JSON of the wrong shape", body = ErrorBody)))]
 pub(crate) async fn put_tenant_policy(
-    State(s): State<AppState>,
-    p: Principal,
+    State(state): State<AppState>,
+    principal: Principal,
     JsonBody(body): JsonBody<PolicyBody>,
 ) -> Response {
     let result = async {
         let policy = requested(body)?;
-        store_policy(&s, PolicyScope::Tenant(p.tenant.clone()), &policy).await?;
-        applied(&s, |c| c.tenant == p.tenant).await;
-        Ok(Json(tenant_policy(&s, &p.tenant).await?).into_response())
+        store_policy(
+            &state,
+            PolicyScope::Tenant(principal.tenant.clone()),
+            &policy,
+        )
+        .await?;
+        applied(&state, |c| c.tenant == principal.tenant).await;
+        Ok(Json(tenant_policy(&state, &principal.tenant).await?).into_response())
     }
     .await;
-    audited(&p, "policy_set", result)
+    audited(&principal, "policy_set", result)
 }
 
 /// Removes the tenant's network policy: its conversations without their own policy are back
 /// to the default profile `none`. Answers the policy now in force for the tenant.
 #[utoipa::path(delete, path = "/v1/policy", tag = "network",
     responses((status = 200, description = "removed (or there was none); the default now", body = PolicyView)))]
-pub(crate) async fn delete_tenant_policy(State(s): State<AppState>, p: Principal) -> Response {
+pub(crate) async fn delete_tenant_policy(
+    State(state): State<AppState>,
+    principal: Principal,
+) -> Response {
     let result = async {
-        clear_policy(&s, PolicyScope::Tenant(p.tenant.clone())).await?;
-        applied(&s, |c| c.tenant == p.tenant).await;
-        Ok(Json(tenant_policy(&s, &p.tenant).await?).into_response())
+        clear_policy(&state, PolicyScope::Tenant(principal.tenant.clone())).await?;
+        applied(&state, |c| c.tenant == principal.tenant).await;
+        Ok(Json(tenant_policy(&state, &principal.tenant).await?).into_response())
     }
     .await;
-    audited(&p, "policy_delete", result)
+    audited(&principal, "policy_delete", result)
 }
 
 // ---- One conversation. ----
@@ -398,12 +409,12 @@ pub(crate) async fn delete_tenant_policy(State(s): State<AppState>, p: Principal
     responses((status = 200, body = PolicyView),
               (status = 400, description = "invalid id", body = ErrorBody)))]
 pub(crate) async fn get_conversation_policy(
-    State(s): State<AppState>,
-    p: Principal,
+    State(state): State<AppState>,
+    principal: Principal,
     PathArgs(id): PathArgs<String>,
 ) -> Response {
-    on_conversation(&p, "policy_get", &id, async |conv| {
-        Ok(Json(in_force(&s, &conv).await?.1).into_response())
+    on_conversation(&principal, "policy_get", &id, async |conv| {
+        Ok(Json(in_force(&state, &conv).await?.1).into_response())
     })
     .await
 }
@@ -417,16 +428,16 @@ pub(crate) async fn get_conversation_policy(
               (status = 413, description = "body too large", body = ErrorBody),
               (status = 422, description = "a rule or the profile is refused (the message names the rule), or JSON of the wrong shape", body = ErrorBody)))]
 pub(crate) async fn put_conversation_policy(
-    State(s): State<AppState>,
-    p: Principal,
+    State(state): State<AppState>,
+    principal: Principal,
     PathArgs(id): PathArgs<String>,
     JsonBody(body): JsonBody<PolicyBody>,
 ) -> Response {
-    on_conversation(&p, "policy_set", &id, async |conv| {
+    on_conversation(&principal, "policy_set", &id, async |conv| {
         let policy = requested(body)?;
-        store_policy(&s, PolicyScope::Conversation(conv.clone()), &policy).await?;
-        applied(&s, |c| c.key == conv.key).await;
-        Ok(Json(in_force(&s, &conv).await?.1).into_response())
+        store_policy(&state, PolicyScope::Conversation(conv.clone()), &policy).await?;
+        applied(&state, |c| c.key == conv.key).await;
+        Ok(Json(in_force(&state, &conv).await?.1).into_response())
     })
     .await
 }
@@ -438,14 +449,14 @@ pub(crate) async fn put_conversation_policy(
     responses((status = 200, description = "removed (or there was none); the policy now in force", body = PolicyView),
               (status = 400, description = "invalid id", body = ErrorBody)))]
 pub(crate) async fn delete_conversation_policy(
-    State(s): State<AppState>,
-    p: Principal,
+    State(state): State<AppState>,
+    principal: Principal,
     PathArgs(id): PathArgs<String>,
 ) -> Response {
-    on_conversation(&p, "policy_delete", &id, async |conv| {
-        clear_policy(&s, PolicyScope::Conversation(conv.clone())).await?;
-        applied(&s, |c| c.key == conv.key).await;
-        Ok(Json(in_force(&s, &conv).await?.1).into_response())
+    on_conversation(&principal, "policy_delete", &id, async |conv| {
+        clear_policy(&state, PolicyScope::Conversation(conv.clone())).await?;
+        applied(&state, |c| c.key == conv.key).await;
+        Ok(Json(in_force(&state, &conv).await?.1).into_response())
     })
     .await
 }
@@ -460,17 +471,17 @@ pub(crate) async fn delete_conversation_policy(
               (status = 400, description = "invalid since or limit", body = ErrorBody),
               (status = 422, description = "an unknown query parameter", body = ErrorBody)))]
 pub(crate) async fn tenant_egress_log(
-    State(s): State<AppState>,
-    p: Principal,
+    State(state): State<AppState>,
+    principal: Principal,
     QueryArgs(q): QueryArgs<LogQuery>,
 ) -> Response {
     let result = async {
         let (since, limit) = log_filter(&q)?;
-        let entries = verdicts(&s, &p.tenant, None, since, limit).await?;
+        let entries = verdicts(&state, &principal.tenant, None, since, limit).await?;
         Ok(Json(EgressLogView { entries }).into_response())
     }
     .await;
-    audited(&p, "egress_log", result)
+    audited(&principal, "egress_log", result)
 }
 
 /// The egress gateway's verdicts for one conversation, newest first. Does not open or create
@@ -483,14 +494,14 @@ pub(crate) async fn tenant_egress_log(
               (status = 400, description = "invalid id, since or limit", body = ErrorBody),
               (status = 422, description = "an unknown query parameter", body = ErrorBody)))]
 pub(crate) async fn conversation_egress_log(
-    State(s): State<AppState>,
-    p: Principal,
+    State(state): State<AppState>,
+    principal: Principal,
     PathArgs(id): PathArgs<String>,
     QueryArgs(q): QueryArgs<LogQuery>,
 ) -> Response {
-    on_conversation(&p, "egress_log", &id, async |conv| {
+    on_conversation(&principal, "egress_log", &id, async |conv| {
         let (since, limit) = log_filter(&q)?;
-        let entries = verdicts(&s, &p.tenant, Some(&conv), since, limit).await?;
+        let entries = verdicts(&state, &principal.tenant, Some(&conv), since, limit).await?;
         Ok(Json(EgressLogView { entries }).into_response())
     })
     .await

@@ -101,12 +101,12 @@ pub(crate) async fn load(
 /// This tenant's skills: name and description of each.
 #[utoipa::path(get, path = "/v1/skills", tag = "skills",
     responses((status = 200, body = SkillsView)))]
-pub(crate) async fn list_skills(State(s): State<AppState>, p: Principal) -> Response {
-    let result = list(&s, &p.tenant)
+pub(crate) async fn list_skills(State(state): State<AppState>, principal: Principal) -> Response {
+    let result = list(&state, &principal.tenant)
         .await
         .map(|skills| Json(SkillsView { skills }).into_response())
         .map_err(ApiError::from);
-    audited(&p, "skills", result)
+    audited(&principal, "skills", result)
 }
 
 /// Loads one skill for a conversation: its instructions and its base directory there.
@@ -115,12 +115,12 @@ pub(crate) async fn list_skills(State(s): State<AppState>, p: Principal) -> Resp
     responses((status = 200, body = SkillView), (status = 400, description = "invalid input", body = ErrorBody),
               (status = 404, description = "no such skill (one that breaks a rule is left out; one added while the conversation's sandbox runs is there once it restarts)", body = ErrorBody)))]
 pub(crate) async fn load_skill(
-    State(s): State<AppState>,
-    p: Principal,
+    State(state): State<AppState>,
+    principal: Principal,
     PathArgs((id, name)): PathArgs<(String, String)>,
 ) -> Response {
-    on_conversation(&p, "skill", &id, async |conv| {
-        Ok(Json(load(&s, &conv, &name).await?).into_response())
+    on_conversation(&principal, "skill", &id, async |conv| {
+        Ok(Json(load(&state, &conv, &name).await?).into_response())
     })
     .await
 }

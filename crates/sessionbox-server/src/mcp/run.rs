@@ -79,12 +79,12 @@ impl Tools {
         name: &str,
         a: Option<JsonObject>,
     ) -> Result<String, Error> {
-        let s = &self.state;
+        let state = &self.state;
         let conv = &caller.conversation;
         // Parse and check everything before opening: bad input creates nothing.
         if name == "skill" {
             // Reads the host's skills catalog: no turn, no conversation opened.
-            return Self::skill(s, conv, args(name, a)?).await;
+            return Self::skill(state, conv, args(name, a)?).await;
         }
         if name == "network" {
             // Reads the store: no turn, no conversation opened, nothing written.
@@ -95,14 +95,14 @@ impl Tools {
                         .into(),
                 )
             })?;
-            return Self::network(s, conv, a).await;
+            return Self::network(state, conv, a).await;
         }
         let op = match name {
             "bash" => {
                 let b: BashArgs = args(name, a)?;
                 let mut req = ExecRequest::new(b.command);
                 if let Some(cwd) = b.cwd {
-                    s.manager.check_path(conv, &cwd)?;
+                    state.manager.check_path(conv, &cwd)?;
                     req.cwd = Some(cwd);
                 }
                 req.timeout = Duration::from_millis(b.timeout.unwrap_or(120_000));
@@ -111,30 +111,30 @@ impl Tools {
             }
             "read" => {
                 let r: ReadArgs = args(name, a)?;
-                s.manager.check_path(conv, &r.path)?;
+                state.manager.check_path(conv, &r.path)?;
                 Run::Read(r)
             }
             "write" => {
                 let w: WriteArgs = args(name, a)?;
-                s.manager.check_path(conv, &w.path)?;
+                state.manager.check_path(conv, &w.path)?;
                 Run::Write(w)
             }
             "edit" => {
                 let e: EditArgs = args(name, a)?;
-                s.manager.check_path(conv, &e.path)?;
+                state.manager.check_path(conv, &e.path)?;
                 Run::Edit(e)
             }
             "ls" => {
                 let l: LsArgs = args(name, a)?;
                 let p = l.path.unwrap_or_else(|| ".".to_owned());
-                let root = s.manager.check_path(conv, &p)?.is_root();
+                let root = state.manager.check_path(conv, &p)?.is_root();
                 Run::Ls(p, root)
             }
             "glob" => Run::Glob(args::<GlobArgs>(name, a)?.pattern),
             "grep" => {
                 let g: GrepArgs = args(name, a)?;
                 if let Some(p) = &g.path {
-                    s.manager.check_path(conv, p)?;
+                    state.manager.check_path(conv, p)?;
                 }
                 let mode = g
                     .output_mode
@@ -161,7 +161,7 @@ impl Tools {
         // (nothing is created until bash or write).
         let if_absent = (mode == OpenMode::ExistingOnly).then(|| Self::empty(&op));
         // The conversation's turn, then its session (kept between calls, as for REST).
-        let outcome = s
+        let outcome = state
             .with_conversation(conv, mode, async |opened| {
                 let expired = opened.previous_expired_at();
                 expired_note(Self::apply(opened.conv, op).await, expired)
@@ -171,7 +171,7 @@ impl Tools {
             (Ok(result), _) => result,
             (Err(error), Some(empty)) if error.code() == "not_found" => {
                 // An expired conversation is empty too, and the model is told why.
-                let expired = Self::expired_at(s, conv).await;
+                let expired = Self::expired_at(state, conv).await;
                 expired_note(empty, expired)
             }
             (Err(error), _) => Err(error),
@@ -179,8 +179,8 @@ impl Tools {
     }
 
     /// When `conv`'s record expired, if it is past its expiry (not yet destroyed).
-    async fn expired_at(s: &AppState, conv: &ConversationRef) -> Option<chrono::DateTime<Utc>> {
-        let store = s.manager.store().clone();
+    async fn expired_at(state: &AppState, conv: &ConversationRef) -> Option<chrono::DateTime<Utc>> {
+        let store = state.manager.store().clone();
         let key = conv.key.clone();
         let record = tokio::task::spawn_blocking(move || store.get(&key))
             .await
@@ -212,10 +212,14 @@ impl Tools {
         }
     }
 
-    async fn skill(s: &AppState, conv: &ConversationRef, a: SkillArgs) -> Result<String, Error> {
+    async fn skill(
+        state: &AppState,
+        conv: &ConversationRef,
+        a: SkillArgs,
+    ) -> Result<String, Error> {
         match a.name {
             None => {
-                let skills = crate::skills::list_for(s, conv).await?;
+                let skills = crate::skills::list_for(state, conv).await?;
                 if skills.is_empty() {
                     return Ok("No skills are available.".to_owned());
                 }
@@ -226,7 +230,7 @@ impl Tools {
                 Ok(out)
             }
             Some(name) => {
-                let k = crate::skills::load(s, conv, &name).await?;
+                let k = crate::skills::load(state, conv, &name).await?;
                 Ok(format!(
                     "Skill: {}\nBase directory: {}\n(Paths in these instructions are relative to it.)\n\n{}",
                     k.name, k.base_path, k.body
@@ -236,7 +240,7 @@ impl Tools {
     }
 
     async fn network(
-        s: &AppState,
+        state: &AppState,
         conv: &ConversationRef,
         a: NetworkArgs,
     ) -> Result<String, Error> {
@@ -246,7 +250,7 @@ impl Tools {
                 "limit must be between 1 and {MAX_NETWORK_VERDICTS}"
             )));
         }
-        let (policy, view) = crate::policy::in_force(s, conv).await?;
+        let (policy, view) = crate::policy::in_force(state, conv).await?;
         let source = match view.source {
             crate::policy::PolicySource::Conversation => "set for this conversation",
             crate::policy::PolicySource::Tenant => "set for the tenant",
@@ -271,7 +275,8 @@ impl Tools {
             );
         }
         out.push_str("The operator sets this policy; no tool can change it.\n");
-        let verdicts = crate::policy::verdicts(s, &conv.tenant, Some(conv), None, limit).await?;
+        let verdicts =
+            crate::policy::verdicts(state, &conv.tenant, Some(conv), None, limit).await?;
         if verdicts.is_empty() {
             out.push_str("\nNo connections recorded yet.");
             return Ok(out);

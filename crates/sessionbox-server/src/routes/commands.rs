@@ -9,7 +9,7 @@ use axum::http::HeaderMap;
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use sessionbox_core::{OutputRequest, Session};
+use sessionbox_core::{BackgroundCommand, OutputRequest, Session};
 use sessionbox_manager::Conversation;
 use tokio::sync::mpsc;
 
@@ -45,6 +45,31 @@ const FOLLOW_BUFFER: usize = 4;
 /// Checks a command id before anything is opened.
 fn command_id(cmd: &str) -> Result<(), ApiError> {
     Ok(sessionbox_core::validate_command_id(cmd)?)
+}
+
+/// Runs `act` on command `cmd` of conversation `id` (which must exist), audited as
+/// `operation`, and answers the command as `act` left it.
+async fn one_command(
+    state: &AppState,
+    principal: &Principal,
+    operation: &'static str,
+    id: &str,
+    cmd: &str,
+    act: impl AsyncFnOnce(&Conversation) -> sessionbox_core::Result<BackgroundCommand>,
+) -> Response {
+    on_conversation(principal, operation, id, async |conv| {
+        command_id(cmd)?;
+        let command = state
+            .with_conversation(&conv, OpenMode::ExistingOnly, async |opened| {
+                act(opened.conv).await
+            })
+            .await??;
+        state
+            .commands
+            .observe(state, &conv, std::slice::from_ref(&command));
+        Ok(Json(CommandView::from(&command)).into_response())
+    })
+    .await
 }
 
 /// Lists a conversation's background commands: running ones and the most recent finished
@@ -84,18 +109,14 @@ pub(crate) async fn status(
     principal: Principal,
     PathArgs((id, cmd)): PathArgs<(String, String)>,
 ) -> Response {
-    on_conversation(&principal, "command_status", &id, async |conv| {
-        command_id(&cmd)?;
-        let command = state
-            .with_conversation(&conv, OpenMode::ExistingOnly, async |opened| {
-                opened.conv.command(&cmd).await
-            })
-            .await??;
-        state
-            .commands
-            .observe(&state, &conv, std::slice::from_ref(&command));
-        Ok(Json(CommandView::from(&command)).into_response())
-    })
+    one_command(
+        &state,
+        &principal,
+        "command_status",
+        &id,
+        &cmd,
+        async |session| session.command(&cmd).await,
+    )
     .await
 }
 
@@ -260,17 +281,13 @@ pub(crate) async fn kill(
     principal: Principal,
     PathArgs((id, cmd)): PathArgs<(String, String)>,
 ) -> Response {
-    on_conversation(&principal, "command_kill", &id, async |conv| {
-        command_id(&cmd)?;
-        let command = state
-            .with_conversation(&conv, OpenMode::ExistingOnly, async |opened| {
-                opened.conv.kill_command(&cmd).await
-            })
-            .await??;
-        state
-            .commands
-            .observe(&state, &conv, std::slice::from_ref(&command));
-        Ok(Json(CommandView::from(&command)).into_response())
-    })
+    one_command(
+        &state,
+        &principal,
+        "command_kill",
+        &id,
+        &cmd,
+        async |session| session.kill_command(&cmd).await,
+    )
     .await
 }
