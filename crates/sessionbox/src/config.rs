@@ -157,8 +157,10 @@ impl FileConfig {
     }
 }
 
-/// The idle timeout when neither `[lifecycle]` nor `[isolated]` sets one: 10 minutes.
-pub const DEFAULT_IDLE_TIMEOUT_SECS: u64 = 600;
+/// The idle timeout when neither `[lifecycle]` nor `[isolated]` sets one: the isolated
+/// runtime's default, 10 minutes.
+pub const DEFAULT_IDLE_TIMEOUT_SECS: u64 =
+    sessionbox_local::isolated::IsolatedConfig::DEFAULT_IDLE_TIMEOUT.as_secs();
 
 /// `[egress]` settings of the gateway. Policies are not here: they live in the store
 /// (`sessionbox policy set`).

@@ -1,16 +1,14 @@
-//! `sessionbox serve` (the HTTP API) and `sessionbox keys` (its API keys).
+//! `sessionbox serve`: the HTTP API, until SIGINT or SIGTERM, and the data directory's
+//! serving lock that `restore` checks.
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use chrono::Utc;
-use sessionbox_core::TenantId;
 use sessionbox_server::{AppState, ServerConfig};
-use sessionbox_store::Store;
 
-use crate::{App, UsageError};
+use crate::App;
 
 /// Arguments of `sessionbox serve`.
 #[derive(Debug, clap::Args)]
@@ -39,29 +37,6 @@ pub struct ServeArgs {
     /// dangling.
     #[arg(long, default_value_t = 60)]
     gc_grace_secs: u64,
-}
-
-/// `sessionbox keys ...`. Keys are never taken on the command line: they are only printed, once,
-/// by `create`.
-#[derive(Debug, clap::Subcommand)]
-pub enum KeysCommand {
-    /// Create an API key for the tenant given with --tenant; prints the key once on stdout.
-    Create {
-        /// A note for people: who or what uses the key.
-        #[arg(long)]
-        label: Option<String>,
-    },
-    /// List the API keys (never their secrets).
-    List {
-        /// As JSON.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Revoke an API key by its id; it is refused from then on.
-    Revoke {
-        /// The key's id (the ID column of `keys list`).
-        id: String,
-    },
 }
 
 /// Runs `sessionbox serve` until SIGINT or SIGTERM.
@@ -161,70 +136,6 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term => {}
     }
-}
-
-/// Runs `sessionbox keys ...` on the store in `data_dir`. `tenant` is the tenant given with
-/// --tenant (or SESSIONBOX_TENANT), if any.
-pub fn keys(
-    command: &KeysCommand,
-    data_dir: &Path,
-    store_url: Option<&str>,
-    tenant: Option<&TenantId>,
-) -> anyhow::Result<ExitCode> {
-    if let KeysCommand::Create { label } = command {
-        let Some(tenant) = tenant else {
-            return Err(UsageError(
-                "keys create needs --tenant TENANT: the key reaches only that tenant's conversations"
-                    .into(),
-            )
-            .into());
-        };
-        let store = Store::open_configured(store_url, &data_dir.join("sessionbox.db"))?;
-        let k = store.create_api_key(tenant, label.as_deref(), Utc::now())?;
-        eprintln!(
-            "created API key {} for tenant {:?}; it is shown once, below, and cannot be recovered",
-            k.record.id,
-            tenant.as_str()
-        );
-        outln!("{}", k.key);
-        return Ok(ExitCode::SUCCESS);
-    }
-    let store = Store::open_configured(store_url, &data_dir.join("sessionbox.db"))?;
-    match command {
-        KeysCommand::Create { .. } => unreachable!("handled above"),
-        KeysCommand::List { json } => {
-            let keys = store.list_api_keys()?;
-            if *json {
-                outln!("{}", serde_json::to_string_pretty(&keys)?);
-            } else {
-                outln!(
-                    "{:<16} {:<20} {:<24} {:<20} {:<20}",
-                    "ID",
-                    "TENANT",
-                    "LABEL",
-                    "CREATED",
-                    "REVOKED"
-                );
-                let t =
-                    |d: chrono::DateTime<Utc>| d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-                for k in keys {
-                    outln!(
-                        "{:<16} {:<20} {:<24} {:<20} {:<20}",
-                        k.id,
-                        k.tenant.as_str(),
-                        k.label.as_deref().unwrap_or("-"),
-                        t(k.created_at),
-                        k.revoked_at.map_or_else(|| "-".to_owned(), t)
-                    );
-                }
-            }
-        }
-        KeysCommand::Revoke { id } => {
-            store.revoke_api_key(id, Utc::now())?;
-            outln!("revoked API key {id}");
-        }
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// The file every `serve` on a data directory holds a shared lock on while it runs.

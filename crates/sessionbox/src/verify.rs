@@ -13,7 +13,7 @@
 //!
 //! It only ever uses conversations it created itself (fresh random ids, checked to be new).
 
-use crate::experiment::Inventory;
+use sessionbox::experiment::{Inventory, environment};
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -247,6 +247,25 @@ impl Run<'_> {
 }
 
 /// Runs the experiment on `target` for `tenant`; exit 0 only when every check passes.
+/// `verify --via URL...`: the experiment through a server (or replicas of one), with the API
+/// key from SESSIONBOX_API_KEY; no data directory, store or runtime here.
+pub async fn run_via(globals: &crate::cli::Globals, args: VerifyArgs) -> anyhow::Result<ExitCode> {
+    let key = std::env::var("SESSIONBOX_API_KEY").ok();
+    let client = sessionbox_client::Client::with_replicas(&args.via, key)?;
+    let target = Target::Http {
+        client,
+        base: args.via.join(" "),
+    };
+    let tenant = TenantId::new(
+        globals
+            .tenant
+            .clone()
+            .unwrap_or_else(|| TenantId::DEFAULT.to_owned()),
+    )?;
+    run(&target, &tenant, args).await
+}
+
+/// Runs the experiment on `target` for `tenant`.
 pub async fn run(
     target: &Target<'_>,
     tenant: &TenantId,
@@ -287,7 +306,7 @@ pub async fn run(
         };
         e.context(format!("cannot take the inventory before the run{hint}"))
     })?;
-    let id = crate::experiment::run_id();
+    let id = sessionbox::experiment::run_id();
     let convs: Vec<ConversationRef> = (0..n)
         .map(|i| {
             let cid = ConversationId::new(format!("verify-{id}-{i:04}"))?;
@@ -597,34 +616,6 @@ async fn experiment(
 
 fn value_of(i: usize, round: usize) -> String {
     format!("conversation-{i}-round-{round}")
-}
-
-/// Where an experiment ran: OS, kernel, architecture, CPU, cores, sessionbox version.
-pub(crate) fn environment() -> serde_json::Value {
-    let os = std::fs::read_to_string("/etc/os-release")
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("PRETTY_NAME=")
-                    .map(|v| v.trim_matches('"').to_owned())
-            })
-        })
-        .unwrap_or_else(|| std::env::consts::OS.to_owned());
-    let uname = rustix::system::uname();
-    let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| {
-        s.lines().find_map(|l| {
-            l.strip_prefix("model name")
-                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned())
-        })
-    });
-    json!({
-        "os": os,
-        "kernel": uname.release().to_string_lossy(),
-        "arch": std::env::consts::ARCH,
-        "cpu": cpu,
-        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        "sessionbox_version": env!("CARGO_PKG_VERSION"),
-    })
 }
 
 fn markdown(r: &serde_json::Value) -> String {

@@ -254,3 +254,53 @@ fn routine_garbage_collection_logs_at_info_without_colour_on_a_pipe() {
         assert!(!l.contains('\u{1b}'), "a colour code on a pipe: {l:?}");
     }
 }
+
+/// `sessionbox bench` and `bench-egress` run the `sessionbox-bench` next to the `sessionbox`
+/// executable with the global options and the arguments as given, and end with its exit
+/// status; without it they fail naming the command that builds it.
+#[test]
+fn bench_runs_sessionbox_bench_beside_it_and_passes_its_exit_status() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let exe = dir.path().join("sessionbox");
+    // A hard link: the executable's directory is the link's (a symbolic link resolves).
+    std::fs::hard_link(env!("CARGO_BIN_EXE_sessionbox"), &exe)
+        .or_else(|_| std::fs::copy(env!("CARGO_BIN_EXE_sessionbox"), &exe).map(drop))
+        .unwrap();
+    let data = dir.path().join("data");
+    let sessionbox = |args: &[&str]| {
+        Command::new(&exe)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(args)
+            .env_remove("SESSIONBOX_RUNTIME")
+            .env_remove("SESSIONBOX_TENANT")
+            .output()
+            .unwrap()
+    };
+
+    let out = sessionbox(&["bench", "--quick"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("cargo build --release -p sessionbox -p sessionbox-bench"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let bench = dir.path().join("sessionbox-bench");
+    std::fs::write(&bench, "#!/bin/sh\nprintf '%s\\n' \"$@\"\nexit 7\n").unwrap();
+    std::fs::set_permissions(&bench, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = sessionbox(&["--runtime", "host", "bench", "--quick", "--out", "o d"]);
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
+    let data = data.to_str().unwrap();
+    assert_eq!(
+        text(&out.stdout),
+        format!("--data-dir\n{data}\n--runtime\nhost\n--quick\n--out\no d\n")
+    );
+    let out = sessionbox(&["bench-egress", "--mib", "4", "--help"]);
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        format!("--data-dir\n{data}\negress\n--mib\n4\n--help\n")
+    );
+}

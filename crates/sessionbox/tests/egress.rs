@@ -605,38 +605,6 @@ async fn profile_none_has_no_route_no_proxy_and_no_gateway() {
 }
 
 #[test]
-fn bench_egress_measures_both_paths_in_one_run_and_cleans_up() {
-    let dir = tempfile::tempdir().unwrap();
-    let report = dir.path().join("egress.json");
-    let out = Command::new(EXE)
-        .args([
-            "bench-egress",
-            "--connections",
-            "20",
-            "--mib",
-            "4",
-            "--report-json",
-        ])
-        .arg(&report)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
-    for k in ["connect_direct", "connect_gateway"] {
-        assert!(r[k]["p50_ms"].as_f64().unwrap() > 0.0, "{r}");
-    }
-    assert!(r["throughput_direct_mib_s"].as_f64().unwrap() > 0.0, "{r}");
-    assert!(r["throughput_gateway_mib_s"].as_f64().unwrap() > 0.0, "{r}");
-    assert_eq!(r["added_p50_target_ms"], 1.0);
-    // Its namespace is gone.
-    let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();
-    assert!(
-        !String::from_utf8_lossy(&ns.stdout).contains("sbbench-"),
-        "the benchmark left its namespace"
-    );
-}
-
-#[test]
 fn invalid_policies_exit_2_naming_the_rule_and_store_nothing() {
     let data = Data::new(SocketAddr::from(([127, 0, 0, 1], 9)));
     for (rule, says) in [

@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sessionbox_core::{ConversationKey, ConversationRef, ExecRequest, ExecResult, Session};
-use sessionbox_local::isolated::{IsolatedConfig, IsolatedRuntime};
+use sessionbox::config::FileConfig;
+use sessionbox::runtime::{self, BuildOptions};
+use sessionbox_local::isolated::IsolatedRuntime;
 use sessionbox_local::sandbox::SandboxLimits;
 use sessionbox_manager::{Conversation, Manager};
 use sessionbox_store::Store;
@@ -190,23 +192,27 @@ impl Env {
         let path = self.data.join("sessionbox.toml");
         if !path.exists() {
             std::fs::create_dir_all(&self.data).unwrap();
-            std::fs::write(
-                &path,
-                format!(
-                    "[isolated]\nidle_timeout_secs = {}\nuid_base = {}\nuid_count = {}\npids = {}\nmemory_bytes = {}\ncpu = {}\n",
-                    self.idle_secs,
-                    self.uids.start,
-                    self.uids.len(),
-                    self.limits.pids,
-                    self.limits.memory_bytes,
-                    self.limits.cpu,
-                ),
-            )
-            .unwrap();
+            std::fs::write(&path, config_toml(&self.uids, self.idle_secs, &self.limits)).unwrap();
         }
     }
 }
 
+/// The `sessionbox.toml` giving this idle timeout, uid range and limits.
+fn config_toml(uids: &Range<u32>, idle_secs: u64, limits: &SandboxLimits) -> String {
+    format!(
+        "[isolated]\nidle_timeout_secs = {}\nuid_base = {}\nuid_count = {}\npids = {}\nmemory_bytes = {}\ncpu = {}\n",
+        idle_secs,
+        uids.start,
+        uids.len(),
+        limits.pids,
+        limits.memory_bytes,
+        limits.cpu,
+    )
+}
+
+/// The store, manager and runtime over `data`, built as the CLI builds them
+/// ([`sessionbox::runtime::isolated_config`] from the same `sessionbox.toml` the CLI is given),
+/// with every sandbox limit of `sandbox` (the file holds only some of them).
 fn build(
     data: &Path,
     uids: Range<u32>,
@@ -214,20 +220,12 @@ fn build(
     sandbox: SandboxLimits,
 ) -> (Manager, Arc<IsolatedRuntime>) {
     let store = Store::open(&data.join("sessionbox.db")).expect("store");
-    let uid_store = store.clone();
-    let runtime = Arc::new(
-        IsolatedRuntime::new(IsolatedConfig {
-            data_dir: data.to_path_buf(),
-            limits: sessionbox_core::Limits::default(),
-            sandbox,
-            idle_timeout: Duration::from_secs(idle_secs),
-            exe: PathBuf::from(EXE),
-            agent_args: vec!["agent".into()],
-            allocate_uid: Arc::new(move |key| uid_store.allocate_uid(key, uids.clone())),
-            idle_timeout_of: None,
-        })
-        .expect("runtime"),
-    );
+    let file: FileConfig =
+        toml::from_str(&config_toml(&uids, idle_secs, &sandbox)).expect("a valid configuration");
+    let options = BuildOptions::new(PathBuf::from(EXE));
+    let config = runtime::isolated_config(&file, &store, data, &options.exe).with_sandbox(sandbox);
+    let runtime =
+        Arc::new(runtime::isolated_with(config, &store, data, &options).expect("runtime"));
     (Manager::new(store, runtime.clone()), runtime)
 }
 

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use sessionbox_core::{ConversationId, ConversationRef, ExecRequest, Session, TenantId};
 use sessionbox_store::{AuditEntry, Store};
 
-use crate::bench::ms_since;
+use crate::stats::ms;
 
 /// Nearest-rank percentiles (ms, to the microsecond) of `v`.
 pub(crate) fn percentiles(mut v: Vec<f64>) -> Value {
@@ -78,7 +78,7 @@ where
                 for _ in 0..execs {
                     let t = Instant::now();
                     check_true(&s.exec(ExecRequest::new("true")).await?)?;
-                    lat.push(ms_since(t));
+                    lat.push(ms(t));
                 }
                 Ok::<_, anyhow::Error>(lat)
             }));
@@ -111,10 +111,10 @@ pub(crate) async fn file_mib(session: &dyn Session, n: usize) -> anyhow::Result<
     for _ in 0..n {
         let t = Instant::now();
         session.write("bench-1mib.bin", &data).await?;
-        let w = ms_since(t);
+        let w = ms(t);
         let t = Instant::now();
         let back = session.read("bench-1mib.bin").await?;
-        let r = ms_since(t);
+        let r = ms(t);
         if back != data {
             bail!("the 1 MiB file read back differs from what was written");
         }

@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use crate::bench::ms_since;
-use crate::bench_scale::percentiles;
+use crate::scale::percentiles;
+use crate::stats::ms;
 
 /// Runs `cmd` `n` times (after one untimed run that must succeed), timing spawn to exit.
 fn time_command(mut make: impl FnMut() -> Command, n: usize) -> Result<Vec<f64>, String> {
@@ -35,7 +35,7 @@ fn time_command(mut make: impl FnMut() -> Command, n: usize) -> Result<Vec<f64>,
         let mut c = make();
         let t = Instant::now();
         run(&mut c)?;
-        v.push(ms_since(t));
+        v.push(ms(t));
     }
     Ok(v)
 }

@@ -13,8 +13,8 @@ use serde_json::{Value, json};
 use sessionbox_core::{ExecRequest, Session};
 use sessionbox_manager::Conversation;
 
-use crate::bench::ms_since;
-use crate::bench_scale::percentiles;
+use crate::scale::percentiles;
+use crate::stats::ms;
 
 /// `iterations` rounds of: `true` through the library session `lib`, then the `bash` tool with
 /// `true` through the MCP server at `url` (key `key`) on the same conversation.
@@ -52,13 +52,13 @@ pub(crate) async fn round_trip(
     for _ in 0..iterations {
         let t = Instant::now();
         let r = lib.exec(ExecRequest::new("true")).await?;
-        via_lib.push(ms_since(t));
+        via_lib.push(ms(t));
         if !r.success() {
             bail!("`true` failed through the library");
         }
         let t = Instant::now();
         check(&client.call_tool(call()).await?)?;
-        via_mcp.push(ms_since(t));
+        via_mcp.push(ms(t));
     }
     let _ = client.cancel().await;
     let lib_stats = percentiles(via_lib);

@@ -45,7 +45,7 @@ pub(crate) struct Load {
     pub clients: usize,
 }
 
-use crate::bench_scale::{check_true as check, percentiles as summary};
+use crate::scale::{check_true as check, percentiles as summary};
 
 /// The p50 of `v` (ms, to the microsecond).
 fn p50(v: &[f64]) -> f64 {
@@ -113,15 +113,15 @@ async fn serve_and_measure(
         for _ in 0..iterations {
             let t = Instant::now();
             check(&lib.exec(ExecRequest::new("true")).await?)?;
-            let l = crate::bench::ms_since(t);
+            let l = crate::stats::ms(t);
             let t = Instant::now();
             check(&remote.exec(ExecRequest::new("true")).await?)?;
-            let h = crate::bench::ms_since(t);
+            let h = crate::stats::ms(t);
             via_lib.push(l);
             via_http.push(h);
             added.push(h - l);
         }
-        let mcp = crate::bench_mcp::round_trip(&format!("http://{addr}/mcp"), key, &lib, iterations)
+        let mcp = crate::mcp::round_trip(&format!("http://{addr}/mcp"), key, &lib, iterations)
             .await
             .context("over MCP")?;
         Box::new(lib).close().await?;
@@ -158,12 +158,12 @@ async fn serve_and_measure(
                             continue;
                         }
                     };
-                    let open_ms = crate::bench::ms_since(t);
+                    let open_ms = crate::stats::ms(t);
                     for n in 0..execs {
                         let t = Instant::now();
                         match remote.exec(ExecRequest::new("true")).await {
                             Ok(r) if r.success() => {
-                                let ms = crate::bench::ms_since(t);
+                                let ms = crate::stats::ms(t);
                                 if n == 0 {
                                     first.push(open_ms + ms);
                                 } else {
@@ -196,7 +196,7 @@ async fn serve_and_measure(
 
         // 3. Throughput at each level, as the library's is measured (bench_scale).
         let prefix = format!("bench-{run_id}-h");
-        let levels = crate::bench_scale::throughput(
+        let levels = crate::scale::throughput(
             tenant,
             &prefix,
             &load.levels,
@@ -238,9 +238,9 @@ async fn serve_and_measure(
     let _ = stop.send(());
     match tokio::time::timeout(std::time::Duration::from_secs(10), server).await {
         Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(e))) => eprintln!("bench: the HTTP server failed: {e}"),
-        Ok(Err(e)) => eprintln!("bench: the HTTP server task failed: {e}"),
-        Err(_) => eprintln!("bench: the HTTP server did not stop within 10 s"),
+        Ok(Ok(Err(e))) => warn!("the HTTP server failed: {e}"),
+        Ok(Err(e)) => warn!("the HTTP server task failed: {e}"),
+        Err(_) => warn!("the HTTP server did not stop within 10 s"),
     }
     result
 }

@@ -1,0 +1,383 @@
+//! The Markdown report, from the JSON one.
+
+use std::fmt::Write;
+
+use serde_json::Value;
+
+/// The Markdown report of the JSON report `r`.
+pub(crate) fn markdown(r: &Value) -> String {
+    let mut s = String::new();
+    header(&mut s, r);
+    latency_table(&mut s, r);
+    http_sections(&mut s, r);
+    memory_sections(&mut s, r);
+    s.push_str(&markdown_more(r));
+    targets(&mut s, r);
+    s
+}
+
+/// A number as reported, or `-` when there is none.
+fn num(v: &Value) -> String {
+    match v.as_f64() {
+        Some(f) => format!("{f}"),
+        None => "-".to_owned(),
+    }
+}
+
+/// The runtimes the report measured, in order.
+fn runtimes(r: &Value) -> Vec<&str> {
+    r["runtimes"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+/// The title (every target met or not), the build and the machine.
+fn header(s: &mut String, r: &Value) {
+    let _ = writeln!(
+        s,
+        "# sessionbox bench: {}",
+        if r["targets_met"] == true {
+            "every target met"
+        } else {
+            "TARGETS MISSED"
+        }
+    );
+    let _ = writeln!(s);
+    if r["build_profile"] != "release" {
+        let _ = writeln!(
+            s,
+            "**WARNING: DEBUG BUILD. These numbers are not meaningful; run `cargo run --release -p sessionbox-bench`.**"
+        );
+        let _ = writeln!(s);
+    }
+    let e = &r["environment"];
+    let it = &r["iterations"];
+    let _ = writeln!(
+        s,
+        "- started {} ({} ms); sessionbox {} ({} build)",
+        r["started"].as_str().unwrap_or(""),
+        r["duration_ms"],
+        e["sessionbox_version"].as_str().unwrap_or(""),
+        r["build_profile"].as_str().unwrap_or(""),
+    );
+    let _ = writeln!(
+        s,
+        "- {} / kernel {} / {} / {} ({} cores); load average at start {}",
+        e["os"].as_str().unwrap_or(""),
+        e["kernel"].as_str().unwrap_or(""),
+        e["arch"].as_str().unwrap_or(""),
+        e["cpu"].as_str().unwrap_or("unknown CPU"),
+        e["cores"],
+        e["loadavg"].as_str().unwrap_or("unknown"),
+    );
+    let _ = writeln!(
+        s,
+        "- {} warm iterations (after {} warm-up), {} cold starts per runtime {} ms apart; runtimes: {}",
+        it["warm"],
+        it["warmup"],
+        it["cold"],
+        it["cold_pause_ms"],
+        r["runtimes"]
+            .as_array()
+            .map(|a| a
+                .iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join(", "))
+            .unwrap_or_default(),
+    );
+}
+
+/// The latency of every measurement of every runtime against the baseline.
+fn latency_table(s: &mut String, r: &Value) {
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "| measurement | count | p50 ms | p95 ms | x baseline p50 |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|");
+    let b = &r["baseline"]["stats"];
+    let _ = writeln!(
+        s,
+        "| baseline: spawn `/bin/sh -c true` | {} | {} | {} | 1 |",
+        b["count"],
+        num(&b["p50_ms"]),
+        num(&b["p95_ms"])
+    );
+    let row = |s: &mut String, label: String, st: &Value| {
+        let _ = writeln!(
+            s,
+            "| {label} | {} | {} | {} | {} |",
+            st["count"],
+            num(&st["p50_ms"]),
+            num(&st["p95_ms"]),
+            num(&st["ratio_to_baseline_p50"]),
+        );
+    };
+    for rt in &runtimes(r) {
+        let v = &r["results"][*rt];
+        let rows: [(&str, &Value); 11] = [
+            ("cold start (open + first exec)", &v["cold_start"]["stats"]),
+            ("cold start: open", &v["cold_start"]["phases"]["open"]),
+            (
+                "cold start: first exec",
+                &v["cold_start"]["phases"]["first_exec"],
+            ),
+            ("warm exec `true`", &v["warm_exec"]),
+            ("warm 4 KiB write + read", &v["file_write_read_4k"]["stats"]),
+            (
+                "warm open (existing conversation)",
+                &v["warm_open"]["stats"],
+            ),
+            (
+                "breakdown: exec without manager/audit",
+                &v["breakdown"]["exec_without_manager"]["stats"],
+            ),
+            (
+                "breakdown: execd HTTP round trip (ping)",
+                &v["breakdown"]["http_ping"]["stats"],
+            ),
+            (
+                "breakdown: execd client build",
+                &v["breakdown"]["execd_client_build"]["stats"],
+            ),
+            (
+                "breakdown: one fork+exec in the workspace",
+                &v["breakdown"]["fork_exec_in_workspace"]["stats"],
+            ),
+            (
+                "destroy (not part of cold start)",
+                &v["cold_start"]["destroy_untimed"],
+            ),
+        ];
+        for (label, st) in rows {
+            if st.is_object() {
+                row(s, format!("{rt}: {label}"), st);
+            }
+        }
+    }
+}
+
+/// Each runtime over HTTP and MCP: the round trip and the load test.
+fn http_sections(s: &mut String, r: &Value) {
+    for rt in &runtimes(r) {
+        let h = &r["results"][*rt]["http"];
+        if h.is_object() {
+            let rt_ = &h["round_trip"];
+            let l = &h["load"];
+            let _ = writeln!(s);
+            let _ = writeln!(
+                s,
+                "{rt} over HTTP: warm exec `true` p50 {} ms through the library, {} ms through HTTP: {} ms added (target <= {} ms)",
+                num(&rt_["library"]["p50_ms"]),
+                num(&rt_["http"]["p50_ms"]),
+                num(&rt_["added_p50_ms"]),
+                num(&rt_["target_added_p50_ms"]),
+            );
+            let m = &h["mcp_round_trip"];
+            if m.is_object() {
+                let _ = writeln!(s);
+                let _ = writeln!(
+                    s,
+                    "{rt} over MCP (`bash` tool, streamable HTTP): p50 {} ms, p99 {} ms; library p50 {} ms in the same iterations: {} ms added",
+                    num(&m["mcp"]["p50_ms"]),
+                    num(&m["mcp"]["p99_ms"]),
+                    num(&m["library"]["p50_ms"]),
+                    num(&m["added_p50_ms"]),
+                );
+            }
+            let _ = writeln!(s);
+            let _ = writeln!(
+                s,
+                "{rt} HTTP load: {} conversations x {} execs from {} clients: {} ok, {} errors, {} execs/s over {} s",
+                l["conversations"],
+                l["execs_per_conversation"],
+                l["clients"],
+                l["execs_ok"],
+                l["errors"],
+                num(&l["throughput_execs_per_s"]),
+                num(&l["wall_s"]),
+            );
+            let _ = writeln!(s);
+            let _ = writeln!(s, "| HTTP exec | count | p50 ms | p95 ms | p99 ms |");
+            let _ = writeln!(s, "|---|---|---|---|---|");
+            for (label, st) in [
+                ("round trip, library", &rt_["library"]),
+                ("round trip, HTTP", &rt_["http"]),
+                ("load: every exec", &l["all"]),
+                ("load: first exec (creates)", &l["first_exec_with_create"]),
+                ("load: later execs", &l["later_execs"]),
+            ] {
+                if st.is_object() {
+                    let _ = writeln!(
+                        s,
+                        "| {label} | {} | {} | {} | {} |",
+                        st["count"],
+                        num(&st["p50_ms"]),
+                        num(&st["p95_ms"]),
+                        num(&st["p99_ms"]),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The memory of each runtime's sandbox, per process.
+fn memory_sections(s: &mut String, r: &Value) {
+    for rt in &runtimes(r) {
+        let m = &r["results"][*rt]["memory"];
+        if m.is_object() {
+            let _ = writeln!(s);
+            let _ = writeln!(
+                s,
+                "{rt} memory: agent RSS {} MiB (PSS {}), sandbox total RSS {} MiB, cgroup memory {} MiB",
+                num(&m["agent_rss_mib"]),
+                num(&m["agent_pss_mib"]),
+                num(&m["sandbox_rss_mib"]),
+                num(&m["cgroup_memory_mib"]),
+            );
+            let _ = writeln!(s);
+            let _ = writeln!(
+                s,
+                "| process | pid | RSS KiB | anon KiB | file KiB | threads |"
+            );
+            let _ = writeln!(s, "|---|---|---|---|---|---|");
+            for p in m["processes"].as_array().into_iter().flatten() {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} | {} |",
+                    p["role"].as_str().unwrap_or(""),
+                    p["pid"],
+                    p["rss_kib"],
+                    p["rss_anon_kib"],
+                    p["rss_file_kib"],
+                    p["threads"],
+                );
+            }
+        }
+    }
+}
+
+/// The verdict on every target, and what the cleanup found.
+fn targets(s: &mut String, r: &Value) {
+    let _ = writeln!(s);
+    let _ = writeln!(s, "Targets:");
+    for t in r["targets"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            s,
+            "- {} {}: {} (measured {} {})",
+            if t["pass"] == true { "PASS" } else { "FAIL" },
+            t["runtime"].as_str().unwrap_or(""),
+            t["target"].as_str().unwrap_or(""),
+            num(&t["value"]),
+            t["unit"].as_str().unwrap_or(""),
+        );
+    }
+    if r["cleanup"]["ok"] != true {
+        let _ = writeln!(s);
+        let _ = writeln!(s, "Cleanup FAILED:");
+        for f in r["cleanup"]["failures"].as_array().into_iter().flatten() {
+            let _ = writeln!(s, "- {}", f.as_str().unwrap_or(""));
+        }
+    }
+}
+
+/// The Markdown of the alternatives, throughput, file and store sections.
+fn markdown_more(r: &Value) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s);
+    let _ = writeln!(s, "What users would pick instead, same run:");
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "| alternative | count | p50 ms | p95 ms | p99 ms | x baseline p50 |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|");
+    for (name, v) in r["alternatives"].as_object().into_iter().flatten() {
+        if v["available"] == true {
+            let st = &v["stats"];
+            let _ = writeln!(
+                s,
+                "| {name}: {} | {} | {} | {} | {} | {} |",
+                v["what"].as_str().unwrap_or(""),
+                st["count"],
+                num(&st["p50_ms"]),
+                num(&st["p95_ms"]),
+                num(&st["p99_ms"]),
+                num(&st["ratio_to_baseline_p50"]),
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "| {name}: not measured ({}) | | | | | |",
+                v["reason"].as_str().unwrap_or("")
+            );
+        }
+    }
+    for (rt, v) in r["results"].as_object().into_iter().flatten() {
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "{rt}: exec `true` throughput by concurrent conversations"
+        );
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "| path | conversations | execs | execs/s | p50 ms | p95 ms | p99 ms | x baseline p50 |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+        for (path, levels) in [
+            ("library", &v["throughput"]),
+            ("HTTP", &v["http"]["throughput"]),
+        ] {
+            for l in levels.as_array().into_iter().flatten() {
+                let st = &l["latency"];
+                let _ = writeln!(
+                    s,
+                    "| {path} | {} | {} | {} | {} | {} | {} | {} |",
+                    l["concurrency"],
+                    l["execs"],
+                    num(&l["throughput_execs_per_s"]),
+                    num(&st["p50_ms"]),
+                    num(&st["p95_ms"]),
+                    num(&st["p99_ms"]),
+                    num(&st["ratio_to_baseline_p50"]),
+                );
+            }
+        }
+        let f = &v["file_1mib"];
+        if f.is_object() {
+            let _ = writeln!(
+                s,
+                "\n{rt}: 1 MiB write p50 {} ms, read p50 {} ms, write + read p50 {} ms (p99 {} ms)",
+                num(&f["write"]["p50_ms"]),
+                num(&f["read"]["p50_ms"]),
+                num(&f["write_plus_read"]["p50_ms"]),
+                num(&f["write_plus_read"]["p99_ms"]),
+            );
+        }
+        if let Some(n) = v["memory"]["sandboxes_per_gib"].as_f64() {
+            let _ = writeln!(
+                s,
+                "\n{rt}: {n} live sandboxes per GiB (1024 MiB / the whole sandbox's RSS of {} MiB)",
+                num(&v["memory"]["sandbox_rss_mib"])
+            );
+        }
+    }
+    let st = &r["store"];
+    if st.is_object() {
+        let _ = writeln!(
+            s,
+            "\nStore ({}): {} creates/s, {} lookups/s, {} touches/s, {} audit appends/s ({} of each)",
+            st["backend"].as_str().unwrap_or(""),
+            num(&st["create_per_s"]),
+            num(&st["get_per_s"]),
+            num(&st["touch_per_s"]),
+            num(&st["audit_append_per_s"]),
+            st["operations_each"],
+        );
+    }
+    s
+}

@@ -1,0 +1,128 @@
+//! The network side of the runtimes: the store-backed [`Control`] an egress gateway runs with,
+//! the `isolated` runtime's egress wiring, and what a remote runtime's proxy tokens need.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use chrono::Utc;
+use sessionbox_core::{ConversationKey, ConversationRef, Error};
+use sessionbox_egress::token::TokenKey;
+use sessionbox_egress::{Control, LogEntry, Policy};
+use sessionbox_local::isolated::EgressWiring;
+use sessionbox_store::{Store, StoredPolicy};
+
+/// The store behind a gateway: the policy in force, read per request, and the verdict log.
+pub struct StoreControl {
+    /// The store the policies are read from and the verdicts written to.
+    pub store: Store,
+}
+
+/// The policy a stored one decodes to (none stored: no network).
+pub fn decode(stored: Option<StoredPolicy>) -> Result<Policy, String> {
+    match stored {
+        None => Ok(Policy::None),
+        Some(s) => Policy::from_json(&s.policy).map_err(|e| e.to_string()),
+    }
+}
+
+impl StoreControl {
+    fn conversation(&self, key: &str) -> Result<Option<ConversationRef>, String> {
+        let key = ConversationKey::parse(key).map_err(|e| e.to_string())?;
+        let Some(rec) = self.store.get(&key).map_err(|e| e.to_string())? else {
+            return Ok(None);
+        };
+        Ok(Some(ConversationRef::new(rec.tenant, rec.conversation_id)))
+    }
+}
+
+impl Control for StoreControl {
+    fn policy(&self, conversation: &str) -> Result<Policy, String> {
+        match self.conversation(conversation)? {
+            // A conversation that no longer exists has no network.
+            None => Ok(Policy::None),
+            Some(conv) => decode(
+                self.store
+                    .effective_egress_policy(&conv)
+                    .map_err(|e| e.to_string())?,
+            ),
+        }
+    }
+
+    fn record(&self, e: LogEntry) {
+        let Ok(Some(conv)) = self.conversation(&e.conversation) else {
+            tracing::warn!("egress verdict for an unknown conversation: {}", e.target);
+            return;
+        };
+        let entry = sessionbox_store::EgressLogEntry {
+            at: Utc::now(),
+            tenant: conv.tenant,
+            conversation_key: conv.key,
+            allowed: e.allowed,
+            method: e.method,
+            target: e.target,
+            address: e.address,
+            rule: e.rule,
+            bytes_up: e.bytes_up,
+            bytes_down: e.bytes_down,
+            duration_ms: e.duration_ms,
+            end: e.end,
+        };
+        if let Err(err) = self.store.log_egress(&entry) {
+            tracing::error!("cannot log an egress verdict: {err}");
+        }
+    }
+}
+
+/// The policy in force for a conversation, read from `store` (for a remote runtime's proxy
+/// tokens). A stored policy that no longer parses is an error naming what to do.
+pub fn policy_lookup(store: Store) -> sessionbox_aio::PolicyLookup {
+    Arc::new(move |conv: &ConversationRef| {
+        decode(store.effective_egress_policy(conv)?).map_err(|e| {
+            Error::Backend(format!(
+                "the network policy of conversation {} cannot be used: {e}; set it again",
+                conv.id
+            ))
+        })
+    })
+}
+
+/// Where a remote runtime's commands reach the gateway at `address` (`HOST:PORT`), with the
+/// data directory's token key (made on first use, shared with `egress-gateway --listen`).
+pub fn gateway_access(
+    address: &str,
+    data_dir: &Path,
+) -> anyhow::Result<sessionbox_egress::token::GatewayAccess> {
+    let key = TokenKey::load_or_create(&key_path(data_dir))
+        .context("cannot read or create the egress token key")?;
+    Ok(sessionbox_egress::token::GatewayAccess::new(address, key)?)
+}
+
+/// The `isolated` runtime's egress wiring: a conversation gets the relay and a gateway when its
+/// policy in force is an allowlist; the gateway is this binary (`egress-gateway`) with the same
+/// data directory and configuration.
+pub fn wiring(store: Store, data_dir: &Path, config: Option<&Path>) -> EgressWiring {
+    let control = StoreControl { store };
+    let mut gateway_args = vec![
+        "--data-dir".to_owned(),
+        data_dir.to_string_lossy().into_owned(),
+    ];
+    if let Some(c) = config {
+        gateway_args.extend(["--config".to_owned(), c.to_string_lossy().into_owned()]);
+    }
+    gateway_args.push("egress-gateway".to_owned());
+    EgressWiring {
+        network: Arc::new(move |key| {
+            control
+                .policy(key.as_str())
+                .map(|p| !p.is_none())
+                .map_err(Error::Backend)
+        }),
+        gateway_args,
+    }
+}
+
+/// The egress token key of `data_dir` (made on first use).
+pub fn key_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("egress.key")
+}

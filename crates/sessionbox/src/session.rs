@@ -1,0 +1,438 @@
+//! The commands that run one operation on a conversation (`exec`, `write`, `read`, `edit`,
+//! `ls`, `stat`, `rm`, `mkdir`, `glob`, `grep`, `commands`, `logs`, `kill`): their input checked
+//! before anything is created, the conversation held and opened, the operation, its output.
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use sessionbox_core::{
+    ConversationRef, EditRequest, Error, ExecRequest, FileKind, GrepRequest, OutputStream, Refusal,
+    Session,
+};
+
+use crate::cli::SessionCommand;
+use crate::{App, UsageError};
+
+/// What a session command needs, built and checked before anything is created.
+pub(crate) struct Prepared {
+    exec: Option<ExecRequest>,
+    write_data: Option<Vec<u8>>,
+}
+
+/// Checks every input of `command` against the workspace root as the runtime presents it, and
+/// reads what it needs from stdin. Runs before the store or the runtime exists, so bad input
+/// creates nothing (not even the data directory).
+pub(crate) fn prepare(root: &str, command: &SessionCommand) -> anyhow::Result<Prepared> {
+    let check = |p: &str| sessionbox_core::WorkspacePath::resolve(root, p).map(|_| ());
+    match command {
+        SessionCommand::Exec { cwd: Some(cwd), .. } => check(cwd)?,
+        SessionCommand::Write { path, .. }
+        | SessionCommand::Read { path, .. }
+        | SessionCommand::Ls { path, .. }
+        | SessionCommand::Stat { path, .. }
+        | SessionCommand::Rm { path, .. }
+        | SessionCommand::Mkdir { path, .. } => check(path)?,
+        SessionCommand::Edit { path, old, .. } => {
+            check(path)?;
+            if old.is_empty() {
+                return Err(UsageError("--old must not be empty".into()).into());
+            }
+        }
+        SessionCommand::Glob { pattern, .. } => sessionbox_fs::check_glob(root, pattern)?,
+        SessionCommand::Grep {
+            pattern,
+            path,
+            glob,
+            ignore_case,
+            ..
+        } => sessionbox_fs::check_grep(root, &grep_request(pattern, path, glob, *ignore_case))?,
+        _ => {}
+    }
+    let exec = match command {
+        SessionCommand::Exec {
+            cwd,
+            timeout,
+            env,
+            stdin,
+            output_limit,
+            command,
+            ..
+        } => Some(exec_request(
+            command,
+            cwd.clone(),
+            *timeout,
+            env,
+            *stdin,
+            *output_limit,
+        )?),
+        _ => None,
+    };
+    let write_data = match command {
+        SessionCommand::Write { .. } => {
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .context("cannot read stdin")?;
+            Some(buf)
+        }
+        _ => None,
+    };
+    Ok(Prepared { exec, write_data })
+}
+
+fn grep_request(
+    pattern: &str,
+    path: &Option<String>,
+    glob: &Option<String>,
+    ignore_case: bool,
+) -> GrepRequest {
+    let mut req = GrepRequest::new(pattern.to_owned());
+    req.path = path.clone();
+    req.glob = glob.clone();
+    req.case_insensitive = ignore_case;
+    req
+}
+
+fn exec_request(
+    command: &[String],
+    cwd: Option<String>,
+    timeout: f64,
+    env: &[String],
+    stdin: bool,
+    output_limit: usize,
+) -> anyhow::Result<ExecRequest> {
+    let line = match command {
+        [one] => one.clone(),
+        many => shell_words::join(many),
+    };
+    let timeout = Duration::try_from_secs_f64(timeout).map_err(|_| {
+        UsageError(format!(
+            "--timeout {timeout}: give a number of seconds from 0.001 to 600"
+        ))
+    })?;
+    if output_limit == 0 || output_limit > sessionbox_core::MAX_OUTPUT_LIMIT {
+        return Err(UsageError(format!(
+            "--output-limit {output_limit}: give a number of bytes from 1 to {}",
+            sessionbox_core::MAX_OUTPUT_LIMIT
+        ))
+        .into());
+    }
+    let mut req = ExecRequest::new(line)
+        .timeout(timeout)
+        .output_limit(output_limit);
+    req.cwd = cwd;
+    for kv in env {
+        let Some((k, v)) = kv.split_once('=') else {
+            return Err(UsageError(format!("--env {kv:?}: expected NAME=VALUE")).into());
+        };
+        req = req.env(k, v);
+    }
+    if stdin {
+        let mut buf = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut buf)
+            .context("cannot read stdin")?;
+        req = req.stdin(buf);
+    }
+    req.validate()?;
+    Ok(req)
+}
+
+/// Runs `command` on conversation `conv`: opens it (see [`open`]), runs the operation, closes
+/// it. `prepared` is what [`prepare`] built from the command's input.
+pub(crate) async fn run(
+    app: &App,
+    conv: &ConversationRef,
+    command: SessionCommand,
+    prepared: Prepared,
+) -> anyhow::Result<ExitCode> {
+    // Held for the whole operation, as the server does: one operation at a time per
+    // conversation across processes (and, with PostgreSQL, machines).
+    // Except a read of background output, which may wait long (`logs --follow`): it changes
+    // nothing, and the command it reads belongs to the runtime.
+    let _held = match command {
+        SessionCommand::Logs { .. } => None,
+        _ => Some(hold(app, conv).await?),
+    };
+    let session = open(app, conv, command.creates()).await?;
+    if let Some(n) = session.previous_expired() {
+        warn!(
+            "conversation {} expired at {} and its files are gone; this is a new, empty \
+             conversation",
+            conv.id,
+            n.expired_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        );
+    }
+    if session.state_lost() {
+        warn!(
+            "the sandbox of conversation {} had vanished (expired or deleted elsewhere); a \
+             fresh one replaced it and the files from before are lost",
+            conv.id
+        );
+    }
+    let result = run_on_session(&session, command, prepared.exec, prepared.write_data).await;
+    let closed = Box::new(session).close().await;
+    let code = result?;
+    closed?;
+    Ok(code)
+}
+
+/// Opens `conv` for one operation, the lock already held: the record check (an expired or
+/// missing conversation is refused unless the operation `creates` one), then the manager's
+/// open. The one place to switch to `Manager::open_for` once the manager has it.
+async fn open(
+    app: &App,
+    conv: &ConversationRef,
+    creates: bool,
+) -> anyhow::Result<sessionbox_manager::Conversation> {
+    let store = app.manager.store().clone();
+    let key = conv.key.clone();
+    let record = tokio::task::spawn_blocking(move || store.get(&key)).await??;
+    if !creates
+        && let Some(r) = &record
+        && r.is_expired(chrono::Utc::now())
+    {
+        return Err(Error::NotFound(format!(
+            "conversation {} expired at {} and its files are gone; exec, write or mkdir \
+             create a new one",
+            conv.id,
+            r.expires_at
+                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                .unwrap_or_default()
+        ))
+        .into());
+    }
+    if !creates && record.is_none() {
+        return Err(Error::NotFound(format!(
+            "conversation {} does not exist in tenant {}; exec, write or mkdir create one",
+            conv.id, conv.tenant
+        ))
+        .into());
+    }
+    Ok(app.manager.open(conv).await?)
+}
+
+/// A library refusal with what to do in this CLI's flags (the library names none).
+fn with_flags(e: Error) -> Error {
+    let advice = match e.refusal() {
+        Some(Refusal::EditEmpty) => "give the exact text to replace in --old",
+        Some(Refusal::EditAbsent) => "read the file and give its exact text in --old",
+        Some(Refusal::EditAmbiguous) => {
+            "give more context in --old, or pass --all to replace every occurrence"
+        }
+        Some(Refusal::DirectoryNotEmpty) => {
+            "pass --recursive (-r) to remove it and everything in it"
+        }
+        _ => return e,
+    };
+    e.with_advice(advice)
+}
+
+async fn run_on_session(
+    s: &sessionbox_manager::Conversation,
+    command: SessionCommand,
+    exec: Option<ExecRequest>,
+    write_data: Option<Vec<u8>>,
+) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
+    match command {
+        SessionCommand::Exec {
+            background: true, ..
+        } => {
+            let c = s.spawn(exec.expect("built above")).await?;
+            writeln!(out, "{}", c.id)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Commands { json, .. } => {
+            let all = s.commands().await?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&all)?)?;
+            } else {
+                for c in &all {
+                    let state = if c.running { "running" } else { "ended" };
+                    let code = c
+                        .shell_exit_code()
+                        .map_or_else(|| "-".to_owned(), |c| c.to_string());
+                    writeln!(out, "{}  {state:<7}  {code:>4}  {}", c.id, c.command)?;
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Logs { id, follow, .. } => {
+            drop(out);
+            let mut read = sessionbox_core::OutputRequest::from_start();
+            if follow {
+                read.wait = std::time::Duration::from_secs(20);
+            }
+            loop {
+                let o = s.command_output(&id, read).await?;
+                let mut so = std::io::stdout();
+                so.write_all(&o.stdout).and_then(|()| so.flush())?;
+                std::io::stderr().write_all(&o.stderr)?;
+                read.stdout_from = o.stdout_next();
+                read.stderr_from = o.stderr_next();
+                if o.complete() {
+                    let code = o.command.shell_exit_code().unwrap_or(1);
+                    return Ok(ExitCode::from(u8::try_from(code & 0xff).unwrap_or(1)));
+                }
+                let more = o.stdout.len() + o.stderr.len() >= sessionbox_core::MAX_OUTPUT_CHUNK;
+                if !follow && !more {
+                    return Ok(ExitCode::SUCCESS);
+                }
+            }
+        }
+        SessionCommand::Kill { id, .. } => {
+            let c = s.kill_command(&id).await?;
+            writeln!(out, "{}", serde_json::to_string_pretty(&c)?)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Exec { .. } => {
+            drop(out);
+            // The output as it comes, byte for byte: each chunk is written (and flushed) when
+            // the runtime hands it over. The first write error (a reader that went away) is
+            // kept and returned once the command has ended.
+            let mut failed: Option<std::io::Error> = None;
+            let mut sink = |stream: OutputStream, data: &[u8]| {
+                if failed.is_some() {
+                    return;
+                }
+                let written = match stream {
+                    OutputStream::Stdout => {
+                        let mut o = std::io::stdout();
+                        o.write_all(data).and_then(|()| o.flush())
+                    }
+                    OutputStream::Stderr => std::io::stderr().write_all(data),
+                };
+                if let Err(e) = written {
+                    failed = Some(e);
+                }
+            };
+            let exec = exec.expect("built above");
+            let r_limit = exec.output_limit;
+            let r = s.exec_stream(exec, &mut sink).await?;
+            if let Some(e) = failed {
+                return Err(e.into());
+            }
+            for (cut, name) in [
+                (r.stdout_truncated, "stdout"),
+                (r.stderr_truncated, "stderr"),
+            ] {
+                if cut {
+                    warn!(
+                        "the command's {name} was cut at {limit} bytes (--output-limit; \
+                         at most {max}) and the rest discarded; for more, write it to a file in \
+                         the workspace and `sessionbox read` it",
+                        limit = r_limit,
+                        max = sessionbox_core::MAX_OUTPUT_LIMIT
+                    );
+                }
+            }
+            if r.timed_out {
+                warn!(
+                    "the command timed out after {:.1} s and was killed",
+                    r.duration.as_secs_f64()
+                );
+            }
+            Ok(ExitCode::from(
+                u8::try_from(r.shell_exit_code() & 0xff).unwrap_or(1),
+            ))
+        }
+        SessionCommand::Write { path, .. } => {
+            let data = write_data.expect("read above");
+            s.write(&path, &data).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Read { path, .. } => {
+            out.write_all(&s.read(&path).await?)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Edit {
+            path,
+            old,
+            new,
+            all,
+            ..
+        } => {
+            let r = s
+                .edit(
+                    &path,
+                    &EditRequest {
+                        old,
+                        new,
+                        replace_all: all,
+                    },
+                )
+                .await
+                .map_err(with_flags)?;
+            eprintln!("{} replacement(s)", r.replacements);
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Ls { path, .. } => {
+            for e in s.list(&path).await? {
+                let kind = match e.kind {
+                    FileKind::File => "-",
+                    FileKind::Directory => "d",
+                    FileKind::Symlink => "l",
+                    FileKind::Other => "?",
+                };
+                writeln!(out, "{kind} {:>12} {}", e.size, e.name)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Stat { path, .. } => {
+            writeln!(
+                out,
+                "{}",
+                serde_json::to_string_pretty(&s.stat(&path).await?)?
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Rm {
+            path, recursive, ..
+        } => {
+            s.remove(&path, recursive).await.map_err(with_flags)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Mkdir { path, .. } => {
+            s.mkdir(&path).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Glob { pattern, .. } => {
+            for p in s.glob(&pattern).await? {
+                writeln!(out, "{p}")?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Grep {
+            pattern,
+            path,
+            glob,
+            ignore_case,
+            ..
+        } => {
+            let req = grep_request(&pattern, &path, &glob, ignore_case);
+            let matches = s.grep(&req).await?;
+            for m in &matches {
+                writeln!(out, "{}:{}:{}", m.path, m.line_number, m.line)?;
+            }
+            Ok(if matches.is_empty() {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+    }
+}
+
+/// Holds `conv` for one operation (see `Store::lock_conversation`).
+pub(crate) async fn hold(
+    app: &App,
+    conv: &ConversationRef,
+) -> anyhow::Result<sessionbox_store::ConversationLock> {
+    let store = app.manager.store().clone();
+    let key = conv.key.clone();
+    Ok(tokio::task::spawn_blocking(move || store.lock_conversation(&key)).await??)
+}
