@@ -5,6 +5,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use sessionbox_core::Error;
 
+use crate::views::ErrorBody;
+
 /// An error answer: a status, a stable snake_case code and a message for people.
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -60,10 +62,13 @@ pub struct ErrorCode(pub &'static str);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({ "code": self.code, "message": self.message });
-        let mut r = (self.status, Json(body)).into_response();
-        r.extensions_mut().insert(ErrorCode(self.code));
-        r
+        let body = ErrorBody {
+            code: self.code.to_owned(),
+            message: self.message,
+        };
+        let mut response = (self.status, Json(body)).into_response();
+        response.extensions_mut().insert(ErrorCode(self.code));
+        response
     }
 }
 
