@@ -2,15 +2,15 @@
 
 use std::ffi::OsString;
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
 use sessionbox_core::{Error, Result};
 use sessionbox_execd::AccessToken;
+use sessionbox_execd::agent_args::AgentArgs;
 
-use crate::{Agent, AgentConfig, DEFAULT_LISTEN, DEFAULT_ROOT, Listen, termination_signal};
+use crate::{Agent, AgentConfig, Listen, termination_signal};
 
 /// Environment variable the access token may come from (removed from the environment once
 /// read). A token file is preferred: see the README.
@@ -27,33 +27,10 @@ pub const TOKEN_ENV: &str = "EXECD_ACCESS_TOKEN";
                   SESSIONBOX_LOG (default warn)."
 )]
 pub struct Cli {
-    /// Where to listen: unix:/PATH or tcp:HOST:PORT.
-    #[arg(long, default_value = DEFAULT_LISTEN, value_name = "ADDR")]
-    pub listen: String,
-    /// Serve on this inherited, already bound and listening Unix socket descriptor instead.
-    #[arg(long, value_name = "N", conflicts_with = "listen")]
-    pub listen_fd: Option<i32>,
-    /// The workspace directory; file operations and command working directories are confined
-    /// to it, and it is how paths are presented.
-    #[arg(long, default_value = DEFAULT_ROOT, value_name = "DIR")]
-    pub root: PathBuf,
-    /// File holding the access token every request must carry (X-EXECD-ACCESS-TOKEN).
-    #[arg(long, value_name = "PATH")]
-    pub token_file: Option<PathBuf>,
-    /// Exit cleanly after this many seconds with no request and no running command (0: never).
-    #[arg(long, value_name = "SECS", default_value_t = 0)]
-    pub idle_timeout: u64,
-    /// File-operation limits as JSON (`sessionbox_core::Limits`; absent fields keep their
-    /// defaults), e.g. '{"max_file_bytes": 1048576}'.
-    #[arg(long, value_name = "JSON")]
-    pub limits: Option<String>,
-    /// Relay connections to this loopback address (the proxy commands are given) to the
-    /// egress gateway's Unix socket --egress-socket.
-    #[arg(long, value_name = "HOST:PORT", requires = "egress_socket")]
-    pub egress_listen: Option<std::net::SocketAddr>,
-    /// The egress gateway's Unix socket (see --egress-listen).
-    #[arg(long, value_name = "PATH", requires = "egress_listen")]
-    pub egress_socket: Option<PathBuf>,
+    /// The options, defined once in [`sessionbox_execd::agent_args`] (the isolated runtime
+    /// builds the same struct to launch the agent).
+    #[command(flatten)]
+    pub args: AgentArgs,
 }
 
 impl Cli {
@@ -67,6 +44,7 @@ impl Cli {
     /// [`Error::InvalidRequest`] for a bad listen address, an unreadable or empty token file,
     /// or an empty token.
     pub fn into_config(self) -> Result<AgentConfig> {
+        let args = self.args;
         let from_env = std::env::var_os(TOKEN_ENV);
         if from_env.is_some() {
             // SAFETY: documented precondition: no other thread runs yet, so nothing reads the
@@ -74,7 +52,7 @@ impl Cli {
             unsafe { std::env::remove_var(TOKEN_ENV) };
         }
         let token =
-            match (&self.token_file, from_env) {
+            match (&args.token_file, from_env) {
                 (Some(path), _) => {
                     let text = std::fs::read_to_string(path).map_err(|e| {
                         Error::InvalidRequest(format!(
@@ -94,15 +72,15 @@ impl Cli {
                 "the access token is empty; give a non-empty token or none".into(),
             ));
         }
-        let mut config = AgentConfig::new(self.root);
-        config.listen = match self.listen_fd {
+        let mut config = AgentConfig::new(args.root);
+        config.listen = match args.listen_fd {
             Some(fd) => Listen::Fd(fd),
-            None => Listen::parse(&self.listen)?,
+            None => Listen::parse(&args.listen)?,
         };
         config.token = token.map(AccessToken::new);
         config.idle_timeout =
-            (self.idle_timeout > 0).then(|| Duration::from_secs(self.idle_timeout));
-        if let (Some(listen), Some(socket)) = (self.egress_listen, &self.egress_socket) {
+            (args.idle_timeout > 0).then(|| Duration::from_secs(args.idle_timeout));
+        if let (Some(listen), Some(socket)) = (args.egress_listen, &args.egress_socket) {
             if !listen.ip().is_loopback() {
                 return Err(Error::InvalidRequest(format!(
                     "--egress-listen {listen}: the relay listens on loopback only"
@@ -113,9 +91,8 @@ impl Cli {
                 socket: socket.clone(),
             });
         }
-        if let Some(json) = &self.limits {
-            config.limits = serde_json::from_str(json)
-                .map_err(|e| Error::InvalidRequest(format!("--limits: {e}")))?;
+        if let Some(limits) = args.limits {
+            config.limits = limits;
         }
         Ok(config)
     }

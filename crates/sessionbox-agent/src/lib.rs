@@ -66,10 +66,7 @@ pub use sessionbox_core::Limits;
 use sessionbox_core::{Error, MAX_OUTPUT_LIMIT, Result};
 pub use sessionbox_execd::AccessToken;
 
-/// Default listening address: TCP port 44772 on every interface, as upstream execd.
-pub const DEFAULT_LISTEN: &str = "tcp:0.0.0.0:44772";
-/// Default workspace root.
-pub const DEFAULT_ROOT: &str = "/workspace";
+pub use sessionbox_execd::agent_args::{AgentArgs, DEFAULT_LISTEN, DEFAULT_ROOT};
 /// Default cap on what is forwarded of each of stdout and stderr per command: 16 MiB.
 pub const DEFAULT_OUTPUT_CAP: usize = MAX_OUTPUT_LIMIT;
 /// Default limit on a JSON request body: 8 MiB.

@@ -6,7 +6,10 @@
 //! - [`gateway`]: the proxy (CONNECT and absolute-form HTTP on hyper).
 //! - [`token`]: signed, short-lived proxy tokens for remote runtimes.
 //! - [`opensandbox`]: the policy as an OpenSandbox `networkPolicy`.
+//! - `args` (feature `args`, on by default): the gateway's command line, `GatewayArgs`.
 
+#[cfg(feature = "args")]
+pub mod args;
 pub mod gateway;
 pub mod host;
 pub mod opensandbox;
@@ -14,5 +17,7 @@ pub mod policy;
 pub mod target;
 pub mod token;
 
+#[cfg(feature = "args")]
+pub use args::GatewayArgs;
 pub use gateway::{Auth, Control, Gateway, GatewayConfig, LogEntry};
 pub use policy::{Policy, PolicyError, Rule, Verdict};

@@ -7,6 +7,8 @@
 //! here as well.
 //!
 //! - [`wire`]: every path, header, query name and fixed string.
+//! - `agent_args` (feature `args`): the agent's command line, parsed by the agent and built by
+//!   the runtime that launches it.
 //! - [`types`]: serde bodies ([`RunCommandRequest`], [`ServerStreamEvent`], [`FileInfo`], ...).
 //! - [`EventStreamParser`]: the body of `POST /command` as events, tolerant of upstream quirks.
 //! - [`multipart`]: the upload body, laid out as the SDK lays it out.
@@ -31,6 +33,8 @@
 //! # Ok(()) }
 //! ```
 
+#[cfg(feature = "args")]
+pub mod agent_args;
 mod b64;
 #[cfg(feature = "client")]
 mod client;

@@ -13,6 +13,7 @@
 //! - `run/<key>/`: 0700, root's: `lock`, `agent.sock`, `sandbox.json` (cgroups, pids),
 //!   `agent.log` (the agent's stderr).
 
+use std::ffi::OsString;
 use std::fmt;
 use std::fs::{self, File};
 use std::ops::Range;
@@ -29,6 +30,8 @@ use sessionbox_core::{
     Error, ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch, GrepRequest, Limits, Result,
     Runtime, RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
 };
+use sessionbox_egress::GatewayArgs;
+use sessionbox_execd::agent_args::AgentArgs;
 use sessionbox_execd::fs_ext::{FsRequest, FsResponse, FsSession};
 use sessionbox_execd::{ExecdClient, RunCommandRequest};
 
@@ -309,6 +312,9 @@ pub struct IsolatedRuntime {
     egress: Option<EgressWiring>,
     /// Skills bound read-only at `/skills/<name>`, when configured.
     skill_binds: Option<SkillBindsHook>,
+    /// The environment the egress gateway is started with besides `SESSIONBOX_LOG`
+    /// ([`IsolatedRuntime::with_gateway_env`]); `None`: [`inherited_gateway_env`].
+    gateway_env: Option<Vec<(OsString, OsString)>>,
 }
 
 impl IsolatedRuntime {
@@ -345,6 +351,7 @@ impl IsolatedRuntime {
             config,
             egress: None,
             skill_binds: None,
+            gateway_env: None,
         })
     }
 
@@ -354,6 +361,24 @@ impl IsolatedRuntime {
     pub fn with_egress(mut self, egress: EgressWiring) -> Self {
         self.egress = Some(egress);
         self
+    }
+
+    /// Starts each conversation's egress gateway with `env` (besides `SESSIONBOX_LOG`) instead
+    /// of [`inherited_gateway_env`]: what the gateway needs to reach the same store as the
+    /// caller (the data directory and configuration file are in
+    /// [`EgressWiring::gateway_args`]; secrets such as a store URL belong here, never on a
+    /// command line).
+    #[must_use]
+    pub fn with_gateway_env(mut self, env: Vec<(OsString, OsString)>) -> Self {
+        self.gateway_env = Some(env);
+        self
+    }
+
+    /// The environment the gateway gets besides `SESSIONBOX_LOG`.
+    fn gateway_env(&self) -> Vec<(OsString, OsString)> {
+        self.gateway_env
+            .clone()
+            .unwrap_or_else(inherited_gateway_env)
     }
 
     /// Presents each conversation's skills read-only at `/skills/<name>`: `binds` is asked for
@@ -484,40 +509,39 @@ impl IsolatedRuntime {
             );
             spec.ro_binds.extend(binds);
         }
-        spec.args = self.config.agent_args.clone();
-        spec.args.extend([
-            "--listen-fd".to_owned(),
-            sandbox::PASSED_FD.to_string(),
-            "--root".to_owned(),
-            WORKSPACE.to_owned(),
-            "--idle-timeout".to_owned(),
-            self.config
+        let mut agent = AgentArgs {
+            listen_fd: Some(sandbox::PASSED_FD),
+            root: PathBuf::from(WORKSPACE),
+            idle_timeout: self
+                .config
                 .idle_timeout_of
                 .as_ref()
                 .and_then(|f| f(key))
                 .unwrap_or(self.config.idle_timeout)
                 .as_secs()
-                .max(1)
-                .to_string(),
-            "--limits".to_owned(),
-            serde_json::to_string(&self.config.limits).map_err(Error::backend)?,
-        ]);
+                .max(1),
+            limits: Some(self.config.limits),
+            ..AgentArgs::default()
+        };
         spec.env = vec![("SESSIONBOX_LOG".to_owned(), "warn".to_owned())];
         let gateway_listener = if network {
             let dir = run.join("egress");
             let inside = PathBuf::from(EGRESS_DIR);
             let listener = bind_gateway_socket(&dir, &run_dir, uid)?;
             spec.ro_binds.push((dir, inside.clone()));
-            spec.args.extend([
-                "--egress-listen".to_owned(),
-                EGRESS_PROXY.to_owned(),
-                "--egress-socket".to_owned(),
-                inside.join("gateway.sock").to_string_lossy().into_owned(),
-            ]);
+            agent.egress_listen = Some(EGRESS_PROXY.parse().map_err(Error::backend)?);
+            agent.egress_socket = Some(inside.join("gateway.sock"));
             Some(listener)
         } else {
             None
         };
+        spec.args = self.config.agent_args.clone();
+        spec.args.extend(
+            agent
+                .to_argv()
+                .into_iter()
+                .map(|a| a.to_string_lossy().into_owned()),
+        );
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -535,6 +559,7 @@ impl IsolatedRuntime {
                 match spawn_gateway(
                     &self.config.exe,
                     &wiring.gateway_args,
+                    &self.gateway_env(),
                     listener,
                     key,
                     handle.monitor_pid(),
@@ -664,12 +689,26 @@ fn bind_gateway_socket(
     Ok(listener)
 }
 
+/// The gateway's environment when the caller gave none ([`IsolatedRuntime::with_gateway_env`]):
+/// `SESSIONBOX_HOME` and `SESSIONBOX_STORE_URL` as this process has them, so that the gateway
+/// (the `sessionbox` binary) reads policies from the same store.
+///
+/// COMPATIBILITY DEFAULT (issue #17): the only place this crate names the binary's variables.
+/// The CLI is to pass its own environment with `with_gateway_env`; then this goes.
+pub fn inherited_gateway_env() -> Vec<(OsString, OsString)> {
+    ["SESSIONBOX_HOME", "SESSIONBOX_STORE_URL"]
+        .into_iter()
+        .filter_map(|name| std::env::var_os(name).map(|v| (OsString::from(name), v)))
+        .collect()
+}
+
 /// Starts the conversation's gateway outside the sandbox, in a session of its own, with the
 /// listening socket as descriptor 3; it exits when the sandbox's monitor does. Its stderr goes
 /// to `run/<key>/egress.log`.
 fn spawn_gateway(
     exe: &Path,
     args: &[String],
+    env: &[(OsString, OsString)],
     listener: std::os::unix::net::UnixListener,
     key: &ConversationKey,
     monitor_pid: u32,
@@ -686,16 +725,10 @@ fn spawn_gateway(
         .append(true)
         .open(run.join("egress.log"))
         .map_err(|e| Error::Backend(format!("cannot open the egress log: {e}")))?;
+    let gateway = GatewayArgs::conversation(3, key.as_str(), i32::try_from(monitor_pid).ok());
     let mut cmd = std::process::Command::new(exe);
     cmd.args(args)
-        .args([
-            "--listen-fd",
-            "3",
-            "--conversation-key",
-            key.as_str(),
-            "--watch-pid",
-            &monitor_pid.to_string(),
-        ])
+        .args(gateway.to_argv())
         .env_clear()
         .env(
             "SESSIONBOX_LOG",
@@ -704,14 +737,7 @@ fn spawn_gateway(
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::from(log));
-    // The gateway reads policies from the same store as this process: the data directory
-    // (and configuration file) are in `args`, a PostgreSQL URL given in the environment is
-    // passed on the same way (never on the command line).
-    for name in ["SESSIONBOX_HOME", "SESSIONBOX_STORE_URL"] {
-        if let Some(v) = std::env::var_os(name) {
-            cmd.env(name, v);
-        }
-    }
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
     // SAFETY: runs in the forked child before exec: only async-signal-safe calls (setsid,
     // dup2) on integers captured by value; `fd` stays open in the parent until spawn returns.
     // dup2 clears close-on-exec on descriptor 3.

@@ -90,25 +90,9 @@ pub struct TokenArgs {
     ttl: u64,
 }
 
-/// Arguments of `sessionbox egress-gateway`.
-#[derive(Debug, clap::Args)]
-#[command(group(clap::ArgGroup::new("listener").required(true).args(["listen", "listen_fd"])))]
-pub struct GatewayArgs {
-    /// Serve remote runtimes on this TCP address; every request must carry a token from
-    /// `sessionbox egress-token` in Proxy-Authorization.
-    #[arg(long, value_name = "HOST:PORT")]
-    listen: Option<std::net::SocketAddr>,
-    /// Serve one conversation on this inherited listening Unix socket (the `isolated` runtime
-    /// starts the gateway so).
-    #[arg(long, value_name = "N", requires = "conversation_key")]
-    listen_fd: Option<i32>,
-    /// The conversation key that --listen-fd serves.
-    #[arg(long, value_name = "KEY")]
-    conversation_key: Option<String>,
-    /// Exit when this process (the sandbox's monitor) exits.
-    #[arg(long, value_name = "PID")]
-    watch_pid: Option<i32>,
-}
+/// Arguments of `sessionbox egress-gateway`: defined once in sessionbox-egress, where the
+/// `isolated` runtime builds them to start a conversation's gateway.
+pub use sessionbox_egress::GatewayArgs;
 
 fn gateway_config(section: &EgressSection) -> GatewayConfig {
     let mut c = GatewayConfig::default();
