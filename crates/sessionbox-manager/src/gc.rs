@@ -1,5 +1,5 @@
 //! Garbage collection: what should not exist any more, found by comparing the store (the
-//! source of truth) with the runtime's inventory ([`Runtime::list`]), and removed.
+//! source of truth) with the runtime's inventory ([`Runtime::list`](sessionbox_core::Runtime::list)), and removed.
 //!
 //! Four kinds of garbage, each reported (with `dry_run`) or removed:
 //!

@@ -6,7 +6,7 @@
 //! recorded in the audit log (operation and outcome; never file contents, commands or secrets).
 //! [`Manager::destroy`] ends the conversation in the runtime, then deletes its record.
 //!
-//! Lifecycle: a new record gets its tenant's [`Lifecycle`] (see [`Manager::with_lifecycle`]);
+//! Lifecycle: a new record gets its tenant's [`Lifecycle`](sessionbox_store::Lifecycle) (see [`Manager::with_lifecycle`]);
 //! every open renews it ([`Store::touch`]); an expired conversation is not renewed but
 //! destroyed, by [`Manager::collect_garbage`] (see [`gc`]) or by the next open, which then makes
 //! it afresh. An open that finds, after the runtime opened the conversation, that its record

@@ -10,7 +10,8 @@
 //! - [`Metadata`]: metadata the real server accepts (63-character values).
 //! - [`OpenSandboxRuntime`] ([`runtime`]): one sandbox per conversation, running sessionbox's
 //!   agent as execd, reached through the server proxy with `sessionbox-execd`'s client; the
-//!   conversation-to-sandbox map and each sandbox's expiry live in the store. Network
+//!   conversation-to-sandbox map and each sandbox's expiry are kept through a
+//!   [`sessionbox_core::Directory`] (the store, through the manager's `StoreDirectory`). Network
 //!   ([`EgressOptions`]): an optional `networkPolicy` allowing only the egress gateway, and
 //!   per-command proxy variables with a short-lived token; by default sessionbox's policy
 //!   does not bind these sandboxes (see the crate README).

@@ -8,12 +8,12 @@
 //! Trust rules (as hardened OpenSandbox integrations apply them):
 //! - the API key is sent only to the lifecycle origin, in `OPEN-SANDBOX-API-KEY`, and never
 //!   appears in a `Debug` output or an error;
-//! - redirects are never followed (a 3xx is [`OpenSandboxError::Redirect`]);
-//! - an execd endpoint returned by the server is used only after [`validate_endpoint`] accepts it.
+//! - redirects are never followed (a 3xx is [`crate::OpenSandboxError::Redirect`]);
+//! - an execd endpoint returned by the server is used only after [`crate::endpoint::validate_endpoint`] accepts it.
 //!
-//! [`types`] holds what goes over the wire (sandboxes, their states, the create request, the
-//! client's configuration); [`client`] the client itself; the mapping of error answers to
-//! [`OpenSandboxError`] lives in `crate::error`.
+//! `types.rs` holds what goes over the wire (sandboxes, their states, the create request, the
+//! client's configuration); `client.rs` the client itself; the mapping of error answers to
+//! [`crate::OpenSandboxError`] lives in `crate::error`.
 
 use std::time::Duration;
 

@@ -45,7 +45,7 @@ impl fmt::Debug for ApiKey {
     }
 }
 
-/// Settings of an [`OpenSandboxClient`].
+/// Settings of an [`OpenSandboxClient`](super::OpenSandboxClient).
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
     /// The lifecycle server: `http(s)://host[:port]`, or `host:port` (then `http`). A path is
@@ -245,7 +245,7 @@ impl CreateSandbox {
     }
 }
 
-/// Which sandboxes [`OpenSandboxClient::list`] returns: all conditions must hold.
+/// Which sandboxes [`OpenSandboxClient::list`](super::OpenSandboxClient::list) returns: all conditions must hold.
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
     /// Metadata pairs a sandbox must carry.
@@ -254,7 +254,7 @@ pub struct ListFilter {
     pub states: Vec<SandboxState>,
 }
 
-/// The health of a server, from [`OpenSandboxClient::probe`].
+/// The health of a server, from [`OpenSandboxClient::probe`](super::OpenSandboxClient::probe).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Health {
     /// The server's version (`GET /version`), when it reports one.
