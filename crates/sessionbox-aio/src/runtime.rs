@@ -942,7 +942,7 @@ impl Session for AioSession {
     }
 
     async fn glob(&self, pattern: &str) -> Result<Vec<String>> {
-        sessionbox_fs::check_glob(&self.ws, pattern)?;
+        sessionbox_core::check_glob(&self.ws, pattern)?;
         let norm = WorkspacePath::resolve(&self.ws, pattern)?;
         let matcher = compile_glob(norm.as_str())?;
         let (_, real, w, links) = self.base(&WorkspacePath::root(), ".").await?;
@@ -971,7 +971,7 @@ impl Session for AioSession {
     }
 
     async fn grep(&self, request: &GrepRequest) -> Result<Vec<GrepMatch>> {
-        sessionbox_fs::check_grep(&self.ws, request)?;
+        sessionbox_core::check_grep(&self.ws, request)?;
         let p = match &request.path {
             Some(path) => self.resolve(path)?,
             None => WorkspacePath::root(),

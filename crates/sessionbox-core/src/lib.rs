@@ -21,6 +21,7 @@ mod files;
 mod ids;
 mod open;
 mod path;
+pub mod patterns;
 mod runtime;
 
 pub use background::{
@@ -42,4 +43,5 @@ pub use files::{
 pub use ids::{ConversationId, ConversationKey, ConversationRef, IdKind, TenantId};
 pub use open::{OpenMode, Operation};
 pub use path::{MAX_PATH_BYTES, WorkspacePath};
+pub use patterns::{check_glob, check_grep};
 pub use runtime::{DestroyReport, Runtime, RuntimeConversation, RuntimeInfo, Session};

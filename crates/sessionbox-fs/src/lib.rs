@@ -37,7 +37,9 @@ mod write;
 pub use perm::PERMISSION_BITS;
 pub use tree::remove_tree;
 
-pub use walk::{check_glob, check_grep};
+/// The pattern checks, now in `sessionbox_core::patterns` (one implementation, used by the
+/// walks here too); re-exported for the callers that name them here.
+pub use sessionbox_core::patterns::{check_glob, check_grep};
 
 use std::fs::File;
 use std::io::Read;

@@ -13,10 +13,9 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use globset::{GlobBuilder, GlobMatcher};
 use rustix::fs::{AtFlags, Dir, FileType, OFlags};
 use rustix::io::Errno;
-use sessionbox_core::{DirEntry, Error, GrepMatch, GrepRequest, Result, WorkspacePath};
+use sessionbox_core::{DirEntry, Error, GrepMatch, GrepRequest, Result, WorkspacePath, patterns};
 
 use crate::resolve::{
     RESOLVE, RESOLVE_NO_LINKS, ensure_dirs, io_error, open_beneath, open_parent, resolve_error,
@@ -176,76 +175,14 @@ fn lossy(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// Normalises a glob pattern: no `..` component; an absolute pattern must lie inside the
-/// presented root, which is stripped; `.` and empty components are dropped.
 fn normalize_pattern(ws: &Workspace, pattern: &str) -> Result<String> {
-    normalize_pattern_in(ws.presented_root(), pattern)
-}
-
-fn normalize_pattern_in(presented_root: &str, pattern: &str) -> Result<String> {
-    if pattern.is_empty() {
-        return Err(Error::InvalidRequest("the glob pattern is empty".into()));
-    }
-    if pattern.split('/').any(|c| c == "..") {
-        return Err(Error::OutsideWorkspace {
-            path: pattern.to_owned(),
-            reason: "a glob pattern may not contain a '..' component".into(),
-        });
-    }
-    let rel = WorkspacePath::resolve(presented_root, pattern)?;
-    if rel.is_root() {
-        return Err(Error::InvalidRequest(format!(
-            "the glob pattern {pattern:?} names the workspace root; use for example \"**/*\""
-        )));
-    }
-    Ok(rel.as_str().to_owned())
-}
-
-fn compile_glob(pattern: &str) -> Result<GlobMatcher> {
-    GlobBuilder::new(pattern)
-        .literal_separator(true)
-        .backslash_escape(true)
-        .build()
-        .map(|g| g.compile_matcher())
-        .map_err(|e| Error::InvalidRequest(format!("invalid glob pattern: {e}")))
-}
-
-/// Checks a glob pattern as [`Workspace::glob`] would, without a workspace, so a front end can
-/// refuse bad input before it opens (and so creates) a conversation.
-///
-/// # Errors
-/// As [`Workspace::glob`] for the pattern: empty, a `..` component, outside the root, or not a
-/// valid glob.
-pub fn check_glob(presented_root: &str, pattern: &str) -> Result<()> {
-    compile_glob(&normalize_pattern_in(presented_root, pattern)?).map(drop)
-}
-
-/// Checks a search as [`Workspace::grep`] would, without a workspace (see [`check_glob`]).
-///
-/// # Errors
-/// An invalid regular expression, glob filter or path.
-pub fn check_grep(presented_root: &str, req: &GrepRequest) -> Result<()> {
-    compile_regex(req)?;
-    if let Some(g) = &req.glob {
-        check_glob(presented_root, g)?;
-    }
-    if let Some(p) = &req.path {
-        WorkspacePath::resolve(presented_root, p)?;
-    }
-    Ok(())
-}
-
-fn compile_regex(req: &GrepRequest) -> Result<regex::bytes::Regex> {
-    regex::bytes::RegexBuilder::new(&req.pattern)
-        .case_insensitive(req.case_insensitive)
-        .build()
-        .map_err(|e| Error::InvalidRequest(format!("invalid regular expression: {e}")))
+    patterns::normalize_glob(ws.presented_root(), pattern)
 }
 
 /// See [`Workspace::glob`].
 pub(crate) fn glob(ws: &Workspace, pattern: &str) -> Result<Vec<String>> {
     let norm = normalize_pattern(ws, pattern)?;
-    let matcher = compile_glob(&norm)?;
+    let matcher = patterns::glob_matcher(&norm)?;
     // Start the walk at the longest literal directory prefix of the pattern, opened without
     // following any link (as the walk itself would not).
     let comps: Vec<&str> = norm.split('/').collect();
@@ -282,9 +219,9 @@ pub(crate) fn glob(ws: &Workspace, pattern: &str) -> Result<Vec<String>> {
 
 /// See [`Workspace::grep`].
 pub(crate) fn grep(ws: &Workspace, req: &GrepRequest) -> Result<Vec<GrepMatch>> {
-    let re = compile_regex(req)?;
+    let re = patterns::grep_regex(req)?;
     let filter = match &req.glob {
-        Some(g) => Some(compile_glob(&normalize_pattern(ws, g)?)?),
+        Some(g) => Some(patterns::glob_matcher(&normalize_pattern(ws, g)?)?),
         None => None,
     };
     let limits = ws.limits();
