@@ -208,7 +208,7 @@ impl From<AioError> for sessionbox_core::Error {
                 runtime: "aio".into(),
                 reason: e.to_string(),
                 hint: format!(
-                    "check {ENV_BASE_URL} (or --endpoint) and {ENV_TOKEN}, and that the AIO Sandbox server is running"
+                    "check the AIO Sandbox server's address ({ENV_BASE_URL}) and token ({ENV_TOKEN}), and that it is running"
                 ),
             },
             AioError::Failed {
