@@ -109,8 +109,9 @@ impl Manager {
     /// | expired | destroyed, made anew ([`Conversation::previous_expired`]) | [`Error::NotFound`] saying it expired; left to garbage collection |
     /// | destroying | [`Error::Busy`] | [`Error::Busy`] |
     ///
-    /// The record is read once, here, and handed to the open (no second read before the
-    /// runtime opens; one after, to see that no destroy raced it).
+    /// The record is read once before the runtime opens (by `get_or_create_with` when the mode
+    /// creates, which makes it in the same transaction when absent; else by a plain read, whose
+    /// record the open uses as it is), and once after, to see that no destroy raced the open.
     ///
     /// # Errors
     /// As above, and as [`Manager::open`].
@@ -135,16 +136,19 @@ impl Manager {
         conversation: &ConversationRef,
         mode: OpenMode,
     ) -> Result<Conversation> {
-        let key = conversation.key.clone();
-        let record = self.store.run(move |s| s.get(&key)).await?;
-        match (mode, &record) {
-            (OpenMode::ExistingOnly, None) => return Err(absent(conversation)),
-            (OpenMode::ExistingOnly, Some(r)) if r.is_expired(Utc::now()) => {
-                return Err(expired(conversation, r));
+        let known = match mode {
+            // Read (and made when absent) by `get_or_create_with`, in one transaction.
+            OpenMode::CreateIfAbsent => None,
+            OpenMode::ExistingOnly => {
+                let key = conversation.key.clone();
+                match self.store.run(move |s| s.get(&key)).await? {
+                    None => return Err(absent(conversation)),
+                    Some(r) if r.is_expired(Utc::now()) => return Err(expired(conversation, &r)),
+                    Some(r) => Some(Some(r)),
+                }
             }
-            (OpenMode::ExistingOnly, Some(_)) | (OpenMode::CreateIfAbsent, _) => {}
-        }
-        self.open_known(conversation, Some(record)).await
+        };
+        self.open_known(conversation, known).await
     }
 
     /// Whether `conversation`, a session kept from an earlier open, may still be used: its
