@@ -1,0 +1,509 @@
+//! Finding a conversation's running agent or launching its sandbox, under the conversation's
+//! lock: the run directory, the agent's and the gateway's command lines, the record
+//! (`sandbox.json`), and ending what an earlier sandbox left.
+
+use std::ffi::OsString;
+use std::fs::{self, File};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sessionbox_core::{ConversationKey, Error, Result};
+use sessionbox_egress::GatewayArgs;
+use sessionbox_execd::agent_args::AgentArgs;
+use sessionbox_sandbox::{self as sandbox, SandboxSpec, SandboxStdio};
+
+use super::config::SkillBindsHook;
+use super::{AGENT_EXE, EGRESS_DIR, EGRESS_PROXY, IsolatedRuntime, SandboxInfo, WORKSPACE};
+use crate::host::create_private_dir_all;
+
+/// A sandbox launched less than this long ago is starting, not hung: it is given time to answer
+/// rather than replaced.
+pub(super) const STARTING_GRACE: Duration = Duration::from_secs(10);
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A sandbox ready to launch: its spec and descriptors, and what is recorded about it.
+struct Launch {
+    spec: SandboxSpec,
+    stdio: SandboxStdio,
+    /// The gateway's listening socket, when the conversation may reach the network.
+    gateway_listener: Option<UnixListener>,
+    network: bool,
+    skills: Option<Vec<String>>,
+}
+
+impl IsolatedRuntime {
+    /// Finds the conversation's running agent or launches one; returns the socket path and
+    /// whether this call launched it. With `replace`, an agent that accepts connections but did
+    /// not answer a ping (stopped, wedged) is ended and replaced, unless it was launched moments
+    /// ago (then it is starting).
+    ///
+    /// With `resume` (a session held across a stop), only a conversation that still exists is
+    /// served: one destroyed meanwhile is not created again (checked under the lock, which
+    /// destroy holds until the workspace is gone).
+    pub(super) fn ensure_agent(
+        &self,
+        key: &ConversationKey,
+        replace: bool,
+        resume: bool,
+    ) -> Result<(RunDir, bool)> {
+        let run = self.run_dir(key);
+        let destroyed = || Error::NotFound(format!("conversation {} was destroyed", key.short()));
+        if resume && !run.is_dir() {
+            return Err(destroyed());
+        }
+        create_private_dir_all(&run)?;
+        let run_dir = RunDir::open(&run)?;
+        let lock = lock_file(&run.join("lock"))?;
+        if resume && !self.workspace_dir(key).is_dir() {
+            return Err(destroyed());
+        }
+        let network = match &self.egress {
+            Some(e) => (e.network)(key)?,
+            None => false,
+        };
+        if let Some(starting) = find_running(&run, &run_dir, network, replace) {
+            drop(lock);
+            return Ok((run_dir, starting));
+        }
+        // Nothing answers: end whatever is left of an earlier sandbox, then launch.
+        kill_recorded(&run);
+        let launch = self.build_spec(key, &run, &run_dir, network)?;
+        self.launch_and_record(key, &run, launch)?;
+        drop(lock);
+        Ok((run_dir, true))
+    }
+
+    /// Prepares the workspace for the conversation's uid, binds the agent's socket (and the
+    /// gateway's, with `network`) and builds the sandbox's spec: binds, skills, the agent's
+    /// command line ([`AgentArgs`]) and its log.
+    fn build_spec(
+        &self,
+        key: &ConversationKey,
+        run: &Path,
+        run_dir: &RunDir,
+        network: bool,
+    ) -> Result<Launch> {
+        let uid = if rustix::process::geteuid().is_root() {
+            (self.config.allocate_uid)(key)?
+        } else {
+            rustix::process::geteuid().as_raw()
+        };
+        let workspace = self.workspace_dir(key);
+        prepare_workspace(&workspace, uid)?;
+        let socket = run_dir.socket();
+        let _ = fs::remove_file(&socket);
+        let listener = UnixListener::bind(&socket)
+            .map_err(|e| Error::Backend(format!("cannot bind the agent socket: {e}")))?;
+        let mut spec = SandboxSpec::new(
+            &workspace,
+            uid,
+            uid,
+            // At most 64 characters: 160 bits of the key are plenty to tell conversations apart.
+            format!("sessionbox-{}-{}", self.instance, &key.as_str()[..40]),
+            AGENT_EXE,
+        );
+        spec.hostname = format!("sbx-{}", key.short());
+        spec.limits = self.config.sandbox.clone();
+        spec.ro_binds = vec![(self.config.exe.clone(), PathBuf::from(AGENT_EXE))];
+        let mut skills = None;
+        if let Some(SkillBindsHook(binds)) = &self.skill_binds {
+            let binds = binds(key)?;
+            skills = Some(
+                binds
+                    .iter()
+                    .filter_map(|(_, inside)| inside.file_name())
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .collect(),
+            );
+            spec.ro_binds.extend(binds);
+        }
+        let mut agent = AgentArgs {
+            listen_fd: Some(sandbox::PASSED_FD),
+            root: PathBuf::from(WORKSPACE),
+            idle_timeout: self
+                .config
+                .idle_timeout_of
+                .as_ref()
+                .and_then(|f| f(key))
+                .unwrap_or(self.config.idle_timeout)
+                .as_secs()
+                .max(1),
+            limits: Some(self.config.limits),
+            ..AgentArgs::default()
+        };
+        spec.env = vec![("SESSIONBOX_LOG".to_owned(), "warn".to_owned())];
+        let gateway_listener = if network {
+            let dir = run.join("egress");
+            let inside = PathBuf::from(EGRESS_DIR);
+            let listener = bind_gateway_socket(&dir, run_dir, uid)?;
+            spec.ro_binds.push((dir, inside.clone()));
+            agent.egress_listen = Some(EGRESS_PROXY.parse().map_err(Error::backend)?);
+            agent.egress_socket = Some(inside.join("gateway.sock"));
+            Some(listener)
+        } else {
+            None
+        };
+        spec.args = self.config.agent_args.clone();
+        spec.args.extend(
+            agent
+                .to_argv()
+                .into_iter()
+                .map(|a| a.to_string_lossy().into_owned()),
+        );
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(run.join("agent.log"))
+            .map_err(|e| Error::Backend(format!("cannot open the agent log: {e}")))?;
+        let stdio = SandboxStdio {
+            stdin: Stdio::null(),
+            stdout: Stdio::null(),
+            stderr: Stdio::from(log),
+            passed_fd: Some(OwnedFd::from(listener)),
+        };
+        Ok(Launch {
+            spec,
+            stdio,
+            gateway_listener,
+            network,
+            skills,
+        })
+    }
+
+    /// Launches the sandbox (and its gateway), records it in `sandbox.json` and lets it
+    /// outlive this process; a reaper thread collects the monitor when it ends.
+    fn launch_and_record(&self, key: &ConversationKey, run: &Path, launch: Launch) -> Result<()> {
+        let handle = sandbox::launch_with(&launch.spec, &self.config.exe, &[], launch.stdio)?;
+        let gateway_pid = match (launch.gateway_listener, &self.egress) {
+            (Some(listener), Some(wiring)) => {
+                match spawn_gateway(
+                    &self.config.exe,
+                    &wiring.gateway_args,
+                    &self.gateway_env(),
+                    listener,
+                    key,
+                    handle.monitor_pid(),
+                    run,
+                ) {
+                    Ok(pid) => Some(pid),
+                    Err(e) => {
+                        drop(handle); // kills the sandbox
+                        return Err(e);
+                    }
+                }
+            }
+            _ => None,
+        };
+        let record = SandboxInfo {
+            monitor_pid: handle.monitor_pid(),
+            init_pid: handle.pid(),
+            cgroups: handle.cgroup_paths(),
+            launched_ms: now_ms(),
+            network: launch.network,
+            gateway_pid,
+            pid_namespace: handle.pid_namespace(),
+            skills: launch.skills,
+        };
+        write_atomic(
+            &run.join("sandbox.json"),
+            &serde_json::to_vec(&record).map_err(Error::backend)?,
+        )?;
+        // The sandbox outlives this handle (and this process): it is found again through
+        // sandbox.json and ends itself when idle.
+        let monitor = handle.monitor_pid();
+        std::mem::forget(handle);
+        // The monitor is this process's child: collect it when the sandbox ends on its own
+        // (idle stop, crash), so that a long-lived manager does not keep one zombie per
+        // sandbox that ended.
+        let _ = std::thread::Builder::new()
+            .name("sandbox-reaper".into())
+            .stack_size(64 * 1024)
+            .spawn(move || {
+                if let Some(pid) = rustix::process::Pid::from_raw(monitor as i32) {
+                    let _ =
+                        rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
+                }
+            });
+        Ok(())
+    }
+}
+
+/// `Some(starting)` when the conversation's agent accepts connections and may be kept: it was
+/// launched with the same network profile and either `replace` is not asked or it is still
+/// starting. `None`: launch a new one.
+fn find_running(run: &Path, run_dir: &RunDir, network: bool, replace: bool) -> Option<bool> {
+    if !agent_answers(&run_dir.socket()) {
+        return None;
+    }
+    let record = read_record(run);
+    let starting = record.as_ref().is_some_and(|r| {
+        now_ms().saturating_sub(r.launched_ms) < STARTING_GRACE.as_millis() as u64
+    });
+    // A sandbox launched with the other network profile is replaced (between `none` and an
+    // allowlist); changes within an allowlist need no relaunch.
+    let same_network = record.as_ref().is_none_or(|r| r.network == network);
+    (same_network && (!replace || starting)).then_some(starting)
+}
+
+/// A run directory held by a descriptor, so that its socket has a short path
+/// (`/proc/self/fd/N/agent.sock`) however long the data directory is: a Unix socket path may
+/// hold at most 107 bytes, and `<data dir>/run/<64 hex>/agent.sock` does not fit under a default
+/// data directory such as `/root/.local/share/sessionbox`.
+#[derive(Debug, Clone)]
+pub(super) struct RunDir(Arc<OwnedFd>);
+
+impl RunDir {
+    pub(super) fn open(dir: &Path) -> Result<Self> {
+        use rustix::fs::{Mode, OFlags};
+        rustix::fs::open(
+            dir,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map(|fd| RunDir(Arc::new(fd)))
+        .map_err(|e| Error::Backend(format!("cannot open {}: {e}", dir.display())))
+    }
+
+    /// The agent's socket, valid while this value lives (in this process).
+    pub(super) fn socket(&self) -> PathBuf {
+        use std::os::fd::AsRawFd;
+        PathBuf::from(format!("/proc/self/fd/{}/agent.sock", self.0.as_raw_fd()))
+    }
+}
+
+pub(super) fn lock_file(path: &Path) -> Result<File> {
+    let f = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::Backend(format!("cannot open {}: {e}", path.display())))?;
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| Error::Backend(format!("cannot lock {}: {e}", path.display())))?;
+    Ok(f)
+}
+
+/// True when something accepts connections on `socket` (an agent that is up, or starting: the
+/// socket is bound before the agent is launched, so a connection waits in the backlog).
+pub(super) fn agent_answers(socket: &Path) -> bool {
+    std::os::unix::net::UnixStream::connect(socket).is_ok()
+}
+
+pub(super) fn read_record(run: &Path) -> Option<SandboxInfo> {
+    let data = fs::read(run.join("sandbox.json")).ok()?;
+    serde_json::from_slice(&data).ok()
+}
+
+/// Binds the conversation's gateway socket: `dir` (root's, 0711, bound read-only into the
+/// sandbox) holds `gateway.sock`, owned by the sandbox's uid with mode 0600, so only that uid
+/// (and root) can connect. The host never connects to anything in it.
+fn bind_gateway_socket(dir: &Path, run_dir: &RunDir, uid: u32) -> Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    create_private_dir_all(dir)?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o711))
+        .map_err(|e| Error::Backend(format!("cannot set up the egress directory: {e}")))?;
+    let path = run_dir
+        .socket()
+        .with_file_name("egress")
+        .join("gateway.sock");
+    let _ = fs::remove_file(&path);
+    let listener = UnixListener::bind(&path)
+        .map_err(|e| Error::Backend(format!("cannot bind the egress gateway socket: {e}")))?;
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600))
+        .map_err(|e| Error::Backend(format!("cannot set up the egress gateway socket: {e}")))?;
+    if rustix::process::geteuid().is_root() {
+        let id = rustix::process::Uid::from_raw(uid);
+        let gid = rustix::process::Gid::from_raw(uid);
+        rustix::fs::chown(&path, Some(id), Some(gid)).map_err(|e| {
+            Error::Backend(format!("cannot give the egress socket to uid {uid}: {e}"))
+        })?;
+    }
+    Ok(listener)
+}
+
+/// The gateway's environment when the caller gave none ([`IsolatedRuntime::with_gateway_env`]):
+/// `SESSIONBOX_HOME` and `SESSIONBOX_STORE_URL` as this process has them, so that the gateway
+/// (the `sessionbox` binary) reads policies from the same store.
+///
+/// COMPATIBILITY DEFAULT (issue #17): the only place this crate names the binary's variables.
+/// The CLI is to pass its own environment with `with_gateway_env`; then this goes.
+pub fn inherited_gateway_env() -> Vec<(OsString, OsString)> {
+    ["SESSIONBOX_HOME", "SESSIONBOX_STORE_URL"]
+        .into_iter()
+        .filter_map(|name| std::env::var_os(name).map(|v| (OsString::from(name), v)))
+        .collect()
+}
+
+/// Starts the conversation's gateway outside the sandbox, in a session of its own, with the
+/// listening socket as descriptor 3; it exits when the sandbox's monitor does. Its stderr goes
+/// to `run/<key>/egress.log`.
+fn spawn_gateway(
+    exe: &Path,
+    args: &[String],
+    env: &[(OsString, OsString)],
+    listener: UnixListener,
+    key: &ConversationKey,
+    monitor_pid: u32,
+    run: &Path,
+) -> Result<u32> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    // Above 3, so that the dup2 below never replaces its own source.
+    let fd = rustix::io::fcntl_dupfd_cloexec(&listener, 10)
+        .map_err(|e| Error::Backend(format!("cannot pass the egress socket: {e}")))?;
+    let raw = fd.as_raw_fd();
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(run.join("egress.log"))
+        .map_err(|e| Error::Backend(format!("cannot open the egress log: {e}")))?;
+    let gateway = GatewayArgs::conversation(3, key.as_str(), i32::try_from(monitor_pid).ok());
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(args)
+        .args(gateway.to_argv())
+        .env_clear()
+        .env(
+            "SESSIONBOX_LOG",
+            std::env::var("SESSIONBOX_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log));
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
+    // SAFETY: runs in the forked child before exec: only async-signal-safe calls (setsid,
+    // dup2) on integers captured by value; `fd` stays open in the parent until spawn returns.
+    // dup2 clears close-on-exec on descriptor 3.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::setsid();
+            if libc::dup2(raw, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd
+        .spawn()
+        .map_err(|e| Error::Backend(format!("cannot start the egress gateway: {e}")))?;
+    drop(fd);
+    drop(listener);
+    let pid = child.id();
+    // Collect it when it exits, so that a long-lived manager keeps no zombie.
+    let _ = std::thread::Builder::new()
+        .name("gateway-reaper".into())
+        .stack_size(64 * 1024)
+        .spawn(move || {
+            let mut child = child;
+            let _ = child.wait();
+        });
+    Ok(pid)
+}
+
+/// Kills the recorded gateway, if it is still the process recorded (its command line names
+/// the conversation's key: a recycled pid is left alone).
+fn kill_gateway(record: &SandboxInfo, run: &Path) {
+    let Some(pid) = record.gateway_pid else {
+        return;
+    };
+    let Some(key) = run.file_name().and_then(|k| k.to_str()) else {
+        return;
+    };
+    let ours = fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == key.as_bytes()));
+    if ours && let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+        let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+    }
+}
+
+/// Kills every process of the recorded sandbox and removes its cgroups; returns how many
+/// processes were killed.
+pub(super) fn kill_recorded(run: &Path) -> usize {
+    let Some(record) = read_record(run) else {
+        return 0;
+    };
+    kill_gateway(&record, run);
+    if record.cgroups.is_empty() {
+        // No cgroups (rlimit-only limits): the init's PID namespace holds every process.
+        let killed = record
+            .pid_namespace
+            .map_or(0, |ns| sandbox::kill_namespace(record.init_pid, ns));
+        if let Some(pid) = rustix::process::Pid::from_raw(record.monitor_pid as i32) {
+            let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::NOHANG);
+        }
+        let _ = fs::remove_file(run.join("sandbox.json"));
+        return killed;
+    }
+    let mut killed = std::collections::BTreeSet::new();
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let pids = record.processes();
+        if pids.is_empty() || Instant::now() > until {
+            break;
+        }
+        for p in pids {
+            if p == std::process::id() || p <= 1 {
+                continue;
+            }
+            if let Some(pid) = rustix::process::Pid::from_raw(p as i32) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                killed.insert(p);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The monitor lives outside the cgroups' namespaces but inside the cgroups; reap it if it
+    // is our child (it is not, after this process restarted: then init reaps it).
+    if let Some(pid) = rustix::process::Pid::from_raw(record.monitor_pid as i32) {
+        let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::NOHANG);
+    }
+    for d in &record.cgroups {
+        let until = Instant::now() + Duration::from_secs(2);
+        while fs::remove_dir(d).is_err() && d.exists() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let _ = fs::remove_file(run.join("sandbox.json"));
+    killed.len()
+}
+
+/// Creates the workspace (0700) and gives it to `uid` when running as root.
+fn prepare_workspace(dir: &Path, uid: u32) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(Error::Backend(format!("cannot create the workspace: {e}"))),
+    }
+    let meta = fs::symlink_metadata(dir)
+        .map_err(|e| Error::Backend(format!("cannot inspect the workspace: {e}")))?;
+    if !meta.is_dir() {
+        return Err(Error::Backend("the workspace is not a directory".into()));
+    }
+    if rustix::process::geteuid().is_root() {
+        use std::os::unix::fs::MetadataExt;
+        if meta.uid() != uid || meta.gid() != uid {
+            let id = rustix::process::Uid::from_raw(uid);
+            let gid = rustix::process::Gid::from_raw(uid);
+            rustix::fs::chown(dir, Some(id), Some(gid)).map_err(|e| {
+                Error::Backend(format!("cannot give the workspace to uid {uid}: {e}"))
+            })?;
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, data)
+        .and_then(|()| fs::rename(&tmp, path))
+        .map_err(|e| Error::Backend(format!("cannot write {}: {e}", path.display())))
+}

@@ -1,0 +1,246 @@
+//! An open `isolated` conversation: an execd client of its agent, which launches the agent
+//! again when it stopped while the session was held.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use async_trait::async_trait;
+use sessionbox_core::{BackgroundCommand, CommandOutput, OutputRequest, validate_command_id};
+use sessionbox_core::{
+    CappedSink, ConversationKey, DirEntry, EditRequest, EditResult, Error, ExecRequest, ExecResult,
+    ExecSink, FileStat, GrepMatch, GrepRequest, Result, Session, WorkspacePath,
+};
+use sessionbox_execd::fs_ext::{FsRequest, FsResponse, FsSession};
+use sessionbox_execd::{EventType, ExecdClient, ExecdError, RunCommandRequest};
+
+use super::launch::{RunDir, agent_answers};
+use super::{IsolatedRuntime, WORKSPACE, blocking};
+
+/// An open `isolated` conversation: an execd client of its agent.
+pub(super) struct IsolatedSession {
+    pub(super) key: ConversationKey,
+    pub(super) client: ExecdClient,
+    /// Launches the agent again when it stopped (idle timeout, crash) while this session was
+    /// held.
+    pub(super) runtime: IsolatedRuntime,
+    /// Keeps the socket's short path valid.
+    pub(super) run_dir: RunDir,
+}
+
+impl IsolatedSession {
+    /// Runs a command through the agent's event stream, handing stdout and stderr events to
+    /// `sink` as they arrive (capped at the request's output limit).
+    async fn run(&self, request: ExecRequest, sink: Option<ExecSink<'_>>) -> Result<ExecResult> {
+        request.validate()?;
+        let cwd = checked(request.cwd.as_deref().unwrap_or("."))?;
+        let run = RunCommandRequest::for_exec(&request, cwd);
+        let taken = AtomicBool::new(false);
+        // `relaunching` may build the call twice (the first never reached an agent, so nothing
+        // was handed over): the sink is shared through a lock, uncontended.
+        let sink = sink.map(|s| Mutex::new(CappedSink::new(s, request.output_limit)));
+        // When this future is dropped mid-command (a caller that went away, a killed background
+        // command), the agent is told to kill the command: closing the connection alone is
+        // noticed only when the command next writes.
+        let mut interrupt = InterruptOnDrop {
+            client: self.client.clone(),
+            id: Mutex::new(None),
+            armed: true,
+        };
+        let out = self
+            .relaunching(
+                || {
+                    self.client.run_command_with(&run, |event| {
+                        taken.store(true, Ordering::SeqCst);
+                        if event.kind == EventType::Init {
+                            *interrupt.id.lock().unwrap_or_else(|e| e.into_inner()) =
+                                event.text.clone();
+                        }
+                        if let (Some(sink), Some((stream, bytes))) = (&sink, event.output_stream())
+                        {
+                            sink.lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .push(stream, bytes);
+                        }
+                    })
+                },
+                || taken.load(Ordering::SeqCst),
+            )
+            .await;
+        interrupt.armed = false;
+        let out = out?;
+        out.into_exec_result(request.output_limit, "")
+    }
+
+    async fn send_fs(&self, request: FsRequest) -> Result<FsResponse> {
+        self.relaunching(|| self.client.fs(&request), || false)
+            .await
+    }
+
+    /// Runs `call`. When nothing accepts the connection, the request reached no agent (it
+    /// stopped while this session was held): launch it again, unless the conversation was
+    /// destroyed meanwhile, and retry once.
+    ///
+    /// `taken` says whether the agent is known to have taken the request (a command whose
+    /// first event arrived): then a broken connection means the agent died while serving it,
+    /// and it is not sent again.
+    async fn relaunching<T, F>(&self, call: impl Fn() -> F, taken: impl Fn() -> bool) -> Result<T>
+    where
+        F: std::future::Future<Output = std::result::Result<T, ExecdError>>,
+    {
+        match call().await {
+            // Nothing accepted the connection, or a pooled connection was closed under the
+            // request because the agent exited (idle stop) just then: in both cases the agent
+            // never took the request.
+            Err(e @ (ExecdError::Connect { .. } | ExecdError::Transport { .. }))
+                if self.runtime.workspace_dir(&self.key).is_dir() =>
+            {
+                let socket = self.run_dir.socket();
+                if matches!(e, ExecdError::Transport { .. }) && (taken() || agent_answers(&socket))
+                {
+                    return Err(Error::from(e));
+                }
+                let runtime = self.runtime.clone();
+                let key = self.key.clone();
+                blocking(move || runtime.ensure_agent(&key, false, true)).await?;
+                call().await.map_err(Error::from)
+            }
+            r => r.map_err(Error::from),
+        }
+    }
+}
+
+/// Asks the agent to kill a command when dropped while armed (see `IsolatedSession::run`).
+struct InterruptOnDrop {
+    client: ExecdClient,
+    /// The command's id, from its `init` event.
+    id: Mutex<Option<String>>,
+    armed: bool,
+}
+
+impl Drop for InterruptOnDrop {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let id = self.id.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let (Some(id), Ok(rt)) = (id, tokio::runtime::Handle::try_current()) else {
+            return;
+        };
+        let client = self.client.clone();
+        rt.spawn(async move {
+            if let Err(e) = client.interrupt_command(&id).await {
+                tracing::debug!(error = %e, "could not interrupt an abandoned command");
+            }
+        });
+    }
+}
+
+/// Checks a path here, before anything is sent (the agent checks it again beneath its root).
+fn checked(path: &str) -> Result<String> {
+    WorkspacePath::resolve(WORKSPACE, path).map(|p| p.presented(WORKSPACE))
+}
+
+#[async_trait]
+impl FsSession for IsolatedSession {
+    fn presented_root(&self) -> &str {
+        WORKSPACE
+    }
+
+    async fn fs(&self, request: FsRequest) -> Result<FsResponse> {
+        self.send_fs(request).await
+    }
+}
+
+#[async_trait]
+impl Session for IsolatedSession {
+    fn key(&self) -> &ConversationKey {
+        &self.key
+    }
+
+    fn workspace_root(&self) -> &str {
+        WORKSPACE
+    }
+
+    async fn exec(&self, request: ExecRequest) -> Result<ExecResult> {
+        self.run(request, None).await
+    }
+
+    async fn exec_stream(&self, request: ExecRequest, sink: ExecSink<'_>) -> Result<ExecResult> {
+        self.run(request, Some(sink)).await
+    }
+
+    async fn read(&self, path: &str) -> Result<Vec<u8>> {
+        self.fs_read(path).await
+    }
+
+    async fn write(&self, path: &str, data: &[u8]) -> Result<()> {
+        self.fs_write(path, data).await
+    }
+
+    async fn edit(&self, path: &str, edit: &EditRequest) -> Result<EditResult> {
+        self.fs_edit(path, edit).await
+    }
+
+    async fn list(&self, path: &str) -> Result<Vec<DirEntry>> {
+        self.fs_list(path).await
+    }
+
+    async fn glob(&self, pattern: &str) -> Result<Vec<String>> {
+        self.fs_glob(pattern).await
+    }
+
+    async fn grep(&self, request: &GrepRequest) -> Result<Vec<GrepMatch>> {
+        self.fs_grep(request).await
+    }
+
+    async fn stat(&self, path: &str) -> Result<FileStat> {
+        self.fs_stat(path).await
+    }
+
+    async fn remove(&self, path: &str, recursive: bool) -> Result<()> {
+        self.fs_remove(path, recursive).await
+    }
+
+    async fn mkdir(&self, path: &str) -> Result<()> {
+        self.fs_mkdir(path).await
+    }
+
+    // Background commands are the agent's (see `sessionbox_execd::commands_ext`): they live
+    // as long as the sandbox, whoever opened it.
+
+    async fn spawn(&self, request: ExecRequest) -> Result<BackgroundCommand> {
+        request.validate()?;
+        let cwd = checked(request.cwd.as_deref().unwrap_or("."))?;
+        let run = sessionbox_execd::commands_ext::run_request(&request, cwd);
+        self.relaunching(|| self.client.spawn_background(&run), || false)
+            .await
+    }
+
+    async fn commands(&self) -> Result<Vec<BackgroundCommand>> {
+        self.relaunching(|| self.client.background_commands(), || false)
+            .await
+    }
+
+    async fn command(&self, id: &str) -> Result<BackgroundCommand> {
+        validate_command_id(id)?;
+        self.relaunching(|| self.client.background_command(id), || false)
+            .await
+    }
+
+    async fn command_output(&self, id: &str, read: OutputRequest) -> Result<CommandOutput> {
+        validate_command_id(id)?;
+        read.validate()?;
+        self.relaunching(|| self.client.background_output(id, read), || false)
+            .await
+    }
+
+    async fn kill_command(&self, id: &str) -> Result<BackgroundCommand> {
+        validate_command_id(id)?;
+        self.relaunching(|| self.client.kill_background(id), || false)
+            .await
+    }
+
+    async fn close(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+}
