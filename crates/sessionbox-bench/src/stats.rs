@@ -87,15 +87,7 @@ pub(crate) fn add_ratios(v: &mut Value, base: &Stats) {
 
 /// Runs `true` in `s`; an error unless it succeeds.
 pub(crate) async fn exec_true(s: &dyn Session) -> anyhow::Result<()> {
-    let r = s.exec(ExecRequest::new("true")).await?;
-    if !r.success() {
-        bail!(
-            "`true` failed with {} ({})",
-            r.shell_exit_code(),
-            String::from_utf8_lossy(&r.stderr).trim()
-        );
-    }
-    Ok(())
+    crate::scale::check_true(&s.exec(ExecRequest::new("true")).await?)
 }
 
 #[cfg(test)]

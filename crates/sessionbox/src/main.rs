@@ -8,6 +8,7 @@
 #[macro_use]
 extern crate sessionbox;
 
+mod app;
 mod audit;
 mod backup;
 mod bench;
@@ -26,28 +27,17 @@ mod verify;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::Parser;
-use sessionbox::config::{self, FileConfig, RuntimeKind};
+use sessionbox::config::{self, RuntimeKind};
 use sessionbox::messages::EXIT_BROKEN_PIPE;
-use sessionbox::runtime::{self, BuildOptions};
-use sessionbox_core::{ConversationRef, Error, TenantId};
-use sessionbox_manager::Manager;
-use sessionbox_store::{LifecyclePolicy, Store};
+use sessionbox::runtime;
+use sessionbox_core::{ConversationRef, Error};
 
+pub(crate) use crate::app::App;
+use crate::app::{Settings, conversation};
 use crate::cli::{
     Cli, Command, ConversationCommand, Globals, ManagerCommand, RunCommand, StoreCommand,
 };
-
-/// Everything a subcommand on the manager needs.
-pub struct App {
-    /// The manager of the store and the runtime.
-    pub manager: Manager,
-    /// The tenant the command acts for.
-    pub tenant: TenantId,
-    /// The runtime's name.
-    pub runtime_name: &'static str,
-}
 
 fn main() -> ExitCode {
     // The sandbox init must start in a fresh single-threaded process: before anything else.
@@ -145,116 +135,6 @@ async fn run(globals: Globals, command: RunCommand) -> anyhow::Result<ExitCode> 
             let app = App::build(&globals, &settings, lifecycle, kind, store)?;
             session::run(&app, &conv, command, prepared).await
         }
-    }
-}
-
-/// The settings every command past the first ones reads: the data directory, the
-/// configuration file, the tenant and the runtime asked for (flag, file, default).
-struct Settings {
-    data_dir: std::path::PathBuf,
-    file: FileConfig,
-    tenant: TenantId,
-    kind: RuntimeKind,
-    store_url: Option<String>,
-}
-
-impl Settings {
-    fn load(globals: &Globals) -> anyhow::Result<Settings> {
-        let data_dir = config::data_dir(globals.data_dir.clone())?;
-        let (config_path, required) = match &globals.config {
-            Some(p) => (p.clone(), true),
-            None => (data_dir.join("sessionbox.toml"), false),
-        };
-        let file = FileConfig::load(&config_path, required)?;
-        let tenant = globals
-            .tenant
-            .clone()
-            .or(file.tenant.clone())
-            .unwrap_or_else(|| TenantId::DEFAULT.to_owned());
-        let tenant = TenantId::new(tenant)?;
-        let kind = globals
-            .runtime
-            .or(file.runtime)
-            .unwrap_or(RuntimeKind::Isolated);
-        let store_url = file.store_url();
-        Ok(Settings {
-            data_dir,
-            file,
-            tenant,
-            kind,
-            store_url,
-        })
-    }
-
-    fn db(&self) -> std::path::PathBuf {
-        self.data_dir.join("sessionbox.db")
-    }
-
-    fn open_store(&self) -> anyhow::Result<Store> {
-        let (url, db) = (self.store_url.as_deref(), self.db());
-        Ok(off_runtime(|| Store::open_configured(url, &db))?)
-    }
-}
-
-/// The conversation `id` names in the tenant, and the runtime it runs on. An existing
-/// conversation keeps the runtime that created it: without `--runtime` (or SESSIONBOX_RUNTIME)
-/// its record names the runtime, whatever the configured default; a runtime given explicitly
-/// that differs is refused by the store. The store is opened here only when it exists (and
-/// returned, to be used again), so bad input still creates nothing.
-fn conversation(
-    globals: &Globals,
-    settings: &Settings,
-    id: &str,
-) -> anyhow::Result<(ConversationRef, RuntimeKind, Option<Store>)> {
-    let conv = ConversationRef::new(settings.tenant.clone(), id.parse()?);
-    let mut kind = settings.kind;
-    let mut store = None;
-    if globals.runtime.is_none() && (settings.store_url.is_some() || settings.db().exists()) {
-        let opened = settings.open_store()?;
-        let key = conv.key.clone();
-        let recorded = off_runtime(|| opened.get(&key))?;
-        if let Some(r) = recorded
-            && let Ok(k) = <RuntimeKind as clap::ValueEnum>::from_str(&r.runtime, false)
-        {
-            kind = k;
-        }
-        store = Some(opened);
-    }
-    Ok((conv, kind, store))
-}
-
-impl App {
-    /// The manager on `kind`'s runtime over the store (`store` if already open).
-    fn build(
-        globals: &Globals,
-        settings: &Settings,
-        lifecycle: LifecyclePolicy,
-        kind: RuntimeKind,
-        store: Option<Store>,
-    ) -> anyhow::Result<App> {
-        let skills = settings
-            .file
-            .skills
-            .resolve(std::env::var("SESSIONBOX_SKILLS_DIR").ok().as_deref())?;
-        let store = match store {
-            Some(s) => s,
-            None => settings.open_store()?,
-        };
-        let options = BuildOptions {
-            exe: std::env::current_exe().context("cannot find the sessionbox executable")?,
-            endpoint: globals.endpoint.as_deref(),
-            config_path: globals.config.as_deref(),
-            skills: skills.clone(),
-        };
-        let runtime =
-            runtime::build_runtime(kind, &settings.file, &store, &settings.data_dir, &options)?;
-        Ok(App {
-            manager: Manager::new(store, runtime)
-                .with_lifecycle(lifecycle)
-                .with_skills(skills),
-            tenant: settings.tenant.clone(),
-            runtime_name: kind.name(),
-        })
     }
 }
 

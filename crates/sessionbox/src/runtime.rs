@@ -117,9 +117,8 @@ pub fn isolated_config(
     let iso = &file.isolated;
     let uids = IsolatedConfig::uid_range(iso.uid_base, iso.uid_count);
     let (uid_store, idle_store) = (store.clone(), store.clone());
-    let allocate_uid = Arc::new(move |key: &ConversationKey| {
-        uid_store.allocate_uid(key, uids.clone())
-    });
+    let allocate_uid =
+        Arc::new(move |key: &ConversationKey| uid_store.allocate_uid(key, uids.clone()));
     let mut config = IsolatedConfig::new(data_dir, exe, allocate_uid)
         .with_limits(file.limits.unwrap_or_default())
         .with_sandbox(iso.sandbox_limits())

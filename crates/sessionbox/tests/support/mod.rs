@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use sessionbox_core::{ConversationKey, ConversationRef, ExecRequest, ExecResult, Session};
 use sessionbox::config::FileConfig;
 use sessionbox::runtime::{self, BuildOptions};
-use sessionbox_local::isolated::IsolatedRuntime;
+use sessionbox_core::{ConversationKey, ConversationRef, ExecRequest, ExecResult, Session};
+use sessionbox_local::isolated::{IsolatedRuntime, SandboxInfo};
 use sessionbox_local::sandbox::SandboxLimits;
 use sessionbox_manager::{Conversation, Manager};
 use sessionbox_store::Store;
@@ -242,7 +242,8 @@ impl Drop for Env {
     }
 }
 
-/// What the runtime recorded in `run/<key>/sandbox.json`.
+/// What the runtime recorded in `run/<key>/sandbox.json` ([`SandboxInfo`]), the part the tests
+/// read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
     pub monitor: u32,
@@ -252,16 +253,12 @@ pub struct Record {
 
 impl Record {
     pub fn read(run: &Path) -> Option<Record> {
-        let v: serde_json::Value =
+        let info: SandboxInfo =
             serde_json::from_slice(&std::fs::read(run.join("sandbox.json")).ok()?).ok()?;
         Some(Record {
-            monitor: v["monitor_pid"].as_u64()? as u32,
-            init: v["init_pid"].as_u64()? as u32,
-            cgroups: v["cgroups"]
-                .as_array()?
-                .iter()
-                .filter_map(|c| c.as_str().map(PathBuf::from))
-                .collect(),
+            monitor: info.monitor_pid,
+            init: info.init_pid,
+            cgroups: info.cgroups,
         })
     }
 
