@@ -3,6 +3,10 @@
 //!
 //! Every process here is single-threaded: [`init_main`] checks it before doing anything, so
 //! `fork` and `clone` are safe and the forked children may allocate.
+//!
+//! Over 800 lines on purpose: it is one sequence (monitor, user namespace, init, program) whose
+//! steps share the failure reporting and must be read in order; the mechanisms it applies live
+//! in `mounts`, `confine`, `cgroup` and `limits`.
 
 use std::ffi::CString;
 use std::fmt::Display;

@@ -22,6 +22,10 @@
 //!
 //! What each layer enforces, and what it does not, is in the crate's `README.md`.
 //!
+//! This file is over 800 lines on purpose: it is the crate's whole public surface (the spec and
+//! its validation, the launcher, the handle and the inventory helpers), cohesive and read
+//! together; each mechanism is a module of its own.
+//!
 //! Every layer is required: when one cannot be applied, [`launch`] fails with an
 //! [`Error::RuntimeUnavailable`] naming the layer and saying what to do. [`probe`] reports what
 //! the machine supports without launching anything.
