@@ -35,7 +35,7 @@ pub struct Cli {
 
 impl Cli {
     /// The configuration these options give. Reads the token file, or takes the token from
-    /// [`TOKEN_ENV`] and removes that variable from this process's environment.
+    /// `EXECD_ACCESS_TOKEN` and removes that variable from this process's environment.
     ///
     /// Call it before any other thread is started (removing an environment variable is not
     /// thread-safe).

@@ -23,7 +23,7 @@ pub type NetworkCheck = Arc<dyn Fn(&ConversationKey) -> Result<bool> + Send + Sy
 /// conversation's run directory (`egress/gateway.sock`, owned by the conversation's uid, the
 /// directory bound read-only into the sandbox), starts `exe gateway_args --listen-fd 3
 /// --conversation-key KEY --watch-pid MONITOR` outside the sandbox with that socket, and starts
-/// the agent with a relay from [`EGRESS_PROXY`] to the socket. The sandbox's network namespace
+/// the agent with a relay from [`EGRESS_PROXY`](super::EGRESS_PROXY) to the socket. The sandbox's network namespace
 /// still has only loopback: the relay is its only way out, and the gateway decides.
 #[derive(Clone)]
 pub struct EgressWiring {
@@ -196,7 +196,7 @@ impl fmt::Debug for IsolatedConfig {
 
 /// What the launching process records about a conversation's sandbox (in its private run
 /// directory) so that any other process can find, inventory and end it; read it with
-/// [`IsolatedRuntime::sandbox_info`].
+/// [`IsolatedRuntime::sandbox_info`](super::IsolatedRuntime::sandbox_info).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct SandboxInfo {

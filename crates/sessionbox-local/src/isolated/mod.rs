@@ -13,7 +13,7 @@
 //! - `run/<key>/`: 0700, root's: `lock`, `agent.sock`, `sandbox.json` (cgroups, pids),
 //!   `agent.log` (the agent's stderr).
 //!
-//! The code: [`config`] (settings, hooks, [`SandboxInfo`]), `launch` (finding a running agent
+//! The code: `config` (settings, hooks, [`SandboxInfo`]), `launch` (finding a running agent
 //! or launching one, the run directory, the gateway), `session` (an open conversation over
 //! execd).
 
