@@ -1,6 +1,6 @@
 //! The operations themselves: results, atomicity, modes, limits.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 

@@ -1,7 +1,7 @@
 //! Permission bits, ownership and `~`: changes land on the inode beneath the root and nowhere
 //! else; setuid, setgid and sticky bits are refused.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 

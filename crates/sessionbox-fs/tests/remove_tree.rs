@@ -7,7 +7,7 @@
 //! by name, with [`CHILD`] set, which then runs its `child_*` half): under a lowered descriptor limit, as an
 //! unprivileged user, in a private mount namespace.
 
-mod common;
+use crate::common;
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -42,8 +42,14 @@ fn run_child_exe(
     dir: &Path,
     configure: impl FnOnce(&mut Command),
 ) -> Option<String> {
+    // The harness names a test by its path below the crate root (`remove_tree::NAME` in
+    // tests/all.rs); `--exact` needs that path.
+    let name = &match module_path!().split_once("::") {
+        Some((_, module)) => format!("{module}::{name}"),
+        None => name.to_string(),
+    };
     let mut cmd = Command::new(exe);
-    cmd.args([name, "--exact", "--nocapture"])
+    cmd.args([name.as_str(), "--exact", "--nocapture"])
         .args(["--test-threads", "1"])
         .env(CHILD, dir);
     configure(&mut cmd);

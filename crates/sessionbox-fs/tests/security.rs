@@ -1,7 +1,7 @@
 //! The security properties: nothing outside the workspace is read, written, listed, stat'ed,
 //! created or removed, whatever links or paths the caller arranges.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
