@@ -2,7 +2,7 @@
 //! client against a real agent: exact bytes apart, long polls, the limit on running commands
 //! only, kill (at once when finished), and upstream's combined log kept for upstream clients.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

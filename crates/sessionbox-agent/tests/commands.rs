@@ -1,7 +1,7 @@
 //! Commands through the real client: output, exit codes, prompt stream end, background status
 //! and logs, interrupt, timeout, signals, output caps, client disconnect.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! Every file and directory endpoint through the real client, and confinement: `..`, absolute
 //! paths outside, and links out are refused with nothing created or read outside.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::symlink;

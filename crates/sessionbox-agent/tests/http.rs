@@ -1,7 +1,7 @@
 //! The HTTP surface: the access token, body limits, malformed bodies, and the binary itself
 //! (token from the environment never reaching commands, idle-timeout exit, an inherited socket).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};

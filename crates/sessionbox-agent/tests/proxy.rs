@@ -1,7 +1,7 @@
 //! `/proxy/{port}/...`: a reverse proxy to 127.0.0.1 inside the sandbox, behind the agent's
 //! token check; the agent's own port (and execd's 44772) served by the agent itself.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

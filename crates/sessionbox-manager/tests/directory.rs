@@ -2,8 +2,7 @@
 //! PostgreSQL database (see the store's `tests/support/pg.rs`): one test body per behaviour,
 //! run on each backend as `sqlite::NAME` and `postgres::NAME`.
 
-#[path = "../../sessionbox-store/tests/support/pg.rs"]
-mod pg;
+use crate::pg;
 
 use std::time::Duration;
 

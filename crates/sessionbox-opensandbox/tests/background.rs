@@ -5,7 +5,7 @@
 //! runs a background command running past its idle timeout, then pauses it once the command
 //! has ended.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! variables with a per-command token that commands get. The gateway itself, reached from a
 //! sandbox, is tested through the real binary in `crates/sessionbox/tests/egress.rs`.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! OpenSandbox server. The real server is used wherever it can produce the fault; a few
 //! one-shot local listeners stand in for servers that misbehave in ways it never does.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! polls instead of relying on timers; and the idle timeout (garbage collection pauses an idle
 //! conversation's sandbox, the next open resumes it).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! 1.1.1 on Docker, whose sandboxes run sessionbox's agent as execd (scripts/opensandbox-up).
 //! Each test uses its own instance name and checks that nothing of its own is left.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

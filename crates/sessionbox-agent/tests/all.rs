@@ -1,0 +1,11 @@
+//! The integration tests, one binary: each file beside this one is a module (test names are
+//! `file::test`), sharing `common`.
+
+mod common;
+
+mod background;
+mod commands;
+mod files;
+mod http;
+mod proxy;
+mod sdk;
