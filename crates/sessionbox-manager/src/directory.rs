@@ -24,17 +24,25 @@ use sessionbox_store::{Store, StoredPolicy};
 /// message names the conversation and says to set it again).
 pub fn effective_policy(store: &Store, conv: &ConversationRef) -> Result<Policy> {
     let stored = store.effective_egress_policy(conv)?;
-    decode_policy(conv, stored.as_ref())
+    decode_policy(stored.as_ref())
 }
 
-/// Decodes the policy stored for `conv` (`None`: the profile `none`).
-fn decode_policy(conv: &ConversationRef, stored: Option<&StoredPolicy>) -> Result<Policy> {
+/// Decodes a stored network policy (`None`: nothing stored, the profile `none`): the one
+/// decoder, for [`effective_policy`], [`StoreDirectory`] and front ends that show a stored row.
+///
+/// # Errors
+/// [`Error::Backend`] when the stored text no longer decodes; the message names whose policy
+/// it is (the conversation's own, or its tenant's) and says to set it again.
+pub fn decode_policy(stored: Option<&StoredPolicy>) -> Result<Policy> {
     match stored {
         None => Ok(Policy::None),
         Some(s) => Policy::from_json(&s.policy).map_err(|e| {
+            let whose = match &s.conversation_id {
+                Some(id) => format!("conversation {id}"),
+                None => format!("tenant {}", s.tenant),
+            };
             Error::Backend(format!(
-                "the network policy of conversation {} cannot be used: {e}; set it again",
-                conv.id
+                "the network policy of {whose} cannot be used: {e}; set it again"
             ))
         }),
     }
@@ -112,7 +120,7 @@ impl Directory for StoreDirectory {
         self.store
             .run(move |s| {
                 let stored = s.effective_egress_policy(&conv)?;
-                let policy = decode_policy(&conv, stored.as_ref())?;
+                let policy = decode_policy(stored.as_ref())?;
                 Ok(NetworkPolicy {
                     json: policy.to_json(),
                     hash: stored.map(|p| p.hash),

@@ -40,7 +40,7 @@ use sessionbox_store::{
     AuditEntry, ConversationRecord, ExpiredNotice, LifecyclePolicy, OrphanClaim, Store,
 };
 
-pub use directory::{StoreDirectory, effective_policy};
+pub use directory::{StoreDirectory, decode_policy, effective_policy};
 pub use gc::{GcItem, GcOptions, GcReport};
 pub use open::{Held, TOUCH_EVERY};
 
@@ -511,6 +511,8 @@ pub struct Conversation {
     record: ConversationRecord,
     created: bool,
     previous_expired: Option<ExpiredNotice>,
+    /// The hash of the network policy in force when it opened (`None`: none stored).
+    policy_hash: Option<String>,
     store: Store,
     /// When its record was last renewed by this process (see [`Manager::revalidate`]).
     touched: std::sync::Mutex<std::time::Instant>,
@@ -527,6 +529,13 @@ impl Conversation {
     /// files are gone. Front ends tell the caller so.
     pub fn previous_expired(&self) -> Option<&ExpiredNotice> {
         self.previous_expired.as_ref()
+    }
+
+    /// The hash of the network policy in force when this conversation was opened (read before
+    /// the runtime opened it; `None`: no policy stored, the profile `none`): what
+    /// [`Manager::revalidate`] compares with the policy in force now.
+    pub fn policy_hash(&self) -> Option<&str> {
+        self.policy_hash.as_deref()
     }
 
     /// When this process last renewed the conversation's record: at the open, then by

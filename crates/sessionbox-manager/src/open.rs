@@ -309,10 +309,19 @@ impl Manager {
         } else {
             None
         };
-        if !created {
-            let key = conversation.key.clone();
-            self.store.run(move |s| s.touch(&key, Utc::now())).await?;
-        }
+        // The hash of the policy in force as the runtime opens (read before it does: a change
+        // after this makes a front end that keeps the session reopen it, never keeps a session
+        // opened under another policy), read with the renew, in one trip off the runtime.
+        let (key, conv) = (conversation.key.clone(), conversation.clone());
+        let policy_hash = self
+            .store
+            .run(move |s| {
+                if !created {
+                    s.touch(&key, Utc::now())?;
+                }
+                Ok(s.effective_egress_policy(&conv)?.map(|p| p.hash))
+            })
+            .await?;
         let session = match self.runtime.open(conversation).await {
             Ok(s) => s,
             Err(e) => {
@@ -341,6 +350,7 @@ impl Manager {
                         record,
                         created,
                         previous_expired,
+                        policy_hash,
                         store: self.store.clone(),
                         touched: Mutex::new(Instant::now()),
                     },

@@ -127,17 +127,18 @@ impl AuditWriter {
                     };
                 }
                 if !batch.is_empty() {
-                    let store = store.clone();
                     let entries = std::mem::take(&mut batch);
                     let n = entries.len();
-                    match tokio::task::spawn_blocking(move || store.audit_many(&entries)).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => {
-                            tracing::warn!(error = %e, records = n, "audit records not written")
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, records = n, "audit writer task failed")
-                        }
+                    // One record (the common case: one request at a time) is one insert; a
+                    // batch is one transaction.
+                    let written = store
+                        .run(move |s| match entries.as_slice() {
+                            [one] => s.audit(one),
+                            all => s.audit_many(all),
+                        })
+                        .await;
+                    if let Err(e) = written {
+                        tracing::warn!(error = %e, records = n, "audit records not written");
                     }
                 }
                 for ack in acks.drain(..) {

@@ -7,8 +7,8 @@ use axum::http::StatusCode;
 use axum::http::request::Parts;
 use sessionbox_core::TenantId;
 
+use crate::AppState;
 use crate::error::ApiError;
-use crate::{AppState, blocking};
 
 /// The caller of a request: the tenant it acts in and the id of the key it showed.
 #[derive(Debug, Clone)]
@@ -45,7 +45,7 @@ impl FromRequestParts<AppState> for Principal {
         let store = state.manager.store().clone();
         match presented_key(&parts.headers)? {
             Some(key) => {
-                let found = blocking(move || store.verify_api_key(&key)).await?;
+                let found = store.run(move |s| s.verify_api_key(&key)).await?;
                 match found {
                     Some(record) => Ok(Principal {
                         tenant: record.tenant,
@@ -63,7 +63,7 @@ impl FromRequestParts<AppState> for Principal {
                     ));
                 };
                 // Open only while no key exists: the first key created closes it.
-                if blocking(move || store.has_api_keys()).await? {
+                if store.run(|s| s.has_api_keys()).await? {
                     return Err(ApiError::unauthorized(
                         "an API key is required: send `Authorization: Bearer KEY` or `X-API-Key: KEY`",
                     ));

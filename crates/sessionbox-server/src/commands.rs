@@ -20,12 +20,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sessionbox_core::{
-    BackgroundCommand, CommandOutput, ConversationKey, ConversationRef, Error, OutputRequest,
-    Session,
+    BackgroundCommand, CommandOutput, ConversationKey, ConversationRef, Error, Operation,
+    OutputRequest, Session,
 };
 
 use crate::AppState;
-use crate::conversation::OpenMode;
 use crate::output::{OutputText, incomplete_tail};
 use crate::views::{ErrorBody, ExitStatusView};
 
@@ -95,7 +94,7 @@ impl Commands {
 /// Opens a session of its own (without creating the conversation) and holds no turn while it
 /// waits.
 async fn watch(state: AppState, conv: ConversationRef, id: String) {
-    let opened = match state.open(&conv, OpenMode::ExistingOnly).await {
+    let opened = match state.open(&conv, Operation::CommandOutput).await {
         Ok(opened) => opened.detach(),
         Err(error) => {
             tracing::debug!(%error, "cannot watch a background command");

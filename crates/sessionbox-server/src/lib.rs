@@ -188,9 +188,3 @@ pub async fn serve(
     state.flush_audit().await;
     result
 }
-
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Error::Backend(format!("store task failed: {e}")))?
-}

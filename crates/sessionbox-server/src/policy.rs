@@ -30,15 +30,16 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sessionbox_core::{ConversationKey, ConversationRef, Error, TenantId};
 use sessionbox_egress::Policy;
-use sessionbox_store::{EgressLogFilter, PolicyScope, StoredPolicy};
+use sessionbox_manager::decode_policy;
+use sessionbox_store::{EgressLogFilter, PolicyScope};
 use std::collections::HashMap;
 
+use crate::AppState;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::extract::{JsonBody, PathArgs, QueryArgs};
 use crate::routes::{audited, on_conversation};
 use crate::views::ErrorBody;
-use crate::{AppState, blocking};
 
 /// Most verdicts one request returns.
 pub(crate) const MAX_LOG_ENTRIES: usize = 1000;
@@ -149,16 +150,6 @@ pub(crate) struct LogQuery {
     limit: Option<usize>,
 }
 
-/// The policy a stored row holds (validated as a new one would be).
-fn decode(stored: &StoredPolicy) -> Result<Policy, Error> {
-    Policy::from_json(&stored.policy).map_err(|e| {
-        Error::Backend(format!(
-            "the stored network policy of tenant {} cannot be used: {e}; set it again",
-            stored.tenant
-        ))
-    })
-}
-
 fn view(policy: &Policy, source: PolicySource, updated_at: Option<DateTime<Utc>>) -> PolicyView {
     let (allow, deny) = policy.rule_strings();
     PolicyView {
@@ -180,16 +171,19 @@ pub(crate) async fn in_force(
     s: &AppState,
     conversation: &ConversationRef,
 ) -> Result<(Policy, PolicyView), Error> {
-    let store = s.manager.store().clone();
     let conv = conversation.clone();
-    let stored = blocking(move || store.effective_egress_policy(&conv)).await?;
+    let stored = s
+        .manager
+        .store()
+        .run(move |store| store.effective_egress_policy(&conv))
+        .await?;
     Ok(match stored {
         None => (
             Policy::None,
             view(&Policy::None, PolicySource::Default, None),
         ),
         Some(row) => {
-            let p = decode(&row)?;
+            let p = decode_policy(Some(&row))?;
             let source = if row.conversation_id.is_some() {
                 PolicySource::Conversation
             } else {
@@ -203,12 +197,19 @@ pub(crate) async fn in_force(
 
 /// The tenant's own policy, or the default.
 async fn tenant_policy(s: &AppState, tenant: &TenantId) -> Result<PolicyView, Error> {
-    let store = s.manager.store().clone();
     let scope = PolicyScope::Tenant(tenant.clone());
-    let stored = blocking(move || store.egress_policy(&scope)).await?;
+    let stored = s
+        .manager
+        .store()
+        .run(move |store| store.egress_policy(&scope))
+        .await?;
     Ok(match stored {
         None => view(&Policy::None, PolicySource::Default, None),
-        Some(row) => view(&decode(&row)?, PolicySource::Tenant, Some(row.updated_at)),
+        Some(row) => view(
+            &decode_policy(Some(&row))?,
+            PolicySource::Tenant,
+            Some(row.updated_at),
+        ),
     })
 }
 
@@ -220,14 +221,17 @@ pub(crate) async fn verdicts(
     since: Option<DateTime<Utc>>,
     limit: usize,
 ) -> Result<Vec<VerdictView>, Error> {
-    let store = s.manager.store().clone();
     let filter = EgressLogFilter {
         tenant: Some(tenant.clone()),
         key: conversation.map(|c| c.key.clone()),
         since,
         limit: Some(limit),
     };
-    let records = blocking(move || store.egress_log(&filter)).await?;
+    let records = s
+        .manager
+        .store()
+        .run(move |store| store.egress_log(&filter))
+        .await?;
     // Ids by key: the one conversation asked about, or every conversation of the tenant.
     let ids: HashMap<ConversationKey, String> = match conversation {
         Some(c) => HashMap::from([(c.key.clone(), c.id.as_str().to_owned())]),
@@ -330,14 +334,18 @@ async fn applied(s: &AppState, concerns: impl Fn(&ConversationRef) -> bool) {
 }
 
 async fn store_policy(s: &AppState, scope: PolicyScope, policy: &Policy) -> Result<(), Error> {
-    let store = s.manager.store().clone();
     let (text, hash) = (policy.to_json(), policy.hash());
-    blocking(move || store.set_egress_policy(&scope, &text, &hash, Utc::now())).await
+    s.manager
+        .store()
+        .run(move |store| store.set_egress_policy(&scope, &text, &hash, Utc::now()))
+        .await
 }
 
 async fn clear_policy(s: &AppState, scope: PolicyScope) -> Result<bool, Error> {
-    let store = s.manager.store().clone();
-    blocking(move || store.clear_egress_policy(&scope)).await
+    s.manager
+        .store()
+        .run(move |store| store.clear_egress_policy(&scope))
+        .await
 }
 
 // ---- Tenant. ----

@@ -5,8 +5,8 @@
 //! A cached session is only ever used while its conversation's turn is held (see
 //! `queue.rs`), so no two requests share one. Destroy takes the session out before it tears
 //! the conversation down. At most `max` sessions are kept; past that the least recently used
-//! one is closed. The store's `last_used_at` is touched at most once per [`TOUCH_EVERY`] for a
-//! cached conversation (every use is still in the audit log).
+//! one is closed. Whether a kept session may still be used, and how often its record is
+//! renewed, is the manager's to say ([`sessionbox_manager::Manager::revalidate`]).
 //!
 //! A network policy change made through the API ([`Sessions::invalidate`]) closes the kept
 //! sessions it concerns and makes every session in use at that moment close instead of being
@@ -14,26 +14,20 @@
 //! runtime applies a profile change (the `isolated` runtime relaunches a sandbox switched
 //! between `none` and an allowlist). A change made elsewhere (another replica, the CLI) is
 //! caught when a kept session is taken: it is used only while the policy in force still has the
-//! hash it was opened under.
+//! hash it was opened under ([`Conversation::policy_hash`]).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use sessionbox_core::{ConversationKey, ConversationRef, Session};
 use sessionbox_manager::Conversation;
 
-/// How often a cached conversation's `last_used_at` is written.
-pub(crate) const TOUCH_EVERY: Duration = Duration::from_secs(1);
-
-/// A session at rest, with when it was last used and when its record was last touched.
+/// A session at rest, with when it was last used.
 pub(crate) struct Cached {
     pub conv: Conversation,
     pub used: Instant,
-    pub touched: Instant,
-    /// The hash of the network policy in force when it was opened (`None`: profile `none`).
-    pub policy: Option<String>,
 }
 
 /// The cache. Cheap operations under a std mutex (never held across an await).

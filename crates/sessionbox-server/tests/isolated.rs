@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use sessionbox_core::{ConversationId, ConversationRef, Runtime, TenantId};
 use sessionbox_local::isolated::{IsolatedConfig, IsolatedRuntime};
 use sessionbox_local::sandbox::SandboxLimits;
-use sessionbox_manager::Manager;
+use sessionbox_manager::{Manager, StoreDirectory};
 use sessionbox_server::{AppState, ServerConfig};
 use sessionbox_store::Store;
 
@@ -118,20 +118,21 @@ impl Server {
     async fn start() -> Server {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("sessionbox.db")).unwrap();
-        let uid_store = store.clone();
         // Host uids no other test process uses.
         let base = 21_000_000 + (std::process::id() % 50_000) * 64;
         let runtime = Arc::new(
-            IsolatedRuntime::new(IsolatedConfig {
-                data_dir: dir.path().to_path_buf(),
-                limits: sessionbox_core::Limits::default(),
-                sandbox: SandboxLimits::default(),
-                idle_timeout: Duration::from_secs(30),
-                exe: std::env::current_exe().unwrap(),
-                agent_args: vec!["agent".into()],
-                allocate_uid: Arc::new(move |key| uid_store.allocate_uid(key, base..base + 64)),
-                idle_timeout_of: None,
-            })
+            IsolatedRuntime::new(
+                IsolatedConfig {
+                    data_dir: dir.path().to_path_buf(),
+                    limits: sessionbox_core::Limits::default(),
+                    sandbox: SandboxLimits::default(),
+                    idle_timeout: Duration::from_secs(30),
+                    exe: std::env::current_exe().unwrap(),
+                    agent_args: vec!["agent".into()],
+                    uids: base..base + 64,
+                },
+                Arc::new(StoreDirectory::new(store.clone())),
+            )
             .unwrap(),
         );
         let config = ServerConfig {

@@ -36,9 +36,9 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use sessionbox_core::{ConversationId, ConversationRef, Error};
 use sessionbox_store::AuditEntry;
 
+use crate::AppState;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::{AppState, blocking};
 
 /// The header that names the conversation of an MCP request.
 pub const CONVERSATION_HEADER: &str = "x-conversation-id";
@@ -181,8 +181,8 @@ impl Tools {
                 started.elapsed().as_millis()
             )),
         };
-        let store = self.state.manager.store().clone();
-        if let Err(e) = blocking(move || store.audit(&entry)).await {
+        let store = self.state.manager.store();
+        if let Err(e) = store.run(move |s| s.audit(&entry)).await {
             tracing::warn!(error = %e, "audit record not written");
         }
     }

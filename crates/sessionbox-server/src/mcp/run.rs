@@ -7,7 +7,8 @@ use std::time::Duration;
 use chrono::Utc;
 use rmcp::model::JsonObject;
 use sessionbox_core::{
-    ConversationRef, EditRequest, Error, ExecRequest, FileKind, GrepRequest, Refusal, Session,
+    ConversationRef, EditRequest, Error, ExecRequest, FileKind, GrepRequest, OpenMode, Operation,
+    Refusal, Session,
 };
 
 use super::schema::{
@@ -16,7 +17,6 @@ use super::schema::{
 };
 use super::{Caller, Tools};
 use crate::AppState;
-use crate::conversation::{OpenMode, creates};
 
 /// Most characters of `bash` output before it is cut.
 const MAX_OUTPUT_CHARS: usize = 30_000;
@@ -156,13 +156,13 @@ impl Tools {
                 )));
             }
         };
-        let mode = OpenMode::creating(creates(name));
+        let operation = op.operation();
         // What the model sees when the conversation does not exist yet: an empty workspace
         // (nothing is created until bash or write).
-        let if_absent = (mode == OpenMode::ExistingOnly).then(|| Self::empty(&op));
+        let if_absent = (operation.open_mode() == OpenMode::ExistingOnly).then(|| Self::empty(&op));
         // The conversation's turn, then its session (kept between calls, as for REST).
         let outcome = state
-            .with_conversation(conv, mode, async |opened| {
+            .with_conversation(conv, operation, async |opened| {
                 let expired = opened.previous_expired_at();
                 expired_note(Self::apply(opened.conv, op).await, expired)
             })
@@ -180,11 +180,12 @@ impl Tools {
 
     /// When `conv`'s record expired, if it is past its expiry (not yet destroyed).
     async fn expired_at(state: &AppState, conv: &ConversationRef) -> Option<chrono::DateTime<Utc>> {
-        let store = state.manager.store().clone();
         let key = conv.key.clone();
-        let record = tokio::task::spawn_blocking(move || store.get(&key))
+        let record = state
+            .manager
+            .store()
+            .run(move |s| s.get(&key))
             .await
-            .ok()?
             .ok()??;
         record
             .is_expired(Utc::now())
@@ -463,6 +464,21 @@ enum Run {
     Ls(String, bool),
     Glob(String),
     Grep(GrepRequest, String),
+}
+
+impl Run {
+    /// The operation this tool call is: whether it may create the conversation follows.
+    fn operation(&self) -> Operation {
+        match self {
+            Run::Bash(_) => Operation::Exec,
+            Run::Read(_) => Operation::Read,
+            Run::Write(_) => Operation::Write,
+            Run::Edit(_) => Operation::Edit,
+            Run::Ls(..) => Operation::List,
+            Run::Glob(_) => Operation::Glob,
+            Run::Grep(..) => Operation::Grep,
+        }
+    }
 }
 
 /// A command's output stream as the model reads it: the text when the bytes are valid UTF-8;

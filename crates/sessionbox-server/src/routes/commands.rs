@@ -9,7 +9,7 @@ use axum::http::HeaderMap;
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use sessionbox_core::{BackgroundCommand, OutputRequest, Session};
+use sessionbox_core::{BackgroundCommand, Operation, OutputRequest, Session};
 use sessionbox_manager::Conversation;
 use tokio::sync::mpsc;
 
@@ -18,7 +18,6 @@ use super::on_conversation;
 use crate::AppState;
 use crate::auth::Principal;
 use crate::commands::{CommandListView, CommandLogsView, CommandView, WaiterGuard};
-use crate::conversation::OpenMode;
 use crate::error::ApiError;
 use crate::extract::{PathArgs, QueryArgs};
 use crate::output::Utf8Chunker;
@@ -47,22 +46,20 @@ fn command_id(cmd: &str) -> Result<(), ApiError> {
     Ok(sessionbox_core::validate_command_id(cmd)?)
 }
 
-/// Runs `act` on command `cmd` of conversation `id` (which must exist), audited as
-/// `operation`, and answers the command as `act` left it.
+/// Runs `act`, which is `operation`, on command `cmd` of conversation `id` (which must exist),
+/// audited as `audit_name`, and answers the command as `act` left it.
 async fn one_command(
     state: &AppState,
     principal: &Principal,
-    operation: &'static str,
+    (audit_name, operation): (&'static str, Operation),
     id: &str,
     cmd: &str,
     act: impl AsyncFnOnce(&Conversation) -> sessionbox_core::Result<BackgroundCommand>,
 ) -> Response {
-    on_conversation(principal, operation, id, async |conv| {
+    on_conversation(principal, audit_name, id, async |conv| {
         command_id(cmd)?;
         let command = state
-            .with_conversation(&conv, OpenMode::ExistingOnly, async |opened| {
-                act(opened.conv).await
-            })
+            .with_conversation(&conv, operation, async |opened| act(opened.conv).await)
             .await??;
         state
             .commands
@@ -88,7 +85,7 @@ pub(crate) async fn list(
 ) -> Response {
     on_conversation(&principal, "commands", &id, async |conv| {
         let all = state
-            .with_conversation(&conv, OpenMode::ExistingOnly, async |opened| {
+            .with_conversation(&conv, Operation::Commands, async |opened| {
                 opened.conv.commands().await
             })
             .await??;
@@ -112,7 +109,7 @@ pub(crate) async fn status(
     one_command(
         &state,
         &principal,
-        "command_status",
+        ("command_status", Operation::CommandStatus),
         &id,
         &cmd,
         async |session| session.command(&cmd).await,
@@ -173,7 +170,7 @@ pub(crate) async fn logs(
         } else {
             None
         };
-        let opened = state.open(&conv, OpenMode::ExistingOnly).await?;
+        let opened = state.open(&conv, Operation::CommandOutput).await?;
         // Check the command exists before answering 200 (an event stream cannot say 404).
         let first = match opened.conv.command(&cmd).await {
             Ok(command) => command,
@@ -284,7 +281,7 @@ pub(crate) async fn kill(
     one_command(
         &state,
         &principal,
-        "command_kill",
+        ("command_kill", Operation::KillCommand),
         &id,
         &cmd,
         async |session| session.kill_command(&cmd).await,

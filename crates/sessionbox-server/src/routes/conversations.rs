@@ -8,17 +8,17 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sessionbox_core::Session;
+use sessionbox_core::{Operation, Session};
 use sessionbox_store::ConversationRecord;
 
 use super::{audited, on_conversation};
 use crate::auth::Principal;
-use crate::conversation::{OpenMode, conversation_not_found, notify_expired};
+use crate::conversation::{conversation_not_found, notify_expired};
 use crate::error::ApiError;
 use crate::extract::{PathArgs, QueryArgs};
 use crate::openapi::ConversationErrors;
 use crate::views::ErrorBody;
-use crate::{AppState, blocking, sessions};
+use crate::{AppState, sessions};
 
 /// A conversation as the API shows it.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -142,12 +142,15 @@ pub(crate) async fn get(
     PathArgs(id): PathArgs<String>,
 ) -> Response {
     on_conversation(&principal, "get", &id, async |conv| {
-        let Some(record) = state.record(&conv.key).await? else {
+        let Some(record) = stored_record(&state, &conv).await? else {
             return Err(conversation_not_found(&conv).into());
         };
-        let store = state.manager.store().clone();
         let (key, since) = (conv.key.clone(), record.created_at);
-        let counts = blocking(move || store.operation_counts(&key, since)).await?;
+        let counts = state
+            .manager
+            .store()
+            .run(move |s| s.operation_counts(&key, since))
+            .await?;
         let by_operation: BTreeMap<String, u64> = counts.into_iter().collect();
         let mut view = ConversationView::from(record);
         view.usage = Some(UsageView {
@@ -194,7 +197,7 @@ pub(crate) async fn open(
 ) -> Response {
     on_conversation(&principal, "open", &id, async |conv| {
         let (created, previous_expired_at, workspace_root) = state
-            .with_conversation(&conv, OpenMode::CreateIfAbsent, async |opened| {
+            .with_conversation(&conv, Operation::Open, async |opened| {
                 (
                     opened.created(),
                     opened.previous_expired_at(),
@@ -202,8 +205,8 @@ pub(crate) async fn open(
                 )
             })
             .await?;
-        let record = state
-            .record(&conv.key)
+        // Read again: the record as the open renewed it.
+        let record = stored_record(&state, &conv)
             .await?
             .ok_or_else(|| conversation_not_found(&conv))?;
         let status = if created {
@@ -226,6 +229,15 @@ pub(crate) async fn open(
     .await
 }
 
+/// The stored record of `conv`, if any.
+async fn stored_record(
+    state: &AppState,
+    conv: &sessionbox_core::ConversationRef,
+) -> sessionbox_core::Result<Option<ConversationRecord>> {
+    let key = conv.key.clone();
+    state.manager.store().run(move |s| s.get(&key)).await
+}
+
 /// Destroys a conversation: processes, sandbox, workspace, record. 204 also when absent.
 #[utoipa::path(delete, path = "/v1/conversations/{id}", tag = "conversations",
     operation_id = "destroy_conversation",
@@ -238,7 +250,7 @@ pub(crate) async fn destroy(
 ) -> Response {
     on_conversation(&principal, "destroy", &id, async |conv| {
         let _turn = state.turn(&conv.key).await?;
-        let _held = state.hold(&conv.key).await?;
+        let _held = state.manager.hold(&conv).await?;
         state.commands.end_conversation(&conv.key);
         if let Some(cached) = state.sessions.take(&conv.key) {
             sessions::close_all(vec![cached.conv]).await;

@@ -16,7 +16,8 @@ use chrono::{DateTime, Utc};
 use futures::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 use sessionbox_core::{
-    BackgroundCommand, ConversationRef, Error, ExecRequest, ExecResult, OutputStream, Session,
+    BackgroundCommand, ConversationRef, Error, ExecRequest, ExecResult, Operation, OutputStream,
+    Session,
 };
 use tokio::sync::mpsc;
 
@@ -24,7 +25,7 @@ use super::on_conversation;
 use crate::AppState;
 use crate::auth::Principal;
 use crate::commands::{self, CommandView};
-use crate::conversation::{OpenMode, Opened, notify_expired};
+use crate::conversation::{Opened, notify_expired};
 use crate::error::ApiError;
 use crate::extract::{JsonBody, PathArgs};
 use crate::output::{OutputText, Utf8Chunker};
@@ -207,7 +208,7 @@ pub(crate) async fn exec(
     on_conversation(&principal, "exec", &id, async |conv| {
         let request = exec_request(&state, &conv, body)?;
         if stream {
-            let opened = state.open(&conv, OpenMode::CreateIfAbsent).await?;
+            let opened = state.open(&conv, Operation::Exec).await?;
             state.metrics.execs.with_label_values(&["stream"]).inc();
             let previous_expired_at = opened.previous_expired_at();
             return Ok(notify_expired(
@@ -215,8 +216,13 @@ pub(crate) async fn exec(
                 previous_expired_at,
             ));
         }
+        let operation = if background {
+            Operation::Spawn
+        } else {
+            Operation::Exec
+        };
         let (ran, previous_expired_at) = state
-            .with_conversation(&conv, OpenMode::CreateIfAbsent, async |opened| {
+            .with_conversation(&conv, operation, async |opened| {
                 let ran = if background {
                     state.metrics.execs.with_label_values(&["background"]).inc();
                     // The runtime owns the command from here; it does not hold the turn.

@@ -8,12 +8,12 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use sessionbox_core::{EditRequest, Error, Refusal, Session};
+use sessionbox_core::{EditRequest, Error, Operation, Refusal, Session};
 
 use super::on_conversation;
 use crate::AppState;
 use crate::auth::Principal;
-use crate::conversation::{OpenMode, notify_expired};
+use crate::conversation::notify_expired;
 use crate::error::{ApiError, rejection};
 use crate::extract::{JsonBody, PathArgs, QueryArgs, RawBody};
 use crate::openapi::ConversationErrors;
@@ -139,7 +139,7 @@ pub(crate) async fn read(
     on_conversation(&principal, "read", &id, async |conv| {
         state.manager.check_path(&conv, &path)?;
         let data = state
-            .with_conversation(&conv, OpenMode::ExistingOnly, async |opened| {
+            .with_conversation(&conv, Operation::Read, async |opened| {
                 opened.conv.read(&path).await
             })
             .await??;
@@ -207,7 +207,7 @@ pub(crate) async fn write(
     on_conversation(&principal, "write", &id, async |conv| {
         state.manager.check_path(&conv, &path)?;
         let (written, previous_expired_at) = state
-            .with_conversation(&conv, OpenMode::CreateIfAbsent, async |opened| {
+            .with_conversation(&conv, Operation::Write, async |opened| {
                 (
                     opened.conv.write(&path, &body).await,
                     opened.previous_expired_at(),
@@ -331,7 +331,7 @@ pub(crate) async fn upload(
             state.manager.check_path(&conv, path)?;
         }
         let (written, failed, previous_expired_at) = state
-            .with_conversation(&conv, OpenMode::CreateIfAbsent, async |opened| {
+            .with_conversation(&conv, Operation::Upload, async |opened| {
                 let mut written = Vec::with_capacity(files.len());
                 let mut failed = None;
                 for (path, data) in files {
@@ -381,7 +381,7 @@ pub(crate) async fn remove(
         state.manager.check_path(&conv, &path)?;
         let recursive = truthy(&query.recursive);
         state
-            .with_conversation(&conv, OpenMode::ExistingOnly, async |opened| {
+            .with_conversation(&conv, Operation::Remove, async |opened| {
                 opened.conv.remove(&path, recursive).await
             })
             .await?
@@ -424,7 +424,7 @@ pub(crate) async fn edit(
             replace_all: body.replace_all,
         };
         let result = state
-            .with_conversation(&conv, OpenMode::ExistingOnly, async |opened| {
+            .with_conversation(&conv, Operation::Edit, async |opened| {
                 opened.conv.edit(&body.path, &request).await
             })
             .await?
@@ -468,7 +468,7 @@ pub(crate) async fn mkdir(
     on_conversation(&principal, "mkdir", &id, async |conv| {
         state.manager.check_path(&conv, &body.path)?;
         let (made, previous_expired_at) = state
-            .with_conversation(&conv, OpenMode::CreateIfAbsent, async |opened| {
+            .with_conversation(&conv, Operation::Mkdir, async |opened| {
                 (
                     opened.conv.mkdir(&body.path).await,
                     opened.previous_expired_at(),

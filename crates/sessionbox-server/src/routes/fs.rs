@@ -5,12 +5,11 @@ use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use sessionbox_core::{GrepRequest, Session};
+use sessionbox_core::{GrepRequest, Operation, Session};
 
 use super::on_conversation;
 use crate::AppState;
 use crate::auth::Principal;
-use crate::conversation::OpenMode;
 use crate::extract::{JsonBody, PathArgs, QueryArgs};
 use crate::openapi::ConversationErrors;
 use crate::views::{DirEntryView, FileStatView, GrepBody, GrepMatchView};
@@ -54,7 +53,7 @@ pub(crate) async fn ls(
         let path = query.path.unwrap_or_else(|| ".".to_owned());
         state.manager.check_path(&conv, &path)?;
         let entries = state
-            .with_conversation(&conv, OpenMode::ExistingOnly, async |opened| {
+            .with_conversation(&conv, Operation::List, async |opened| {
                 opened.conv.list(&path).await
             })
             .await??;
@@ -78,7 +77,7 @@ pub(crate) async fn stat(
         let path = query.path.unwrap_or_else(|| ".".to_owned());
         state.manager.check_path(&conv, &path)?;
         let stat = state
-            .with_conversation(&conv, OpenMode::ExistingOnly, async |opened| {
+            .with_conversation(&conv, Operation::Stat, async |opened| {
                 opened.conv.stat(&path).await
             })
             .await??;
@@ -105,7 +104,7 @@ pub(crate) async fn glob(
 ) -> Response {
     on_conversation(&principal, "glob", &id, async |conv| {
         let paths = state
-            .with_conversation(&conv, OpenMode::ExistingOnly, async |opened| {
+            .with_conversation(&conv, Operation::Glob, async |opened| {
                 opened.conv.glob(&query.pattern).await
             })
             .await??;
@@ -131,7 +130,7 @@ pub(crate) async fn grep(
             state.manager.check_path(&conv, path)?;
         }
         let matches = state
-            .with_conversation(&conv, OpenMode::ExistingOnly, async |opened| {
+            .with_conversation(&conv, Operation::Grep, async |opened| {
                 opened.conv.grep(&request).await
             })
             .await??;

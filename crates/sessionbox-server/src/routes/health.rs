@@ -5,9 +5,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
+use crate::AppState;
 use crate::error::ApiError;
 use crate::views::ErrorBody;
-use crate::{AppState, blocking};
 
 /// Liveness: the process answers.
 #[utoipa::path(get, path = "/healthz", tag = "health", security(),
@@ -21,8 +21,7 @@ pub(crate) async fn healthz() -> Response {
     responses((status = 200, description = "ready", body = Object),
               (status = 503, description = "not ready", body = ErrorBody)))]
 pub(crate) async fn readyz(State(state): State<AppState>) -> Response {
-    let store = state.manager.store().clone();
-    let store_ok = blocking(move || store.schema_version()).await;
+    let store_ok = state.manager.store().run(|s| s.schema_version()).await;
     let runtime_ok = state.manager.runtime().list().await;
     match (store_ok, runtime_ok) {
         (Ok(_), Ok(_)) => Json(serde_json::json!({
