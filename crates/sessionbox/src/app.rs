@@ -80,7 +80,7 @@ impl Settings {
 /// its record names the runtime, whatever the configured default; a runtime given explicitly
 /// that differs is refused by the store. The store is opened here only when it exists (and
 /// returned, to be used again), so bad input still creates nothing.
-pub(crate) fn conversation(
+pub(crate) async fn conversation(
     globals: &Globals,
     settings: &Settings,
     id: &str,
@@ -91,7 +91,7 @@ pub(crate) fn conversation(
     if globals.runtime.is_none() && (settings.store_url.is_some() || settings.db().exists()) {
         let opened = settings.open_store()?;
         let key = conv.key.clone();
-        let recorded = off_runtime(|| opened.get(&key))?;
+        let recorded = opened.run(move |s| s.get(&key)).await?;
         if let Some(r) = recorded
             && let Ok(k) = <RuntimeKind as clap::ValueEnum>::from_str(&r.runtime, false)
         {

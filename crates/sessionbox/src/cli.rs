@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use sessionbox::config::RuntimeKind;
+use sessionbox_core::Operation;
 
 use crate::{audit, egress, serve, verify};
 
@@ -406,16 +407,28 @@ impl SessionCommand {
         }
     }
 
-    /// True for the commands that create their conversation when it does not exist: exec,
-    /// write and mkdir, as in the HTTP API (a typo in an id given to read or ls must not start
-    /// a sandbox).
-    pub(crate) fn creates(&self) -> bool {
-        matches!(
-            self,
-            SessionCommand::Exec { .. }
-                | SessionCommand::Write { .. }
-                | SessionCommand::Mkdir { .. }
-        )
+    /// The operation this command is, as every front end names it: what decides whether it
+    /// creates its conversation ([`Operation::creates`]; exec, write and mkdir do, so a typo in
+    /// an id given to read or ls never starts a sandbox).
+    pub(crate) fn operation(&self) -> Operation {
+        match self {
+            SessionCommand::Exec {
+                background: true, ..
+            } => Operation::Spawn,
+            SessionCommand::Exec { .. } => Operation::Exec,
+            SessionCommand::Write { .. } => Operation::Write,
+            SessionCommand::Read { .. } => Operation::Read,
+            SessionCommand::Edit { .. } => Operation::Edit,
+            SessionCommand::Ls { .. } => Operation::List,
+            SessionCommand::Stat { .. } => Operation::Stat,
+            SessionCommand::Rm { .. } => Operation::Remove,
+            SessionCommand::Mkdir { .. } => Operation::Mkdir,
+            SessionCommand::Glob { .. } => Operation::Glob,
+            SessionCommand::Grep { .. } => Operation::Grep,
+            SessionCommand::Commands { .. } => Operation::Commands,
+            SessionCommand::Logs { .. } => Operation::CommandOutput,
+            SessionCommand::Kill { .. } => Operation::KillCommand,
+        }
     }
 }
 

@@ -306,15 +306,15 @@ pub struct IsolatedSection {
     /// each sandbox as a whole; needs root or a delegated cgroup, else the runtime does not
     /// start) or `"rlimit"` (per-process rlimits only, chosen explicitly to run without root
     /// and without a delegated cgroup).
-    pub limits: Option<sessionbox_local::sandbox::LimitMode>,
+    pub limits: Option<sessionbox_sandbox::LimitMode>,
     /// With `limits = "rlimit"`: CPU seconds per process (`RLIMIT_CPU`, default 3600).
     pub cpu_secs: Option<u64>,
 }
 
 impl IsolatedSection {
     /// The sandbox limits these settings give (defaults for what they leave out).
-    pub fn sandbox_limits(&self) -> sessionbox_local::sandbox::SandboxLimits {
-        let mut sandbox = sessionbox_local::sandbox::SandboxLimits::default();
+    pub fn sandbox_limits(&self) -> sessionbox_sandbox::SandboxLimits {
+        let mut sandbox = sessionbox_sandbox::SandboxLimits::default();
         if let Some(v) = self.pids {
             sandbox.pids = v;
             sandbox.nproc = v;
@@ -451,7 +451,7 @@ mod tests {
 
     #[test]
     fn isolated_limits_default_to_cgroups_and_rlimit_only_is_a_choice() {
-        use sessionbox_local::sandbox::LimitMode;
+        use sessionbox_sandbox::LimitMode;
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("sessionbox.toml");
         std::fs::write(

@@ -5,7 +5,7 @@
 
 use std::process::ExitCode;
 
-use sessionbox_local::sandbox::{self, Decision, LayerState, SandboxLimits, UidMapping};
+use sessionbox_sandbox::{self as sandbox, Decision, LayerState, SandboxLimits, UidMapping};
 
 use crate::config::RuntimeKind;
 

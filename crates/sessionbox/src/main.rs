@@ -114,7 +114,7 @@ async fn run(globals: Globals, command: RunCommand) -> anyhow::Result<ExitCode> 
             let settings = Settings::load(&globals)?;
             let lifecycle = settings.file.lifecycle()?;
             let (conv, kind, store) =
-                conversation(&globals, &settings, &command.conv().conversation)?;
+                conversation(&globals, &settings, &command.conv().conversation).await?;
             let app = App::build(&globals, &settings, lifecycle, kind, store)?;
             conversation_command(app, conv, command).await
         }
@@ -122,7 +122,7 @@ async fn run(globals: Globals, command: RunCommand) -> anyhow::Result<ExitCode> 
             let settings = Settings::load(&globals)?;
             let lifecycle = settings.file.lifecycle()?;
             let (conv, kind, store) =
-                conversation(&globals, &settings, &command.conv().conversation)?;
+                conversation(&globals, &settings, &command.conv().conversation).await?;
             // Validate every input before anything is created.
             let root = runtime::presented_root(
                 kind,
@@ -237,7 +237,7 @@ async fn conversation_command(
             Ok(ExitCode::SUCCESS)
         }
         ConversationCommand::Destroy { .. } => {
-            let _held = session::hold(&app, &conv).await?;
+            let _held = app.manager.hold(&conv).await?;
             let out = app.manager.destroy(&conv).await?;
             if out.nothing_removed() {
                 outln!("conversation {} did not exist; nothing removed", conv.id);

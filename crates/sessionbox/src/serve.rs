@@ -44,12 +44,15 @@ pub async fn run(ctx: &App, args: ServeArgs, data_dir: &Path) -> anyhow::Result<
     // Held (shared) while this server runs, so that `restore` can refuse to replace the store
     // under it.
     let _serving = hold_serving(data_dir)?;
-    let store = ctx.manager.store().clone();
     let listen = args.listen;
-    let keyed = crate::off_runtime(|| {
-        sessionbox_server::check_listen(&listen, &store)?;
-        store.has_api_keys()
-    })?;
+    let keyed = ctx
+        .manager
+        .store()
+        .run(move |s| {
+            sessionbox_server::check_listen(&listen, s)?;
+            s.has_api_keys()
+        })
+        .await?;
     let loopback = args.listen.ip().is_loopback();
     let config = ServerConfig {
         max_json_bytes: args.max_json_bytes,

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use sessionbox_core::{
-    ConversationRef, EditRequest, Error, ExecRequest, FileKind, GrepRequest, OutputStream, Refusal,
-    Session,
+    ConversationRef, EditRequest, Error, ExecRequest, FileKind, GrepRequest, OpenMode, Operation,
+    OutputStream, Refusal, Session,
 };
 
 use crate::cli::SessionCommand;
@@ -140,23 +140,29 @@ fn exec_request(
     Ok(req)
 }
 
-/// Runs `command` on conversation `conv`: opens it (see [`open`]), runs the operation, closes
-/// it. `prepared` is what [`prepare`] built from the command's input.
+/// Runs `command` on conversation `conv`: opens it for the command's [`Operation`] (held for
+/// the operation, but for `logs`), runs the operation, closes it. `prepared` is what [`prepare`] built from the command's input.
 pub(crate) async fn run(
     app: &App,
     conv: &ConversationRef,
     command: SessionCommand,
     prepared: Prepared,
 ) -> anyhow::Result<ExitCode> {
+    let operation = command.operation();
+    let mode = operation.open_mode();
     // Held for the whole operation, as the server does: one operation at a time per
     // conversation across processes (and, with PostgreSQL, machines).
     // Except a read of background output, which may wait long (`logs --follow`): it changes
     // nothing, and the command it reads belongs to the runtime.
-    let _held = match command {
-        SessionCommand::Logs { .. } => None,
-        _ => Some(hold(app, conv).await?),
+    let opened = if operation == Operation::CommandOutput {
+        app.manager.open_unheld(conv, mode).await.map(|c| (c, None))
+    } else {
+        app.manager.open_for(conv, mode).await.map(|held| {
+            let (c, lock) = held.into_parts();
+            (c, Some(lock))
+        })
     };
-    let session = open(app, conv, command.creates()).await?;
+    let (session, _held) = opened.map_err(|e| in_cli_words(e, conv, mode))?;
     if let Some(n) = session.previous_expired() {
         warn!(
             "conversation {} expired at {} and its files are gone; this is a new, empty \
@@ -180,39 +186,36 @@ pub(crate) async fn run(
     Ok(code)
 }
 
-/// Opens `conv` for one operation, the lock already held: the record check (an expired or
-/// missing conversation is refused unless the operation `creates` one), then the manager's
-/// open. The one place to switch to `Manager::open_for` once the manager has it.
-async fn open(
-    app: &App,
-    conv: &ConversationRef,
-    creates: bool,
-) -> anyhow::Result<sessionbox_manager::Conversation> {
-    let store = app.manager.store().clone();
-    let key = conv.key.clone();
-    let record = tokio::task::spawn_blocking(move || store.get(&key)).await??;
-    if !creates
-        && let Some(r) = &record
-        && r.is_expired(chrono::Utc::now())
-    {
-        return Err(Error::NotFound(format!(
-            "conversation {} expired at {} and its files are gone; exec, write or mkdir \
-             create a new one",
-            conv.id,
-            r.expires_at
-                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-                .unwrap_or_default()
-        ))
-        .into());
+/// `error`, from opening `conv` in `mode`, in this CLI's words: the manager's refusal of a
+/// conversation that does not exist, or expired, says which commands make one (the library's
+/// texts name no command).
+fn in_cli_words(error: Error, conv: &ConversationRef, mode: OpenMode) -> Error {
+    let Error::NotFound(message) = &error else {
+        return error;
+    };
+    if mode != OpenMode::ExistingOnly {
+        return error;
     }
-    if !creates && record.is_none() {
-        return Err(Error::NotFound(format!(
+    // The manager's texts (`sessionbox_manager`'s `open.rs`), matched whole.
+    let id = format!("conversation {:?}", conv.id.as_str());
+    if *message == format!("{id} does not exist") {
+        return Error::NotFound(format!(
             "conversation {} does not exist in tenant {}; exec, write or mkdir create one",
             conv.id, conv.tenant
-        ))
-        .into());
+        ));
     }
-    Ok(app.manager.open(conv).await?)
+    let expired_at = message
+        .strip_prefix(&id)
+        .and_then(|m| m.strip_prefix(" expired at "))
+        .and_then(|m| m.strip_suffix(" and its files are gone"));
+    match expired_at {
+        Some(at) => Error::NotFound(format!(
+            "conversation {} expired at {at} and its files are gone; exec, write or mkdir \
+             create a new one",
+            conv.id
+        )),
+        None => error,
+    }
 }
 
 /// A library refusal with what to do in this CLI's flags (the library names none).
@@ -427,12 +430,51 @@ async fn run_on_session(
     }
 }
 
-/// Holds `conv` for one operation (see `Store::lock_conversation`).
-pub(crate) async fn hold(
-    app: &App,
-    conv: &ConversationRef,
-) -> anyhow::Result<sessionbox_store::ConversationLock> {
-    let store = app.manager.store().clone();
-    let key = conv.key.clone();
-    Ok(tokio::task::spawn_blocking(move || store.lock_conversation(&key)).await??)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conv() -> ConversationRef {
+        ConversationRef::new(
+            sessionbox_core::TenantId::new("t1").unwrap(),
+            "c1".parse().unwrap(),
+        )
+    }
+
+    #[test]
+    fn the_managers_refusals_are_said_in_the_clis_words() {
+        let c = conv();
+        let absent = Error::NotFound("conversation \"c1\" does not exist".into());
+        assert_eq!(
+            in_cli_words(absent.clone(), &c, OpenMode::ExistingOnly).to_string(),
+            Error::NotFound(
+                "conversation c1 does not exist in tenant t1; exec, write or mkdir create one"
+                    .into()
+            )
+            .to_string()
+        );
+        let expired = Error::NotFound(
+            "conversation \"c1\" expired at 2026-01-02T03:04:05Z and its files are gone".into(),
+        );
+        assert_eq!(
+            in_cli_words(expired, &c, OpenMode::ExistingOnly).to_string(),
+            Error::NotFound(
+                "conversation c1 expired at 2026-01-02T03:04:05Z and its files are gone; exec, \
+                 write or mkdir create a new one"
+                    .into()
+            )
+            .to_string()
+        );
+        // Any other error, or an open that creates, is left as it is.
+        let raced =
+            Error::NotFound("conversation c1 was destroyed while it was being opened".into());
+        assert_eq!(
+            in_cli_words(raced.clone(), &c, OpenMode::ExistingOnly).to_string(),
+            raced.to_string()
+        );
+        assert_eq!(
+            in_cli_words(absent.clone(), &c, OpenMode::CreateIfAbsent).to_string(),
+            absent.to_string()
+        );
+    }
 }
