@@ -226,3 +226,34 @@ async fn a_conversation_being_destroyed_is_busy_in_both_modes() {
         assert_eq!(e.code(), "busy", "{mode:?}: {e}");
     }
 }
+
+#[tokio::test]
+async fn an_open_records_the_hash_of_the_policy_in_force_for_revalidate() {
+    let d = tempfile::tempdir().unwrap();
+    let m = manager(d.path());
+    let c = conv("hash");
+    let (first, lock) = m
+        .open_for(&c, OpenMode::CreateIfAbsent)
+        .await
+        .unwrap()
+        .into_parts();
+    assert_eq!(first.policy_hash(), None, "no policy stored");
+    assert!(m.revalidate(&first, first.policy_hash()).await.unwrap());
+    Box::new(first).close().await.unwrap();
+    drop(lock);
+    let p = Policy::allowlist(&["*.pypi.org:443"], &[]).unwrap();
+    let (json, hash) = (p.to_json(), p.hash());
+    let scope = PolicyScope::Conversation(c.clone());
+    let h = hash.clone();
+    m.store()
+        .run(move |s| s.set_egress_policy(&scope, &json, &h, Utc::now()))
+        .await
+        .unwrap();
+    let (again, _lock) = m
+        .open_for(&c, Operation::Read.open_mode())
+        .await
+        .unwrap()
+        .into_parts();
+    assert_eq!(again.policy_hash(), Some(hash.as_str()));
+    assert!(m.revalidate(&again, again.policy_hash()).await.unwrap());
+}

@@ -141,6 +141,14 @@ async fn expired_conversations_and_broken_skills_are_reported_not_hidden() {
     .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert!(v["message"].as_str().unwrap().contains("expired at"), "{v}");
+    // The API's own advice: which requests make a new one.
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("; exec, write, mkdir or POST /v1/conversations/{id} make a new one"),
+        "{v}"
+    );
     // The next exec makes a new conversation and says the old one expired.
     let (status, v, header) = json(
         http.post(format!("{base}/v1/conversations/rest/exec"))
