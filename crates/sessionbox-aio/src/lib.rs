@@ -27,5 +27,5 @@ pub use background::MAX_FINISHED_COMMANDS;
 pub use client::{AioClient, AioError, AuthHeader, Endpoint, Secret};
 pub use runtime::{
     AioConfig, AioEgress, AioRuntime, DEFAULT_ROOT, MAX_COMMAND_BYTES, MAX_STDIN_BYTES,
-    PolicyLookup, TOKEN_MARGIN,
+    TOKEN_MARGIN,
 };

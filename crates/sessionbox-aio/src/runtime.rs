@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use sessionbox_core::{
     BackgroundCommand, CommandOutput as BackgroundOutput, ConversationKey, ConversationRef,
-    DestroyReport, DirEntry, EditRequest, EditResult, Error, ExecRequest, ExecResult, ExitStatus,
-    FileKind, FileStat, GrepMatch, GrepRequest, Limits, OutputRequest, Result, Runtime,
+    DestroyReport, DirEntry, Directory, EditRequest, EditResult, Error, ExecRequest, ExecResult,
+    ExitStatus, FileKind, FileStat, GrepMatch, GrepRequest, Limits, OutputRequest, Result, Runtime,
     RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
 };
 
@@ -55,18 +55,14 @@ pub const MAX_STDIN_BYTES: usize = 64 * 1024;
 /// How long a command's proxy token outlives the command's own timeout.
 pub const TOKEN_MARGIN: Duration = Duration::from_secs(60);
 
-/// Looks up the network policy in force for a conversation (its own, else its tenant's, else
-/// `none`). It may block (a store read): it is called on a blocking thread.
-pub type PolicyLookup =
-    Arc<dyn Fn(&ConversationRef) -> Result<sessionbox_egress::Policy> + Send + Sync>;
-
 /// The egress gateway commands are pointed at, and where each conversation's policy comes from.
 #[derive(Clone)]
 pub struct AioEgress {
     /// The gateway as the container reaches it, and the key that signs tokens.
     pub gateway: sessionbox_egress::token::GatewayAccess,
-    /// The policy in force for a conversation.
-    pub policy: PolicyLookup,
+    /// Asked for the policy in force for a conversation ([`Directory::network`]) before each
+    /// command: the manager's `StoreDirectory` over the store.
+    pub directory: Arc<dyn Directory>,
 }
 
 impl std::fmt::Debug for AioEgress {
@@ -590,10 +586,13 @@ impl AioSession {
         let mut env = sessionbox_core::base_environment(&self.ws);
         if let Some(egress) = &self.runtime.egress {
             // The policy in force now; a token for this command alone.
-            let (lookup, conv) = (egress.policy.clone(), self.conversation.clone());
-            let policy = tokio::task::spawn_blocking(move || lookup(&conv))
-                .await
-                .map_err(|e| Error::Backend(format!("the policy lookup failed: {e}")))??;
+            let network = egress.directory.network(&self.conversation).await?;
+            let policy = sessionbox_egress::Policy::from_json(&network.json).map_err(|e| {
+                Error::Backend(format!(
+                    "the network policy of conversation {} cannot be used: {e}; set it again",
+                    self.conversation.id
+                ))
+            })?;
             let ttl = request.timeout + TOKEN_MARGIN;
             env.extend(egress.gateway.command_env(self.key.as_str(), &policy, ttl));
         }

@@ -10,14 +10,16 @@ mod common;
 #[path = "../../sessionbox-egress/tests/support/mod.rs"]
 mod net;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::Target;
-use sessionbox_aio::{AioEgress, PolicyLookup};
+use sessionbox_aio::AioEgress;
 use sessionbox_core::{ConversationRef, ExecRequest, Runtime, Session};
 use sessionbox_egress::token::{GatewayAccess, TokenKey};
 use sessionbox_egress::{Auth, Gateway, GatewayConfig, Policy};
+use sessionbox_manager::StoreDirectory;
+use sessionbox_store::{PolicyScope, Store};
 
 async fn out(s: &dyn Session, cmd: &str) -> (i32, String) {
     let r = s.exec(ExecRequest::new(cmd)).await.unwrap();
@@ -47,7 +49,7 @@ async fn allowlisted_commands_go_through_the_gateway_with_a_token_of_their_own()
     let (denied_hits, _) = net::http_server(denied);
 
     // The gateway: token authentication with a key of the test's own; the policy it checks is
-    // the one the runtime's lookup gives (one shared cell).
+    // the one the runtime's directory gives (the same policy, stored for the conversation).
     let dir = tempfile::tempdir().unwrap();
     let key = TokenKey::load_or_create(&dir.path().join("egress.key")).unwrap();
     let control = Arc::new(net::TestControl::default());
@@ -64,17 +66,23 @@ async fn allowlisted_commands_go_through_the_gateway_with_a_token_of_their_own()
     let allow = format!("{}:{allowed_port}", testnet.peer_ip);
     let policy = Policy::allowlist(&[&allow], &[]).unwrap();
     control.set(policy.clone());
-    let current = Arc::new(Mutex::new(policy));
-    let cell = current.clone();
-    let lookup: PolicyLookup =
-        Arc::new(move |_c: &ConversationRef| Ok(cell.lock().unwrap().clone()));
+    let conv = ConversationRef::parse("default", "egress-1").unwrap();
+    let store = Store::open_in_memory().unwrap();
+    let scope = PolicyScope::Conversation(conv.clone());
+    store
+        .set_egress_policy(
+            &scope,
+            &policy.to_json(),
+            &policy.hash(),
+            chrono::Utc::now(),
+        )
+        .unwrap();
 
     let target = Target::local(None);
     let runtime = target.runtime().with_egress(AioEgress {
         gateway: GatewayAccess::new(&proxy.to_string(), key).unwrap(),
-        policy: lookup,
+        directory: Arc::new(StoreDirectory::new(store.clone())),
     });
-    let conv = ConversationRef::parse("default", "egress-1").unwrap();
     let s = runtime.open(&conv).await.unwrap();
 
     // Allowed: through the proxy (curl takes HTTP_PROXY with the token as its password).
@@ -129,7 +137,7 @@ async fn allowlisted_commands_go_through_the_gateway_with_a_token_of_their_own()
     );
 
     // Profile `none` from the next command on: no proxy variables at all.
-    *current.lock().unwrap() = Policy::None;
+    assert!(store.clear_egress_policy(&scope).unwrap());
     let (_, env) = out(&*s, "env | grep -i _proxy || true").await;
     assert_eq!(env, "", "the profile none gets no proxy");
     Box::new(s).close().await.unwrap();

@@ -17,9 +17,10 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use sessionbox_aio::{AioConfig, AioEgress, AioRuntime, AuthHeader, Endpoint};
-use sessionbox_core::{ConversationKey, Error, Runtime};
+use sessionbox_core::{ConversationKey, Runtime};
 use sessionbox_local::host::{HostConfig, HostRuntime};
 use sessionbox_local::isolated::{IsolatedConfig, IsolatedRuntime};
+use sessionbox_manager::StoreDirectory;
 use sessionbox_opensandbox::{ApiKey, ClientConfig, OpenSandboxConfig, OpenSandboxRuntime};
 use sessionbox_skills::Skills;
 use sessionbox_store::Store;
@@ -79,7 +80,7 @@ pub fn build_runtime(
                 Some(address) => aio.with_egress(AioEgress {
                     gateway: egress::gateway_access(address, data_dir)
                         .context("[aio] egress_gateway")?,
-                    policy: egress::policy_lookup(store.clone()),
+                    directory: Arc::new(StoreDirectory::new(store.clone())),
                 }),
                 None => aio,
             })
@@ -101,65 +102,48 @@ pub fn isolated_runtime(
     data_dir: &Path,
     options: &BuildOptions<'_>,
 ) -> anyhow::Result<IsolatedRuntime> {
-    let config = isolated_config(file, store, data_dir, &options.exe);
+    let config = isolated_config(file, data_dir, &options.exe);
     isolated_with(config, store, data_dir, options)
 }
 
 /// The `isolated` runtime's settings from `[isolated]` and `limits` of `file`, defaults for
-/// the rest: uids from `uid_base`/`uid_count` allocated in `store`, each conversation's idle
-/// timeout from its record, `exe` as the sandbox init and agent.
-pub fn isolated_config(
-    file: &FileConfig,
-    store: &Store,
-    data_dir: &Path,
-    exe: &Path,
-) -> IsolatedConfig {
+/// the rest: uids from `uid_base`/`uid_count`, `exe` as the sandbox init and agent. (Each
+/// conversation's uid and own idle timeout come from the store, through the runtime's
+/// directory: see [`isolated_with`].)
+pub fn isolated_config(file: &FileConfig, data_dir: &Path, exe: &Path) -> IsolatedConfig {
     let iso = &file.isolated;
-    let uids = IsolatedConfig::uid_range(iso.uid_base, iso.uid_count);
-    let (uid_store, idle_store) = (store.clone(), store.clone());
-    let allocate_uid =
-        Arc::new(move |key: &ConversationKey| uid_store.allocate_uid(key, uids.clone()));
-    let mut config = IsolatedConfig::new(data_dir, exe, allocate_uid)
+    let mut config = IsolatedConfig::new(data_dir, exe)
+        .with_uids(IsolatedConfig::uid_range(iso.uid_base, iso.uid_count))
         .with_limits(file.limits.unwrap_or_default())
-        .with_sandbox(iso.sandbox_limits())
-        .with_idle_timeout_of(Arc::new(move |key| {
-            idle_store.get(key).ok().flatten()?.idle_timeout
-        }));
+        .with_sandbox(iso.sandbox_limits());
     if let Some(secs) = iso.idle_timeout_secs {
         config = config.with_idle_timeout(Duration::from_secs(secs));
     }
     config
 }
 
-/// The `isolated` runtime with `config`, wired to `store`: egress through a gateway started as
-/// `options.exe egress-gateway` for a conversation whose policy lets it out, and the skills of
-/// `options` bound read-only at `/skills/<name>`.
+/// The `isolated` runtime with `config`, asking `store` about recorded conversations (through
+/// [`StoreDirectory`]): egress through a gateway started as `options.exe egress-gateway` (with
+/// [`egress::gateway_env`]) for a conversation whose policy lets it out, and the skills of
+/// `options` bound read-only at `/skills/<name>` from snapshots in the data directory.
 pub fn isolated_with(
     config: IsolatedConfig,
     store: &Store,
     data_dir: &Path,
     options: &BuildOptions<'_>,
 ) -> anyhow::Result<IsolatedRuntime> {
-    let runtime = IsolatedRuntime::new(config)?.with_egress(egress::wiring(
-        store.clone(),
-        data_dir,
-        options.config_path,
-    ));
-    if options.skills.is_empty() {
-        return Ok(runtime);
+    let mut directory = StoreDirectory::new(store.clone());
+    let skills = !options.skills.is_empty();
+    if skills {
+        directory = directory.with_skills(options.skills.clone(), data_dir.join("skills"));
     }
-    // Skills are bound read-only at /skills/<name>, from snapshots in the data directory; the
-    // tenant comes from the conversation's record.
-    let (skills, store) = (options.skills.clone(), store.clone());
-    let snapshots = data_dir.join("skills");
-    Ok(runtime.with_skill_binds(Arc::new(move |key| {
-        let record = store
-            .get(key)?
-            .ok_or_else(|| Error::NotFound(format!("conversation {}", key.short())))?;
-        // A faulty skill is left out (the manager reports it on each open).
-        let (binds, _skipped) = skills.mount_binds(&record.tenant, &snapshots);
-        Ok(binds)
-    })))
+    let runtime = IsolatedRuntime::new(config, Arc::new(directory))?
+        .with_egress(egress::wiring(data_dir, options.config_path));
+    Ok(if skills {
+        runtime.with_skills()
+    } else {
+        runtime
+    })
 }
 
 fn host_runtime(
@@ -296,7 +280,7 @@ fn opensandbox_runtime(
     }
     Ok(OpenSandboxRuntime::new(
         config,
-        std::sync::Arc::new(sessionbox_manager::StoreDirectory::new(store)),
+        Arc::new(StoreDirectory::new(store)),
     )?)
 }
 

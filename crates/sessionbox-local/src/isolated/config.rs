@@ -1,74 +1,52 @@
-//! The `isolated` runtime's settings ([`IsolatedConfig`]), the hooks it asks about recorded
-//! conversations, its egress wiring, and what it records about a launched sandbox
-//! ([`SandboxInfo`]).
+//! The `isolated` runtime's settings ([`IsolatedConfig`]), its egress wiring, and what it
+//! records about a launched sandbox ([`SandboxInfo`]).
 
+use std::ffi::OsString;
 use std::fmt;
 use std::fs;
 use std::ops::Range;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use sessionbox_core::{ConversationKey, Limits, Result};
+use sessionbox_core::Limits;
 use sessionbox_sandbox::{self as sandbox, SandboxLimits};
-
-/// Tells whether a conversation may reach the network (see [`EgressWiring::network`]).
-pub type NetworkCheck = Arc<dyn Fn(&ConversationKey) -> Result<bool> + Send + Sync>;
 
 /// How the `isolated` runtime lets a conversation reach the network through the egress
 /// gateway. Without it (the default) no sandbox has a route anywhere.
 ///
-/// When `network` says yes for a conversation at launch, the runtime binds a Unix socket in the
-/// conversation's run directory (`egress/gateway.sock`, owned by the conversation's uid, the
-/// directory bound read-only into the sandbox), starts `exe gateway_args --listen-fd 3
-/// --conversation-key KEY --watch-pid MONITOR` outside the sandbox with that socket, and starts
-/// the agent with a relay from [`EGRESS_PROXY`](super::EGRESS_PROXY) to the socket. The sandbox's network namespace
-/// still has only loopback: the relay is its only way out, and the gateway decides.
+/// When the conversation's policy in force lets it out at launch
+/// ([`sessionbox_core::Directory::network`], asked on every open; a sandbox launched the other
+/// way is replaced), the runtime binds a Unix socket in the conversation's run directory
+/// (`egress/gateway.sock`, owned by the conversation's uid, the directory bound read-only into
+/// the sandbox), starts `exe gateway_args --listen-fd 3 --conversation-key KEY --watch-pid
+/// MONITOR` outside the sandbox with that socket and `gateway_env`, and starts the agent with a
+/// relay from [`EGRESS_PROXY`](super::EGRESS_PROXY) to the socket. The sandbox's network
+/// namespace still has only loopback: the relay is its only way out, and the gateway decides.
 #[derive(Clone)]
 pub struct EgressWiring {
-    /// True when the conversation may reach the network (its profile is an allowlist); asked on
-    /// every open. A sandbox launched the other way is replaced.
-    pub network: NetworkCheck,
     /// Arguments that make `exe` the gateway (`["egress-gateway"]` for `sessionbox`).
     pub gateway_args: Vec<String>,
+    /// The gateway's environment besides `SESSIONBOX_LOG` (which it inherits): what it needs
+    /// to reach the same store as the caller. Secrets such as a store URL belong here, never
+    /// in `gateway_args`.
+    pub gateway_env: Vec<(OsString, OsString)>,
 }
 
 impl fmt::Debug for EgressWiring {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The values may be secrets: only the names are shown.
+        let env: Vec<_> = self.gateway_env.iter().map(|(k, _)| k).collect();
         f.debug_struct("EgressWiring")
             .field("gateway_args", &self.gateway_args)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Allocates the host uid (and gid) a conversation runs as; called with the key of a recorded
-/// conversation. The store provides it (unique while the conversation exists).
-pub type UidAllocator = Arc<dyn Fn(&ConversationKey) -> Result<u32> + Send + Sync>;
-
-/// The idle timeout of one conversation's sandbox, when it has its own (the store keeps one
-/// per conversation, from its tenant's lifecycle); `None` uses [`IsolatedConfig::idle_timeout`].
-pub type IdleTimeoutLookup = Arc<dyn Fn(&ConversationKey) -> Option<Duration> + Send + Sync>;
-
-/// Gives the read-only binds `(host directory, inside path)` that present a conversation's
-/// skills, called with the key of a recorded conversation each time its sandbox is launched
-/// (the skills crate provides them: snapshots bound at `/skills/<name>`).
-pub type SkillBinds =
-    Arc<dyn Fn(&ConversationKey) -> Result<Vec<(PathBuf, PathBuf)>> + Send + Sync>;
-
-/// [`SkillBinds`] with a `Debug` for the runtime's.
-#[derive(Clone)]
-pub(super) struct SkillBindsHook(pub(super) SkillBinds);
-
-impl fmt::Debug for SkillBindsHook {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("SkillBinds")
+            .field("gateway_env", &env)
+            .finish()
     }
 }
 
 /// Settings of the `isolated` runtime. [`IsolatedConfig::new`] gives every default; the
 /// setters (or the public fields) change the rest.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct IsolatedConfig {
     /// The data directory (workspaces and run directories live beneath it).
     pub data_dir: PathBuf,
@@ -76,16 +54,17 @@ pub struct IsolatedConfig {
     pub limits: Limits,
     /// Sandbox limits (PIDs, memory, CPU, descriptors, file size).
     pub sandbox: SandboxLimits,
-    /// The agent stops after this long without a request (the workspace stays).
+    /// The agent stops after this long without a request (the workspace stays), for
+    /// conversations without an idle timeout of their own
+    /// ([`sessionbox_core::Directory::idle_timeout`]).
     pub idle_timeout: Duration,
     /// The `sessionbox` executable: re-executed as the sandbox init, bound inside as the agent.
     pub exe: PathBuf,
     /// Arguments that make `exe` the agent (`["agent"]` for `sessionbox`).
     pub agent_args: Vec<String>,
-    /// Host uid per conversation, used when running as root.
-    pub allocate_uid: UidAllocator,
-    /// Per-conversation idle timeouts, looked up when a sandbox is launched.
-    pub idle_timeout_of: Option<IdleTimeoutLookup>,
+    /// The host uids conversations run as when running as root, each given by
+    /// [`sessionbox_core::Directory::sandbox_uid`] from this range.
+    pub uids: Range<u32>,
 }
 
 impl IsolatedConfig {
@@ -100,28 +79,20 @@ impl IsolatedConfig {
 
     /// The settings for `data_dir` and the `sessionbox` executable `exe`, with every default:
     /// default file and sandbox limits, [`Self::DEFAULT_IDLE_TIMEOUT`],
-    /// [`Self::DEFAULT_AGENT_ARGS`], no per-conversation idle timeouts, and host uids from
-    /// `allocate_uid`, which is given the range [`Self::uid_range`]`(None, None)` by callers
-    /// that keep the defaults.
+    /// [`Self::DEFAULT_AGENT_ARGS`] and host uids from [`Self::uid_range`]`(None, None)`.
     ///
     /// ```
-    /// # use std::sync::Arc;
     /// # use std::time::Duration;
     /// use sessionbox_local::isolated::IsolatedConfig;
     ///
     /// let uids = IsolatedConfig::uid_range(None, Some(64));
     /// assert_eq!(uids, 3_000_000..3_000_064);
-    /// let config = IsolatedConfig::new("/var/lib/sessionbox", "/usr/bin/sessionbox", Arc::new(
-    ///     move |_key| Ok(uids.start),
-    /// ))
-    /// .with_idle_timeout(Duration::from_secs(30));
+    /// let config = IsolatedConfig::new("/var/lib/sessionbox", "/usr/bin/sessionbox")
+    ///     .with_uids(uids)
+    ///     .with_idle_timeout(Duration::from_secs(30));
     /// assert_eq!(config.agent_args, ["agent"]);
     /// ```
-    pub fn new(
-        data_dir: impl Into<PathBuf>,
-        exe: impl Into<PathBuf>,
-        allocate_uid: UidAllocator,
-    ) -> Self {
+    pub fn new(data_dir: impl Into<PathBuf>, exe: impl Into<PathBuf>) -> Self {
         IsolatedConfig {
             data_dir: data_dir.into(),
             limits: Limits::default(),
@@ -132,8 +103,7 @@ impl IsolatedConfig {
                 .iter()
                 .map(|a| (*a).to_owned())
                 .collect(),
-            allocate_uid,
-            idle_timeout_of: None,
+            uids: Self::uid_range(None, None),
         }
     }
 
@@ -174,23 +144,11 @@ impl IsolatedConfig {
         self
     }
 
-    /// Looks each conversation's own idle timeout up when its sandbox is launched.
+    /// Sets the host uids conversations are given (see [`Self::uid_range`]).
     #[must_use]
-    pub fn with_idle_timeout_of(mut self, lookup: IdleTimeoutLookup) -> Self {
-        self.idle_timeout_of = Some(lookup);
+    pub fn with_uids(mut self, uids: Range<u32>) -> Self {
+        self.uids = uids;
         self
-    }
-}
-
-impl fmt::Debug for IsolatedConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IsolatedConfig")
-            .field("data_dir", &self.data_dir)
-            .field("limits", &self.limits)
-            .field("sandbox", &self.sandbox)
-            .field("idle_timeout", &self.idle_timeout)
-            .field("exe", &self.exe)
-            .finish_non_exhaustive()
     }
 }
 

@@ -1,6 +1,10 @@
 //! Finding a conversation's running agent or launching its sandbox, under the conversation's
 //! lock: the run directory, the agent's and the gateway's command lines, the record
 //! (`sandbox.json`), and ending what an earlier sandbox left.
+//!
+//! The directory is asked from async code only: the network policy before the lock is taken,
+//! the uid, idle timeout and skills only when nothing answers and a sandbox is to be launched;
+//! the file work runs on blocking threads in between.
 
 use std::ffi::OsString;
 use std::fs::{self, File};
@@ -11,13 +15,14 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sessionbox_core::{ConversationKey, Error, Result};
+use sessionbox_core::{ConversationKey, ConversationRef, Error, Result};
 use sessionbox_egress::GatewayArgs;
 use sessionbox_execd::agent_args::AgentArgs;
 use sessionbox_sandbox::{self as sandbox, SandboxSpec, SandboxStdio};
 
-use super::config::SkillBindsHook;
-use super::{AGENT_EXE, EGRESS_DIR, EGRESS_PROXY, IsolatedRuntime, SandboxInfo, WORKSPACE};
+use super::{
+    AGENT_EXE, EGRESS_DIR, EGRESS_PROXY, IsolatedRuntime, SandboxInfo, WORKSPACE, blocking,
+};
 use crate::host::create_private_dir_all;
 
 /// A sandbox launched less than this long ago is starting, not hung: it is given time to answer
@@ -28,6 +33,24 @@ fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// What a launch needs to know about the recorded conversation, asked of the directory once
+/// (from async code) before the launch goes to a blocking thread.
+pub(super) struct Facts {
+    /// The host uid (and gid) it runs as.
+    pub(super) uid: u32,
+    /// How long its agent waits for a request before it stops.
+    pub(super) idle_timeout: Duration,
+    /// The read-only binds presenting its skills, when skills are configured.
+    pub(super) skill_binds: Option<Vec<(PathBuf, PathBuf)>>,
+}
+
+/// What [`IsolatedRuntime::find_or_lock`] found: a running agent (and whether it is starting),
+/// or nothing that answers, with the conversation's lock held for the launch.
+enum Found {
+    Running(RunDir, bool),
+    Vacant(RunDir, File),
 }
 
 /// A sandbox ready to launch: its spec and descriptors, and what is recorded about it.
@@ -49,12 +72,46 @@ impl IsolatedRuntime {
     /// With `resume` (a session held across a stop), only a conversation that still exists is
     /// served: one destroyed meanwhile is not created again (checked under the lock, which
     /// destroy holds until the workspace is gone).
-    pub(super) fn ensure_agent(
+    pub(super) async fn ensure_agent(
         &self,
-        key: &ConversationKey,
+        conversation: &ConversationRef,
         replace: bool,
         resume: bool,
     ) -> Result<(RunDir, bool)> {
+        let network = match &self.egress {
+            Some(_) => self.directory.network(conversation).await?.allows_network,
+            None => false,
+        };
+        let (this, key) = (self.clone(), conversation.key.clone());
+        let found = blocking(move || this.find_or_lock(&key, network, replace, resume)).await?;
+        let (run_dir, lock) = match found {
+            Found::Running(run_dir, starting) => return Ok((run_dir, starting)),
+            Found::Vacant(run_dir, lock) => (run_dir, lock),
+        };
+        // Held across these calls: another opener waits for this launch instead of racing it.
+        let facts = self.facts(&conversation.key).await?;
+        let (this, key) = (self.clone(), conversation.key.clone());
+        blocking(move || {
+            let run = this.run_dir(&key);
+            // Nothing answers: end whatever is left of an earlier sandbox, then launch.
+            kill_recorded(&run);
+            let launch = this.build_spec(&key, &run, &run_dir, network, facts)?;
+            this.launch_and_record(&key, &run, launch)?;
+            drop(lock);
+            Ok((run_dir, true))
+        })
+        .await
+    }
+
+    /// Under the conversation's lock: its running agent, if one may be kept, else the lock
+    /// (still held) for a launch. Blocks.
+    fn find_or_lock(
+        &self,
+        key: &ConversationKey,
+        network: bool,
+        replace: bool,
+        resume: bool,
+    ) -> Result<Found> {
         let run = self.run_dir(key);
         let destroyed = || Error::NotFound(format!("conversation {} was destroyed", key.short()));
         if resume && !run.is_dir() {
@@ -66,20 +123,41 @@ impl IsolatedRuntime {
         if resume && !self.workspace_dir(key).is_dir() {
             return Err(destroyed());
         }
-        let network = match &self.egress {
-            Some(e) => (e.network)(key)?,
-            None => false,
+        Ok(match find_running(&run, &run_dir, network, replace) {
+            Some(starting) => Found::Running(run_dir, starting),
+            None => Found::Vacant(run_dir, lock),
+        })
+    }
+
+    /// What the launch of `key`'s sandbox needs from the directory: its uid (the caller's own
+    /// without root), its idle timeout (the configured one when it has none of its own) and,
+    /// with skills, their binds.
+    pub(super) async fn facts(&self, key: &ConversationKey) -> Result<Facts> {
+        let euid = rustix::process::geteuid();
+        let uid = if euid.is_root() {
+            self.directory
+                .sandbox_uid(key, self.config.uids.clone())
+                .await?
+        } else {
+            euid.as_raw()
         };
-        if let Some(starting) = find_running(&run, &run_dir, network, replace) {
-            drop(lock);
-            return Ok((run_dir, starting));
-        }
-        // Nothing answers: end whatever is left of an earlier sandbox, then launch.
-        kill_recorded(&run);
-        let launch = self.build_spec(key, &run, &run_dir, network)?;
-        self.launch_and_record(key, &run, launch)?;
-        drop(lock);
-        Ok((run_dir, true))
+        let idle_timeout = match self.directory.idle_timeout(key).await {
+            Ok(own) => own.unwrap_or(self.config.idle_timeout),
+            Err(e) => {
+                // As before the directory: the default applies when it cannot be read.
+                tracing::warn!("cannot read the idle timeout of {}: {e}", key.short());
+                self.config.idle_timeout
+            }
+        };
+        let skill_binds = match self.skills {
+            true => Some(self.directory.skill_binds(key).await?),
+            false => None,
+        };
+        Ok(Facts {
+            uid,
+            idle_timeout,
+            skill_binds,
+        })
     }
 
     /// Prepares the workspace for the conversation's uid, binds the agent's socket (and the
@@ -91,12 +169,9 @@ impl IsolatedRuntime {
         run: &Path,
         run_dir: &RunDir,
         network: bool,
+        facts: Facts,
     ) -> Result<Launch> {
-        let uid = if rustix::process::geteuid().is_root() {
-            (self.config.allocate_uid)(key)?
-        } else {
-            rustix::process::geteuid().as_raw()
-        };
+        let uid = facts.uid;
         let workspace = self.workspace_dir(key);
         prepare_workspace(&workspace, uid)?;
         let socket = run_dir.socket();
@@ -115,8 +190,7 @@ impl IsolatedRuntime {
         spec.limits = self.config.sandbox.clone();
         spec.ro_binds = vec![(self.config.exe.clone(), PathBuf::from(AGENT_EXE))];
         let mut skills = None;
-        if let Some(SkillBindsHook(binds)) = &self.skill_binds {
-            let binds = binds(key)?;
+        if let Some(binds) = facts.skill_binds {
             skills = Some(
                 binds
                     .iter()
@@ -129,14 +203,7 @@ impl IsolatedRuntime {
         let mut agent = AgentArgs {
             listen_fd: Some(sandbox::PASSED_FD),
             root: PathBuf::from(WORKSPACE),
-            idle_timeout: self
-                .config
-                .idle_timeout_of
-                .as_ref()
-                .and_then(|f| f(key))
-                .unwrap_or(self.config.idle_timeout)
-                .as_secs()
-                .max(1),
+            idle_timeout: facts.idle_timeout.as_secs().max(1),
             limits: Some(self.config.limits),
             ..AgentArgs::default()
         };
@@ -188,7 +255,7 @@ impl IsolatedRuntime {
                 match spawn_gateway(
                     &self.config.exe,
                     &wiring.gateway_args,
-                    &self.gateway_env(),
+                    &wiring.gateway_env,
                     listener,
                     key,
                     handle.monitor_pid(),
@@ -328,19 +395,6 @@ fn bind_gateway_socket(dir: &Path, run_dir: &RunDir, uid: u32) -> Result<UnixLis
         })?;
     }
     Ok(listener)
-}
-
-/// The gateway's environment when the caller gave none ([`IsolatedRuntime::with_gateway_env`]):
-/// `SESSIONBOX_HOME` and `SESSIONBOX_STORE_URL` as this process has them, so that the gateway
-/// (the `sessionbox` binary) reads policies from the same store.
-///
-/// COMPATIBILITY DEFAULT (issue #17): the only place this crate names the binary's variables.
-/// The CLI is to pass its own environment with `with_gateway_env`; then this goes.
-pub fn inherited_gateway_env() -> Vec<(OsString, OsString)> {
-    ["SESSIONBOX_HOME", "SESSIONBOX_STORE_URL"]
-        .into_iter()
-        .filter_map(|name| std::env::var_os(name).map(|v| (OsString::from(name), v)))
-        .collect()
 }
 
 /// Starts the conversation's gateway outside the sandbox, in a session of its own, with the

@@ -13,33 +13,33 @@
 //! - `run/<key>/`: 0700, root's: `lock`, `agent.sock`, `sandbox.json` (cgroups, pids),
 //!   `agent.log` (the agent's stderr).
 //!
-//! The code: `config` (settings, hooks, [`SandboxInfo`]), `launch` (finding a running agent
-//! or launching one, the run directory, the gateway), `session` (an open conversation over
-//! execd).
+//! What the runtime needs to know about a recorded conversation (its host uid, idle timeout,
+//! skills and network policy) it asks the [`Directory`] it is given, from async code before it
+//! goes to a blocking thread, and at most once per open.
+//!
+//! The code: `config` (settings, egress wiring, [`SandboxInfo`]), `launch` (finding a running
+//! agent or launching one, the run directory, the gateway), `session` (an open conversation
+//! over execd).
 
 mod config;
 mod launch;
 mod session;
 
-use std::ffi::OsString;
+use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use sessionbox_core::{
-    ConversationKey, ConversationRef, DestroyReport, Error, Result, Runtime, RuntimeConversation,
-    RuntimeInfo, Session,
+    ConversationKey, ConversationRef, DestroyReport, Directory, Error, Result, Runtime,
+    RuntimeConversation, RuntimeInfo, Session,
 };
 use sessionbox_execd::ExecdClient;
 use sessionbox_sandbox as sandbox;
 
-use self::config::SkillBindsHook;
-pub use self::config::{
-    EgressWiring, IdleTimeoutLookup, IsolatedConfig, NetworkCheck, SandboxInfo, SkillBinds,
-    UidAllocator,
-};
-pub use self::launch::inherited_gateway_env;
+pub use self::config::{EgressWiring, IsolatedConfig, SandboxInfo};
 use self::launch::{RunDir, STARTING_GRACE, agent_answers, kill_recorded, lock_file, read_record};
 use self::session::IsolatedSession;
 use crate::host::create_private_dir_all;
@@ -58,34 +58,48 @@ pub const EGRESS_PROXY: &str = "127.0.0.1:3128";
 pub const SKILLS_ROOT: &str = "/skills";
 
 /// The `isolated` runtime. See the module documentation.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct IsolatedRuntime {
     config: IsolatedConfig,
+    /// What it asks about recorded conversations (uid, idle timeout, skills, network).
+    directory: Arc<dyn Directory>,
     workspaces: PathBuf,
     run: PathBuf,
     /// Distinguishes this data directory's cgroups from another's (cgroup names are global).
     instance: String,
     /// The egress wiring, if conversations may reach the network.
     egress: Option<EgressWiring>,
-    /// Skills bound read-only at `/skills/<name>`, when configured.
-    skill_binds: Option<SkillBindsHook>,
-    /// The environment the egress gateway is started with besides `SESSIONBOX_LOG`
-    /// ([`IsolatedRuntime::with_gateway_env`]); `None`: [`inherited_gateway_env`].
-    gateway_env: Option<Vec<(OsString, OsString)>>,
+    /// Skills bound read-only at `/skills/<name>` ([`IsolatedRuntime::with_skills`]).
+    skills: bool,
+}
+
+impl fmt::Debug for IsolatedRuntime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IsolatedRuntime")
+            .field("config", &self.config)
+            .field("workspaces", &self.workspaces)
+            .field("run", &self.run)
+            .field("instance", &self.instance)
+            .field("egress", &self.egress)
+            .field("skills", &self.skills)
+            .finish_non_exhaustive()
+    }
 }
 
 impl IsolatedRuntime {
     /// The boundary this runtime gives, in one sentence.
     pub const BOUNDARY: &'static str = "a Linux sandbox per conversation: own user, mount, PID, IPC, UTS, network and cgroup namespaces, its own host uid, read-only system directories, landlock, seccomp, cgroup limits, no network";
 
-    /// Creates the data directory's `workspaces` and `run` directories, after checking that the
-    /// sandbox limits can hold here ([`sandbox::check_limits`]).
+    /// The runtime with `config`, asking `directory` about recorded conversations (the
+    /// manager's `StoreDirectory` over the store). Creates the data directory's `workspaces`
+    /// and `run` directories, after checking that the sandbox limits can hold here
+    /// ([`sandbox::check_limits`]).
     ///
     /// # Errors
     /// [`Error::RuntimeUnavailable`] when the limits are cgroups (the default) and no cgroup can
     /// be made (without root: none is delegated to the caller), saying how to delegate one or
     /// choose rlimit-only limits. [`Error::Backend`] when the directories cannot be created.
-    pub fn new(config: IsolatedConfig) -> Result<Self> {
+    pub fn new(config: IsolatedConfig, directory: Arc<dyn Directory>) -> Result<Self> {
         sandbox::check_limits(&config.sandbox)?;
         let workspaces = config.data_dir.join("workspaces");
         let run = config.data_dir.join("run");
@@ -106,9 +120,9 @@ impl IsolatedRuntime {
             run,
             instance,
             config,
+            directory,
             egress: None,
-            skill_binds: None,
-            gateway_env: None,
+            skills: false,
         })
     }
 
@@ -120,30 +134,13 @@ impl IsolatedRuntime {
         self
     }
 
-    /// Starts each conversation's egress gateway with `env` (besides `SESSIONBOX_LOG`) instead
-    /// of [`inherited_gateway_env`]: what the gateway needs to reach the same store as the
-    /// caller (the data directory and configuration file are in
-    /// [`EgressWiring::gateway_args`]; secrets such as a store URL belong here, never on a
-    /// command line).
+    /// Presents each conversation's skills read-only at `/skills/<name>`: the directory is
+    /// asked for their binds ([`Directory::skill_binds`]) whenever a sandbox is launched (a
+    /// running sandbox keeps the binds it started with until it stops when idle). Without it
+    /// nothing is mounted at `/skills`.
     #[must_use]
-    pub fn with_gateway_env(mut self, env: Vec<(OsString, OsString)>) -> Self {
-        self.gateway_env = Some(env);
-        self
-    }
-
-    /// The environment the gateway gets besides `SESSIONBOX_LOG`.
-    fn gateway_env(&self) -> Vec<(OsString, OsString)> {
-        self.gateway_env
-            .clone()
-            .unwrap_or_else(inherited_gateway_env)
-    }
-
-    /// Presents each conversation's skills read-only at `/skills/<name>`: `binds` is asked for
-    /// them whenever a sandbox is launched (a running sandbox keeps the binds it started with
-    /// until it stops when idle). Without it nothing is mounted at `/skills`.
-    #[must_use]
-    pub fn with_skill_binds(mut self, binds: SkillBinds) -> Self {
-        self.skill_binds = Some(SkillBindsHook(binds));
+    pub fn with_skills(mut self) -> Self {
+        self.skills = true;
         self
     }
 
@@ -211,11 +208,13 @@ impl Runtime for IsolatedRuntime {
     }
 
     fn mounted_skills(&self) -> Option<String> {
-        self.skill_binds.as_ref().map(|_| SKILLS_ROOT.to_owned())
+        self.skills.then(|| SKILLS_ROOT.to_owned())
     }
 
     fn present_skills(&self, key: &ConversationKey) -> Option<Vec<String>> {
-        self.skill_binds.as_ref()?;
+        if !self.skills {
+            return None;
+        }
         let run = self.run_dir(key);
         let record = read_record(&run)?;
         // Only a sandbox that runs holds its skills; a stopped one mounts them afresh.
@@ -233,10 +232,7 @@ impl Runtime for IsolatedRuntime {
         let key = conversation.key.clone();
         let mut replace = false;
         loop {
-            let this = self.clone();
-            let k = key.clone();
-            let (run_dir, launched) =
-                blocking(move || this.ensure_agent(&k, replace, false)).await?;
+            let (run_dir, launched) = self.ensure_agent(conversation, replace, false).await?;
             let endpoint = sessionbox_execd::Endpoint::Unix(run_dir.socket());
             // A short deadline for the liveness ping: an agent that accepts but does not answer
             // (stopped by a signal, wedged) is replaced instead of hanging every call.
@@ -268,7 +264,7 @@ impl Runtime for IsolatedRuntime {
                     .build()
                     .map_err(Error::from)?;
                 return Ok(Box::new(IsolatedSession {
-                    key,
+                    conversation: conversation.clone(),
                     client,
                     runtime: self.clone(),
                     run_dir,
@@ -351,34 +347,112 @@ impl Runtime for IsolatedRuntime {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
+    use std::ops::Range;
 
+    use chrono::{DateTime, Utc};
+    use sessionbox_core::{NetworkPolicy, RemoteSandbox};
     use sessionbox_sandbox::SandboxLimits;
 
     use super::launch::write_atomic;
     use super::*;
 
+    /// A directory that records nothing: no network, the first uid of the range, no idle
+    /// timeout or skills of a conversation's own, no remote sandboxes.
+    struct Nothing;
+
+    #[async_trait]
+    impl Directory for Nothing {
+        async fn network(&self, _: &ConversationRef) -> Result<NetworkPolicy> {
+            Ok(NetworkPolicy {
+                json: r#"{"profile":"none"}"#.into(),
+                hash: None,
+                allows_network: false,
+            })
+        }
+        async fn sandbox_uid(&self, _: &ConversationKey, range: Range<u32>) -> Result<u32> {
+            Ok(range.start)
+        }
+        async fn idle_timeout(&self, _: &ConversationKey) -> Result<Option<Duration>> {
+            Ok(None)
+        }
+        async fn skill_binds(&self, _: &ConversationKey) -> Result<Vec<(PathBuf, PathBuf)>> {
+            Ok(Vec::new())
+        }
+        async fn remote_sandbox(&self, _: &ConversationKey) -> Result<Option<RemoteSandbox>> {
+            Ok(None)
+        }
+        async fn remote_sandboxes(&self, _: &str) -> Result<Vec<RemoteSandbox>> {
+            Ok(Vec::new())
+        }
+        async fn record_remote_sandbox(
+            &self,
+            _: &ConversationKey,
+            _: &str,
+            _: &str,
+            _: Option<DateTime<Utc>>,
+        ) -> Result<(RemoteSandbox, bool)> {
+            Err(Error::Backend("no remote sandboxes here".into()))
+        }
+        async fn replace_remote_sandbox(
+            &self,
+            _: &ConversationKey,
+            _: &str,
+            _: &str,
+            _: Option<DateTime<Utc>>,
+        ) -> Result<bool> {
+            Ok(false)
+        }
+        async fn set_remote_sandbox_expiry(
+            &self,
+            _: &ConversationKey,
+            _: &str,
+            _: Option<DateTime<Utc>>,
+        ) -> Result<bool> {
+            Ok(false)
+        }
+        async fn forget_remote_sandbox(&self, _: &ConversationKey, _: &str) -> Result<bool> {
+            Ok(false)
+        }
+    }
+
     fn runtime(dir: &Path) -> IsolatedRuntime {
-        let config = IsolatedConfig::new(dir, "/bin/true", Arc::new(|_| Ok(4_000_000)))
+        let config = IsolatedConfig::new(dir, "/bin/true")
+            .with_uids(4_000_000..4_000_001)
             .with_sandbox(SandboxLimits {
                 mode: sandbox::LimitMode::Rlimit,
                 ..SandboxLimits::default()
             });
-        IsolatedRuntime::new(config).unwrap()
+        IsolatedRuntime::new(config, Arc::new(Nothing)).unwrap()
     }
 
     #[test]
     fn the_defaults_are_those_of_the_configuration_file() {
-        let config = IsolatedConfig::new("/d", "/e", Arc::new(|_| Ok(1)));
+        let config = IsolatedConfig::new("/d", "/e");
         assert_eq!(config.idle_timeout, Duration::from_secs(600));
         assert_eq!(config.agent_args, ["agent"]);
-        assert!(config.idle_timeout_of.is_none());
+        assert_eq!(config.uids, IsolatedConfig::uid_range(None, None));
         assert_eq!(IsolatedConfig::uid_range(None, None), 3_000_000..3_065_536);
         assert_eq!(IsolatedConfig::uid_range(Some(10), Some(5)), 10..15);
         assert_eq!(
             IsolatedConfig::uid_range(Some(u32::MAX - 1), None),
             u32::MAX - 1..u32::MAX
         );
+    }
+
+    #[tokio::test]
+    async fn a_conversation_without_its_own_idle_timeout_gets_the_configured_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = runtime(dir.path());
+        let key = ConversationKey::parse(&"cd".repeat(32)).unwrap();
+        let facts = rt.facts(&key).await.unwrap();
+        assert_eq!(facts.idle_timeout, IsolatedConfig::DEFAULT_IDLE_TIMEOUT);
+        assert_eq!(
+            facts.skill_binds, None,
+            "no skills configured: none asked for"
+        );
+        if rustix::process::geteuid().is_root() {
+            assert_eq!(facts.uid, 4_000_000);
+        }
     }
 
     #[test]

@@ -7,18 +7,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use async_trait::async_trait;
 use sessionbox_core::{BackgroundCommand, CommandOutput, OutputRequest, validate_command_id};
 use sessionbox_core::{
-    CappedSink, ConversationKey, DirEntry, EditRequest, EditResult, Error, ExecRequest, ExecResult,
-    ExecSink, FileStat, GrepMatch, GrepRequest, Result, Session, WorkspacePath,
+    CappedSink, ConversationKey, ConversationRef, DirEntry, EditRequest, EditResult, Error,
+    ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch, GrepRequest, Result, Session,
+    WorkspacePath,
 };
 use sessionbox_execd::fs_ext::{FsRequest, FsResponse, FsSession};
 use sessionbox_execd::{EventType, ExecdClient, ExecdError, RunCommandRequest};
 
 use super::launch::{RunDir, agent_answers};
-use super::{IsolatedRuntime, WORKSPACE, blocking};
+use super::{IsolatedRuntime, WORKSPACE};
 
 /// An open `isolated` conversation: an execd client of its agent.
 pub(super) struct IsolatedSession {
-    pub(super) key: ConversationKey,
+    /// The conversation (its key, and its tenant and id for the directory's network answer).
+    pub(super) conversation: ConversationRef,
     pub(super) client: ExecdClient,
     /// Launches the agent again when it stopped (idle timeout, crash) while this session was
     /// held.
@@ -92,16 +94,16 @@ impl IsolatedSession {
             // request because the agent exited (idle stop) just then: in both cases the agent
             // never took the request.
             Err(e @ (ExecdError::Connect { .. } | ExecdError::Transport { .. }))
-                if self.runtime.workspace_dir(&self.key).is_dir() =>
+                if self.runtime.workspace_dir(&self.conversation.key).is_dir() =>
             {
                 let socket = self.run_dir.socket();
                 if matches!(e, ExecdError::Transport { .. }) && (taken() || agent_answers(&socket))
                 {
                     return Err(Error::from(e));
                 }
-                let runtime = self.runtime.clone();
-                let key = self.key.clone();
-                blocking(move || runtime.ensure_agent(&key, false, true)).await?;
+                self.runtime
+                    .ensure_agent(&self.conversation, false, true)
+                    .await?;
                 call().await.map_err(Error::from)
             }
             r => r.map_err(Error::from),
@@ -154,7 +156,7 @@ impl FsSession for IsolatedSession {
 #[async_trait]
 impl Session for IsolatedSession {
     fn key(&self) -> &ConversationKey {
-        &self.key
+        &self.conversation.key
     }
 
     fn workspace_root(&self) -> &str {

@@ -1,12 +1,12 @@
 //! The network side of the runtimes: the store-backed [`Control`] an egress gateway runs with,
 //! the `isolated` runtime's egress wiring, and what a remote runtime's proxy tokens need.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::Context;
 use chrono::Utc;
-use sessionbox_core::{ConversationKey, ConversationRef, Error};
+use sessionbox_core::{ConversationKey, ConversationRef};
 use sessionbox_egress::token::TokenKey;
 use sessionbox_egress::{Control, LogEntry, Policy};
 use sessionbox_local::isolated::EgressWiring;
@@ -74,19 +74,6 @@ impl Control for StoreControl {
     }
 }
 
-/// The policy in force for a conversation, read from `store` (for a remote runtime's proxy
-/// tokens). A stored policy that no longer parses is an error naming what to do.
-pub fn policy_lookup(store: Store) -> sessionbox_aio::PolicyLookup {
-    Arc::new(move |conv: &ConversationRef| {
-        decode(store.effective_egress_policy(conv)?).map_err(|e| {
-            Error::Backend(format!(
-                "the network policy of conversation {} cannot be used: {e}; set it again",
-                conv.id
-            ))
-        })
-    })
-}
-
 /// Where a remote runtime's commands reach the gateway at `address` (`HOST:PORT`), with the
 /// data directory's token key (made on first use, shared with `egress-gateway --listen`).
 pub fn gateway_access(
@@ -99,10 +86,9 @@ pub fn gateway_access(
 }
 
 /// The `isolated` runtime's egress wiring: a conversation gets the relay and a gateway when its
-/// policy in force is an allowlist; the gateway is this binary (`egress-gateway`) with the same
-/// data directory and configuration.
-pub fn wiring(store: Store, data_dir: &Path, config: Option<&Path>) -> EgressWiring {
-    let control = StoreControl { store };
+/// policy in force is an allowlist (the runtime asks its directory); the gateway is this binary
+/// (`egress-gateway`) with the same data directory and configuration, and [`gateway_env`].
+pub fn wiring(data_dir: &Path, config: Option<&Path>) -> EgressWiring {
     let mut gateway_args = vec![
         "--data-dir".to_owned(),
         data_dir.to_string_lossy().into_owned(),
@@ -112,14 +98,20 @@ pub fn wiring(store: Store, data_dir: &Path, config: Option<&Path>) -> EgressWir
     }
     gateway_args.push("egress-gateway".to_owned());
     EgressWiring {
-        network: Arc::new(move |key| {
-            control
-                .policy(key.as_str())
-                .map(|p| !p.is_none())
-                .map_err(Error::Backend)
-        }),
         gateway_args,
+        gateway_env: gateway_env(),
     }
+}
+
+/// The environment an egress gateway started by the `isolated` runtime gets (besides
+/// `SESSIONBOX_LOG`): `SESSIONBOX_HOME` and `SESSIONBOX_STORE_URL` as this process has them,
+/// so that it reads policies from the same store. The store URL may hold a password: it is
+/// passed in the environment, never on the command line.
+pub fn gateway_env() -> Vec<(OsString, OsString)> {
+    ["SESSIONBOX_HOME", sessionbox_store::STORE_URL_ENV]
+        .into_iter()
+        .filter_map(|name| std::env::var_os(name).map(|v| (OsString::from(name), v)))
+        .collect()
 }
 
 /// The egress token key of `data_dir` (made on first use).

@@ -223,7 +223,7 @@ fn build(
     let file: FileConfig =
         toml::from_str(&config_toml(&uids, idle_secs, &sandbox)).expect("a valid configuration");
     let options = BuildOptions::new(PathBuf::from(EXE));
-    let config = runtime::isolated_config(&file, &store, data, &options.exe).with_sandbox(sandbox);
+    let config = runtime::isolated_config(&file, data, &options.exe).with_sandbox(sandbox);
     let runtime =
         Arc::new(runtime::isolated_with(config, &store, data, &options).expect("runtime"));
     (Manager::new(store, runtime.clone()), runtime)
