@@ -305,6 +305,16 @@ pub struct CappedSink<'s, 'a> {
     sent: [usize; 2],
 }
 
+impl std::fmt::Debug for CappedSink<'_, '_> {
+    /// Shows the cap and the bytes passed so far per stream; the sink is a closure.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CappedSink")
+            .field("limit", &self.limit)
+            .field("sent", &self.sent)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<'s, 'a> CappedSink<'s, 'a> {
     /// Wraps `sink`, passing at most `limit` bytes of each stream.
     pub fn new(sink: &'s mut (dyn FnMut(OutputStream, &[u8]) + Send + 'a), limit: usize) -> Self {
@@ -333,11 +343,11 @@ mod duration_secs {
 
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_f64(d.as_secs_f64())
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let secs = f64::deserialize(d)?;
         Duration::try_from_secs_f64(secs).map_err(serde::de::Error::custom)
     }

@@ -120,6 +120,16 @@ pub struct Gateway {
     inner: Arc<Inner>,
 }
 
+impl std::fmt::Debug for Gateway {
+    /// Shows the settings and the auth mode; the resolver and the control hooks are opaque.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("config", &self.inner.config)
+            .field("auth", &self.inner.auth)
+            .finish_non_exhaustive()
+    }
+}
+
 struct Inner {
     config: GatewayConfig,
     resolver: hickory_resolver::TokioResolver,

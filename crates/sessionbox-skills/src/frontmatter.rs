@@ -10,7 +10,7 @@ pub const MAX_NAME_CHARS: usize = 64;
 /// Most characters of a description (Agent Skills specification).
 pub const MAX_DESCRIPTION_CHARS: usize = 1024;
 /// Most characters of `compatibility` (Agent Skills specification).
-pub const MAX_COMPATIBILITY_CHARS: usize = 500;
+pub(crate) const MAX_COMPATIBILITY_CHARS: usize = 500;
 /// The `metadata` key that holds a skill's bootstrap command (see the crate documentation).
 pub const BOOTSTRAP_KEY: &str = "sessionbox-bootstrap";
 

@@ -55,12 +55,12 @@ impl Row {
             .ok_or_else(|| Error::Backend(format!("the store returned no column {i}")))
     }
 
-    pub fn int(&self, i: usize) -> Result<i64> {
+    pub(crate) fn int(&self, i: usize) -> Result<i64> {
         self.opt_int(i)?
             .ok_or_else(|| Error::Backend(format!("column {i} is NULL in the store")))
     }
 
-    pub fn opt_int(&self, i: usize) -> Result<Option<i64>> {
+    pub(crate) fn opt_int(&self, i: usize) -> Result<Option<i64>> {
         match self.get(i)? {
             Val::Null => Ok(None),
             Val::Int(v) => Ok(Some(*v)),
@@ -70,12 +70,12 @@ impl Row {
         }
     }
 
-    pub fn text(&self, i: usize) -> Result<String> {
+    pub(crate) fn text(&self, i: usize) -> Result<String> {
         self.opt_text(i)?
             .ok_or_else(|| Error::Backend(format!("column {i} is NULL in the store")))
     }
 
-    pub fn opt_text(&self, i: usize) -> Result<Option<String>> {
+    pub(crate) fn opt_text(&self, i: usize) -> Result<Option<String>> {
         match self.get(i)? {
             Val::Null => Ok(None),
             Val::Text(v) => Ok(Some(v.clone())),
