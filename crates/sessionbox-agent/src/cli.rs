@@ -14,7 +14,7 @@ use crate::{Agent, AgentConfig, Listen, termination_signal};
 
 /// Environment variable the access token may come from (removed from the environment once
 /// read). A token file is preferred: see the README.
-pub const TOKEN_ENV: &str = "EXECD_ACCESS_TOKEN";
+pub(crate) const TOKEN_ENV: &str = "EXECD_ACCESS_TOKEN";
 
 /// `sessionbox-agent`: serve the OpenSandbox execd API for one workspace.
 #[derive(Debug, Clone, Parser)]

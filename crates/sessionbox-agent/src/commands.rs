@@ -129,7 +129,7 @@ struct RegistryInner {
 }
 
 impl Registry {
-    pub fn new(max_finished: usize) -> Self {
+    pub(crate) fn new(max_finished: usize) -> Self {
         Registry {
             inner: Mutex::new(RegistryInner::default()),
             running: AtomicUsize::new(0),
@@ -143,7 +143,7 @@ impl Registry {
     }
 
     /// Commands running now.
-    pub fn running(&self) -> usize {
+    pub(crate) fn running(&self) -> usize {
         self.running.load(Ordering::SeqCst)
     }
 
@@ -213,7 +213,7 @@ impl Registry {
     }
 
     /// Kills every running command.
-    pub fn cancel_all(&self, reason: &str) {
+    pub(crate) fn cancel_all(&self, reason: &str) {
         let all: Vec<Arc<Command>> = self.lock().map.values().cloned().collect();
         for c in all {
             c.interrupt(reason);
@@ -221,7 +221,7 @@ impl Registry {
     }
 
     /// Waits (at most `limit`) for every command task to end.
-    pub async fn wait_all(&self, limit: Duration) {
+    pub(crate) async fn wait_all(&self, limit: Duration) {
         self.tasks.close();
         let _ = tokio::time::timeout(limit, self.tasks.wait()).await;
     }

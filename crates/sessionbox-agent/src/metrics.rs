@@ -18,7 +18,7 @@ pub(crate) struct CpuSampler {
 }
 
 impl CpuSampler {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         CpuSampler {
             last: Mutex::new(None),
         }

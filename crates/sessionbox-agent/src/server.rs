@@ -61,7 +61,7 @@ impl Activity {
     }
 
     /// Records that something happened now.
-    pub fn touch(&self) {
+    pub(crate) fn touch(&self) {
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
     }
 
@@ -422,17 +422,17 @@ pub(crate) struct ApiError {
 /// Extension error codes (upstream has none for these); the status carries the kind too.
 pub(crate) mod ext_code {
     /// A path resolves outside the workspace.
-    pub const OUTSIDE_WORKSPACE: &str = "OUTSIDE_WORKSPACE";
+    pub(crate) const OUTSIDE_WORKSPACE: &str = "OUTSIDE_WORKSPACE";
     /// The request conflicts with the current state (exists, not a directory, ...).
-    pub const CONFLICT: &str = "CONFLICT";
+    pub(crate) const CONFLICT: &str = "CONFLICT";
     /// A body, file or listing is above its limit.
-    pub const TOO_LARGE: &str = "TOO_LARGE";
+    pub(crate) const TOO_LARGE: &str = "TOO_LARGE";
     /// A deadline passed.
-    pub const TIMED_OUT: &str = "TIMED_OUT";
+    pub(crate) const TIMED_OUT: &str = "TIMED_OUT";
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         ApiError {
             status,
             code,
@@ -441,7 +441,7 @@ impl ApiError {
     }
 
     /// 400 `INVALID_REQUEST_BODY`.
-    pub fn bad_request(message: impl Into<String>) -> Self {
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
         Self::new(
             StatusCode::BAD_REQUEST,
             error_code::INVALID_REQUEST_BODY,
@@ -450,7 +450,7 @@ impl ApiError {
     }
 
     /// 400 `MISSING_QUERY` for a required query parameter.
-    pub fn missing_query(name: &str) -> Self {
+    pub(crate) fn missing_query(name: &str) -> Self {
         Self::new(
             StatusCode::BAD_REQUEST,
             error_code::MISSING_QUERY,

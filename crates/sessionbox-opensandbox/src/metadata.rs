@@ -13,7 +13,7 @@ use crate::error::OpenSandboxError;
 /// The most characters of a metadata value (and of a key's name).
 pub const MAX_VALUE_LEN: usize = 63;
 /// Keys with this prefix are the server's own.
-pub const RESERVED_PREFIX: &str = "opensandbox.io/";
+pub(crate) const RESERVED_PREFIX: &str = "opensandbox.io/";
 
 /// Validated sandbox metadata.
 ///
