@@ -25,13 +25,13 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 /// Target: added p50 latency per CONNECT, in milliseconds.
-pub const ADDED_P50_MS: f64 = 1.0;
+pub(crate) const ADDED_P50_MS: f64 = 1.0;
 /// Target: throughput through the gateway as a fraction of direct.
-pub const THROUGHPUT_RATIO: f64 = 0.5;
+pub(crate) const THROUGHPUT_RATIO: f64 = 0.5;
 
 /// Arguments of `sessionbox bench-egress`.
 #[derive(Debug, clap::Args)]
-pub struct BenchEgressArgs {
+pub(crate) struct BenchEgressArgs {
     /// Connections per latency measurement (each of direct and through the gateway).
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(10..=1_000_000))]
     connections: u32,
@@ -143,7 +143,7 @@ async fn connect_via(
 }
 
 /// Runs `sessionbox bench-egress`.
-pub async fn run(args: &BenchEgressArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn run(args: &BenchEgressArgs) -> anyhow::Result<ExitCode> {
     if !rustix::process::geteuid().is_root() {
         bail!("bench-egress creates a network namespace for its target: run it as root");
     }

@@ -183,8 +183,8 @@ fn check_report(r: &Value, runtimes: &[&str], stdout: &str) {
                 .iter()
                 .map(|l| {
                     (
-                        l["concurrency"].as_u64().unwrap(),
-                        l["execs"].as_u64().unwrap(),
+                        l["concurrency"].as_u64().expect("level concurrency"),
+                        l["execs"].as_u64().expect("level execs"),
                     )
                 })
                 .collect();
@@ -221,12 +221,15 @@ fn check_report(r: &Value, runtimes: &[&str], stdout: &str) {
                     .is_some_and(|c| c.contains(" agent")),
                 "{m}"
             );
-            let sum: u64 = procs.iter().map(|p| p["rss_kib"].as_u64().unwrap()).sum();
+            let sum: u64 = procs
+                .iter()
+                .map(|p| p["rss_kib"].as_u64().expect("process rss_kib"))
+                .sum();
             assert!(
                 (total - sum as f64 / 1024.0).abs() < 0.001,
                 "sandbox RSS {total} MiB is not the sum of {sum} KiB"
             );
-            let agent_kib = agents[0]["rss_kib"].as_u64().unwrap();
+            let agent_kib = agents[0]["rss_kib"].as_u64().expect("agent rss_kib");
             assert!((agent - agent_kib as f64 / 1024.0).abs() < 0.001, "{m}");
         } else {
             assert!(v.get("memory").is_none(), "{v}");
