@@ -293,10 +293,32 @@ impl Manager {
         };
         // A new record of a key whose last conversation expired: the caller is told, never
         // handed a silently empty workspace. The notice is the store's (it outlives garbage
-        // collection); this open destroyed it itself when the notice is missing.
+        // collection); this open destroyed it itself when the notice is missing. It is looked
+        // for with a plain read, and taken (a transaction: one racing taker gets it) only when
+        // there is one: a notice is written before its record is deleted, so none can appear
+        // once this record exists.
+        //
+        // Then the hash of the policy in force as the runtime opens (read before it does: a
+        // change after this makes a front end that keeps the session reopen it, never keeps a
+        // session opened under another policy); an existing record is renewed. All in one trip
+        // off the async runtime.
+        let (key, conv) = (conversation.key.clone(), conversation.clone());
+        let (taken, policy_hash) = self
+            .store
+            .run(move |s| {
+                let taken = match created {
+                    true if s.expired_notice(&key)?.is_some() => s.take_expired_notice(&key)?,
+                    true => None,
+                    false => {
+                        s.touch(&key, Utc::now())?;
+                        None
+                    }
+                };
+                let policy_hash = s.effective_egress_policy(&conv)?.map(|p| p.hash);
+                Ok((taken, policy_hash))
+            })
+            .await?;
         let previous_expired = if created {
-            let key = conversation.key.clone();
-            let taken = self.store.run(move |s| s.take_expired_notice(&key)).await?;
             taken.or_else(|| {
                 expired_here.map(|r| ExpiredNotice {
                     key: r.key.clone(),
@@ -309,19 +331,6 @@ impl Manager {
         } else {
             None
         };
-        // The hash of the policy in force as the runtime opens (read before it does: a change
-        // after this makes a front end that keeps the session reopen it, never keeps a session
-        // opened under another policy), read with the renew, in one trip off the runtime.
-        let (key, conv) = (conversation.key.clone(), conversation.clone());
-        let policy_hash = self
-            .store
-            .run(move |s| {
-                if !created {
-                    s.touch(&key, Utc::now())?;
-                }
-                Ok(s.effective_egress_policy(&conv)?.map(|p| p.hash))
-            })
-            .await?;
         let session = match self.runtime.open(conversation).await {
             Ok(s) => s,
             Err(e) => {
