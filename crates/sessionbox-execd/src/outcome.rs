@@ -130,14 +130,14 @@ impl OutcomeCollector {
 
     /// Takes one event into account.
     pub fn apply(&mut self, event: &ServerStreamEvent) {
-        if event.is_terminal() {
-            if let Some(ext) = &event.extension {
-                let o = &mut self.outcome;
-                o.signal = ext.signal;
-                o.interrupted = ext.interrupted;
-                o.stdout_truncated = ext.stdout_truncated;
-                o.stderr_truncated = ext.stderr_truncated;
-            }
+        if event.is_terminal()
+            && let Some(ext) = &event.extension
+        {
+            let o = &mut self.outcome;
+            o.signal = ext.signal;
+            o.interrupted = ext.interrupted;
+            o.stdout_truncated = ext.stdout_truncated;
+            o.stderr_truncated = ext.stderr_truncated;
         }
         let o = &mut self.outcome;
         match &event.kind {

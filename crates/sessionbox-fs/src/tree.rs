@@ -345,12 +345,12 @@ impl Walk<'_> {
             r => r,
         };
         let parent = &self.stack[level - 1];
-        if let Ok(fd) = up {
-            if rustix::fs::fstat(&fd).is_ok_and(|st| ids(&st) == (parent.dev, parent.ino)) {
-                self.stack[level - 1].dir = Some(Dir::new(fd)?);
-                self.open += 1;
-                return Ok(true);
-            }
+        if let Ok(fd) = up
+            && rustix::fs::fstat(&fd).is_ok_and(|st| ids(&st) == (parent.dev, parent.ino))
+        {
+            self.stack[level - 1].dir = Some(Dir::new(fd)?);
+            self.open += 1;
+            return Ok(true);
         }
         self.rewalk(level - 1)
     }

@@ -268,10 +268,10 @@ pub(crate) fn grep(ws: &Workspace, req: &GrepRequest) -> Result<Vec<GrepMatch>> 
                 if ft != FileType::RegularFile {
                     return Ok(ControlFlow::Continue(()));
                 }
-                if let Some(f) = &filter {
-                    if !f.is_match(Path::new(OsStr::from_bytes(shown))) {
-                        return Ok(ControlFlow::Continue(()));
-                    }
+                if let Some(f) = &filter
+                    && !f.is_match(Path::new(OsStr::from_bytes(shown)))
+                {
+                    return Ok(ControlFlow::Continue(()));
                 }
                 let Ok(file) = open_beneath(
                     fd.as_fd(),
