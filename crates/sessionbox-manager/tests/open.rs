@@ -35,6 +35,19 @@ async fn expire(m: &Manager, c: &ConversationRef) {
         .unwrap();
 }
 
+/// Gives `c` a policy of its own (an allowlist); returns its hash.
+async fn set_own_policy(m: &Manager, c: &ConversationRef) -> String {
+    let p = Policy::allowlist(&["*.pypi.org:443"], &[]).unwrap();
+    let (json, hash) = (p.to_json(), p.hash());
+    let scope = PolicyScope::Conversation(c.clone());
+    let h = hash.clone();
+    m.store()
+        .run(move |s| s.set_egress_policy(&scope, &json, &h, Utc::now()))
+        .await
+        .unwrap();
+    hash
+}
+
 #[tokio::test]
 async fn an_absent_conversation_opened_existing_only_is_not_found_and_not_made() {
     let d = tempfile::tempdir().unwrap();
@@ -173,14 +186,7 @@ async fn a_kept_session_is_invalid_once_it_expires_or_its_policy_changes() {
         .unwrap()
         .into_parts();
     assert!(m.revalidate(&kept, None).await.unwrap());
-    let p = Policy::allowlist(&["*.pypi.org:443"], &[]).unwrap();
-    let (json, hash) = (p.to_json(), p.hash());
-    let scope = PolicyScope::Conversation(c.clone());
-    let h = hash.clone();
-    m.store()
-        .run(move |s| s.set_egress_policy(&scope, &json, &h, Utc::now()))
-        .await
-        .unwrap();
+    let hash = set_own_policy(&m, &c).await;
     assert!(!m.revalidate(&kept, None).await.unwrap(), "policy changed");
     assert!(m.revalidate(&kept, Some(&hash)).await.unwrap());
     expire(&m, &c).await;
@@ -241,14 +247,7 @@ async fn an_open_records_the_hash_of_the_policy_in_force_for_revalidate() {
     assert!(m.revalidate(&first, first.policy_hash()).await.unwrap());
     Box::new(first).close().await.unwrap();
     drop(lock);
-    let p = Policy::allowlist(&["*.pypi.org:443"], &[]).unwrap();
-    let (json, hash) = (p.to_json(), p.hash());
-    let scope = PolicyScope::Conversation(c.clone());
-    let h = hash.clone();
-    m.store()
-        .run(move |s| s.set_egress_policy(&scope, &json, &h, Utc::now()))
-        .await
-        .unwrap();
+    let hash = set_own_policy(&m, &c).await;
     let (again, _lock) = m
         .open_for(&c, Operation::Read.open_mode())
         .await
