@@ -10,23 +10,7 @@ const INSTALL_HINT: &str = "the official OpenSandbox Python SDK is not installed
     (which installs it) or `python3 -m pip install opensandbox==1.1.1`";
 
 fn sdk_installed() {
-    let out = Command::new("python3")
-        .args([
-            "-c",
-            "import opensandbox, importlib.metadata as m; print(m.version('opensandbox'))",
-        ])
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run python3 ({e}); {INSTALL_HINT}"));
-    assert!(
-        out.status.success(),
-        "{INSTALL_HINT}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let version = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    assert_eq!(
-        version, "1.1.1",
-        "opensandbox {version} is installed; {INSTALL_HINT}"
-    );
+    sessionbox_test_support::require_python_package("opensandbox", "opensandbox", "1.1.1", INSTALL_HINT);
 }
 
 fn run_conformance(token: Option<&str>) {

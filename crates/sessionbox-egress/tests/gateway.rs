@@ -5,7 +5,7 @@
 //!
 //! Needs root (network namespaces) and `ip` (iproute2); fails, never skips, without them.
 
-mod support;
+use crate::support;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

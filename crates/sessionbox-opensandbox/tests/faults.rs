@@ -10,6 +10,7 @@ use std::time::Duration;
 use common::*;
 use sessionbox_core::Runtime;
 use sessionbox_opensandbox::{ApiKey, ClientConfig, OpenSandboxClient, OpenSandboxError};
+use sessionbox_test_support::free_port;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -36,14 +37,6 @@ async fn fake_server(response: Option<&'static str>) -> String {
         }
     });
     format!("http://{addr}")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test]

@@ -503,7 +503,7 @@ async fn output_is_exact_bytes_through_exec_and_exec_stream() {
     let s = rt.open(&conv("exact")).await.unwrap();
     // (name, command, stdout (None: the file r.bin the command wrote), stderr)
     type Case<'a> = (&'a str, &'a str, Option<&'a [u8]>, &'a [u8]);
-    let cases: [Case; 4] = [
+    let cases: [Case<'_>; 4] = [
         (
             "random",
             "head -c 65536 /dev/urandom > r.bin && cat r.bin",

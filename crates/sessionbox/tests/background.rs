@@ -4,13 +4,13 @@
 //! one; finished commands free their slot; kill of a finished command answers at once; logs
 //! follow live over SSE; destroy does not wait per command; the running gauge comes back to 0.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
+use sessionbox_test_support::{serve_command, spawn_serve};
 
 /// A running `sessionbox serve` (open mode on loopback), killed with SIGKILL when dropped.
 struct Served {
@@ -25,27 +25,11 @@ impl Served {
         if !config.exists() {
             std::fs::write(&config, "[isolated]\nidle_timeout_secs = 5\n").unwrap();
         }
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sessionbox"))
-            .arg("--data-dir")
-            .arg(data)
-            .args(["--runtime", runtime, "serve", "--listen", "127.0.0.1:0"])
-            .env_remove("SESSIONBOX_RUNTIME")
-            .env_remove("SESSIONBOX_TENANT")
-            .env_remove("SESSIONBOX_LISTEN")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn sessionbox serve");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let base = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_owned();
+        let (child, base) = spawn_serve(&mut serve_command(
+            env!("CARGO_BIN_EXE_sessionbox"),
+            data,
+            &["--runtime", runtime],
+        ));
         Served { child, base }
     }
 

@@ -5,8 +5,7 @@ use std::process::{Command, Output, Stdio};
 
 use std::io::Write;
 
-#[path = "support/exact.rs"]
-mod exact;
+use crate::exact;
 
 fn sessionbox(data: &Path, args: &[&str]) -> Output {
     sessionbox_with_stdin(data, args, b"")
@@ -581,27 +580,7 @@ fn aio_commands_of_allowlisted_conversations_get_the_gateway_as_their_proxy() {
     let data = d.path().join("data");
     let home = d.path().join("aio-home");
     std::fs::create_dir_all(&home).unwrap();
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let mut server = Command::new("python3")
-        .arg(repo.join("tests/aio-server/server.py"))
-        .args(["--listen", "127.0.0.1:0", "--home"])
-        .arg(&home)
-        .current_dir(&home)
-        .env_remove("AIO_TEST_SERVER_TOKEN")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3 with the AIO test server's requirements (scripts/test installs them)");
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(server.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let url = line
-        .trim()
-        .strip_prefix("aio-test-server listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_owned();
+    let (mut server, url) = sessionbox_test_support::start_aio_server(&home);
     std::fs::create_dir_all(&data).unwrap();
     std::fs::write(
         data.join("sessionbox.toml"),

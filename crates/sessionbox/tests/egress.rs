@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use sessionbox_test_support::{bind_in_netns, serve_command, spawn_serve};
 
 const EXE: &str = env!("CARGO_BIN_EXE_sessionbox");
 
@@ -77,22 +78,8 @@ impl TestNet {
     }
 
     fn listen(&self) -> tokio::net::TcpListener {
-        let path = format!("/run/netns/{}", self.name);
         let addr = SocketAddr::from((self.peer, 0));
-        let l = std::thread::spawn(move || {
-            use std::os::fd::AsFd;
-            let f = std::fs::File::open(path).unwrap();
-            rustix::thread::move_into_link_name_space(
-                f.as_fd(),
-                Some(rustix::thread::LinkNameSpaceType::Network),
-            )
-            .unwrap();
-            std::net::TcpListener::bind(addr).unwrap()
-        })
-        .join()
-        .unwrap();
-        l.set_nonblocking(true).unwrap();
-        tokio::net::TcpListener::from_std(l).unwrap()
+        tokio::net::TcpListener::from_std(bind_in_netns(&self.name, addr)).unwrap()
     }
 }
 
@@ -647,28 +634,7 @@ struct Served {
 
 impl Served {
     fn start(data: &Data) -> Served {
-        use std::io::BufRead;
-        let mut child = Command::new(EXE)
-            .arg("--data-dir")
-            .arg(&data.path)
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .env_remove("SESSIONBOX_RUNTIME")
-            .env_remove("SESSIONBOX_TENANT")
-            .env_remove("SESSIONBOX_LISTEN")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let base = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_owned();
+        let (child, base) = spawn_serve(&mut serve_command(EXE, &data.path, &[]));
         Served { child, base }
     }
 }

@@ -15,8 +15,7 @@ use sessionbox_store::{Lifecycle, LifecyclePolicy};
 
 use support::*;
 
-#[allow(dead_code)]
-mod support;
+use crate::support;
 
 macro_rules! needs_root {
     () => {

@@ -411,6 +411,4 @@ async fn a_restarted_manager_finds_the_running_agent_and_its_destroy_reaps_every
     .await;
 }
 
-/// Host-side helpers (see `support/mod.rs`).
-#[allow(dead_code)]
-mod support;
+use crate::support;

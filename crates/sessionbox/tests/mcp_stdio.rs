@@ -5,8 +5,7 @@
 use std::path::Path;
 use std::process::Command;
 
-#[path = "support/exact.rs"]
-mod exact;
+use crate::exact;
 
 fn drive(runtime: &str, data: &Path) {
     std::fs::write(

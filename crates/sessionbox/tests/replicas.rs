@@ -13,11 +13,9 @@
 //! They need root, as the isolated runtime does (CI runs them as root), and PostgreSQL (see
 //! `support/pg.rs`; scripts/test installs it).
 
-#[path = "../../sessionbox-store/tests/support/pg.rs"]
-mod pg;
+use crate::pg;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
@@ -25,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use sessionbox_test_support::{serve_command, spawn_serve};
 
 const EXE: &str = env!("CARGO_BIN_EXE_sessionbox");
 
@@ -74,31 +73,12 @@ struct Served {
 impl Served {
     fn start(data: &Path, store_url: Option<&str>, extra: &[&str]) -> Served {
         setup(data);
-        let mut c = Command::new(EXE);
-        c.arg("--data-dir")
-            .arg(data)
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(extra)
-            .env_remove("SESSIONBOX_RUNTIME")
-            .env_remove("SESSIONBOX_TENANT")
-            .env_remove("SESSIONBOX_LISTEN")
-            .env_remove("SESSIONBOX_STORE_URL")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+        let mut c = serve_command(EXE, data, &[]);
+        c.args(extra).env_remove("SESSIONBOX_STORE_URL");
         if let Some(u) = store_url {
             c.env("SESSIONBOX_STORE_URL", u);
         }
-        let mut child = c.spawn().expect("spawn sessionbox serve");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let base = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_owned();
+        let (child, base) = spawn_serve(&mut c);
         Served { child, base }
     }
 

@@ -1,16 +1,15 @@
 //! `sessionbox serve` and `sessionbox keys` end to end: the real binary with the `isolated`
 //! runtime (the default), a real HTTP client (reqwest), keys made by the CLI.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
+use sessionbox_test_support::{serve_command, spawn_serve};
 
-#[path = "support/exact.rs"]
-mod exact;
+use crate::exact;
 
 fn sessionbox(data: &Path, args: &[&str]) -> Output {
     setup(data);
@@ -59,27 +58,8 @@ struct Served {
 impl Served {
     fn start(data: &Path) -> Served {
         setup(data);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sessionbox"))
-            .arg("--data-dir")
-            .arg(data)
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .env_remove("SESSIONBOX_RUNTIME")
-            .env_remove("SESSIONBOX_TENANT")
-            .env_remove("SESSIONBOX_LISTEN")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn sessionbox serve");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let base = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_owned();
+        let (child, base) =
+            spawn_serve(&mut serve_command(env!("CARGO_BIN_EXE_sessionbox"), data, &[]));
         Served { child, base }
     }
 

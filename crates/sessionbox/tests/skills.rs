@@ -344,26 +344,7 @@ struct AioServer(std::process::Child, String);
 
 impl AioServer {
     fn start(home: &Path) -> AioServer {
-        use std::io::BufRead;
-        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let mut child = std::process::Command::new("python3")
-            .arg(repo.join("tests/aio-server/server.py"))
-            .args(["--listen", "127.0.0.1:0", "--home"])
-            .arg(home)
-            .current_dir(home)
-            .env_remove("AIO_TEST_SERVER_TOKEN")
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("python3 runs the AIO test server (scripts/test installs its packages)");
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .trim()
-            .strip_prefix("aio-test-server listening on ")
-            .unwrap_or_else(|| panic!("the AIO test server did not start: {line:?}"))
-            .to_owned();
+        let (child, url) = sessionbox_test_support::start_aio_server(home);
         AioServer(child, url)
     }
 }
@@ -446,5 +427,4 @@ fn aio_uploads_skills_only_when_changed_restores_a_changed_copy_and_bootstraps_o
 }
 
 // Shared with the isolated lifecycle and escape tests; this file uses a few of its helpers.
-#[allow(dead_code)]
-mod support;
+use crate::support;

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sessionbox_egress::{Control, LogEntry, Policy};
+use sessionbox_test_support::bind_in_netns;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
@@ -79,22 +80,8 @@ impl TestNet {
     /// A TCP listener bound inside the namespace (a socket stays in the namespace it was made
     /// in, whichever thread uses it later).
     pub fn listen(&self, port: u16) -> tokio::net::TcpListener {
-        let path = format!("/run/netns/{}", self.name);
         let addr = SocketAddr::new(IpAddr::V4(self.peer_ip), port);
-        let l = std::thread::spawn(move || {
-            let f = std::fs::File::open(&path).unwrap();
-            use std::os::fd::AsFd;
-            rustix::thread::move_into_link_name_space(
-                f.as_fd(),
-                Some(rustix::thread::LinkNameSpaceType::Network),
-            )
-            .unwrap();
-            std::net::TcpListener::bind(addr).unwrap()
-        })
-        .join()
-        .unwrap();
-        l.set_nonblocking(true).unwrap();
-        tokio::net::TcpListener::from_std(l).unwrap()
+        tokio::net::TcpListener::from_std(bind_in_netns(&self.name, addr)).unwrap()
     }
 }
 

@@ -8,8 +8,8 @@
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 
 use sha2::{Digest, Sha256};
@@ -90,28 +90,7 @@ fn ci() -> bool {
 
 /// Starts the AIO test server (`tests/aio-server/server.py`) with its home in `home`; returns it
 /// and its URL.
-pub fn start_aio_server(home: &Path) -> (Child, String) {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let mut server = Command::new("python3")
-        .arg(repo.join("tests/aio-server/server.py"))
-        .args(["--listen", "127.0.0.1:0", "--home"])
-        .arg(home)
-        .current_dir(home)
-        .env_remove("AIO_TEST_SERVER_TOKEN")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3 with the AIO test server's requirements (scripts/test installs them)");
-    let mut line = String::new();
-    BufReader::new(server.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .trim()
-        .strip_prefix("aio-test-server listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?} (python3 needs fastapi, uvicorn and python-multipart: scripts/test installs them)"))
-        .to_owned();
-    (server, url)
-}
+pub use sessionbox_test_support::start_aio_server;
 
 /// Every runtime this machine can run, each in a data directory of its own. `tag` names the
 /// opensandbox instance (one per test).
