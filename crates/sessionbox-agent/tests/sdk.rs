@@ -10,7 +10,12 @@ const INSTALL_HINT: &str = "the official OpenSandbox Python SDK is not installed
     (which installs it) or `python3 -m pip install opensandbox==1.1.1`";
 
 fn sdk_installed() {
-    sessionbox_test_support::require_python_package("opensandbox", "opensandbox", "1.1.1", INSTALL_HINT);
+    sessionbox_test_support::require_python_package(
+        "opensandbox",
+        "opensandbox",
+        "1.1.1",
+        INSTALL_HINT,
+    );
 }
 
 fn run_conformance(token: Option<&str>) {

@@ -113,7 +113,10 @@ pub fn require_python_package(module: &str, dist: &str, version: &str, hint: &st
         String::from_utf8_lossy(&out.stderr)
     );
     let installed = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    assert_eq!(installed, version, "{dist} {installed} is installed; {hint}");
+    assert_eq!(
+        installed, version,
+        "{dist} {installed} is installed; {hint}"
+    );
 }
 
 /// A TCP port on 127.0.0.1 that was free a moment ago (bound, then released): for a server

@@ -12,13 +12,13 @@
 // and a test binary has no public API.
 #![allow(clippy::unwrap_used, unreachable_pub)]
 
-/// Host-side helpers of the isolated-runtime files (see `support/mod.rs`).
-#[allow(dead_code)]
-mod support;
 #[path = "support/exact.rs"]
 mod exact;
 #[path = "../../sessionbox-store/tests/support/pg.rs"]
 mod pg;
+/// Host-side helpers of the isolated-runtime files (see `support/mod.rs`).
+#[allow(dead_code)]
+mod support;
 
 mod background;
 mod cli;

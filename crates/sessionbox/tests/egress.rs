@@ -13,8 +13,8 @@ use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use sessionbox_test_support::{bind_in_netns, serve_command, spawn_serve};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 const EXE: &str = env!("CARGO_BIN_EXE_sessionbox");
 

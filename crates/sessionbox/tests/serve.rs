@@ -58,8 +58,11 @@ struct Served {
 impl Served {
     fn start(data: &Path) -> Served {
         setup(data);
-        let (child, base) =
-            spawn_serve(&mut serve_command(env!("CARGO_BIN_EXE_sessionbox"), data, &[]));
+        let (child, base) = spawn_serve(&mut serve_command(
+            env!("CARGO_BIN_EXE_sessionbox"),
+            data,
+            &[],
+        ));
         Served { child, base }
     }
 
