@@ -26,7 +26,9 @@ pub fn announced(child: &mut Child, prefix: &str, hint: &str) -> String {
         .take()
         .expect("the child's stdout is piped (Stdio::piped())");
     let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read the first line of the child's stdout");
     line.trim()
         .strip_prefix(prefix)
         .unwrap_or_else(|| panic!("unexpected first line {line:?}, not {prefix:?}...{hint}"))
@@ -145,7 +147,9 @@ pub fn bind_in_netns(netns: &str, addr: SocketAddr) -> TcpListener {
         TcpListener::bind(addr).unwrap_or_else(|e| panic!("bind {addr} in {path}: {e}"))
     })
     .join()
-    .unwrap();
-    listener.set_nonblocking(true).unwrap();
+    .expect("the thread binding in the namespace panicked");
+    listener
+        .set_nonblocking(true)
+        .expect("make the listener non-blocking");
     listener
 }
