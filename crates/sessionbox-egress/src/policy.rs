@@ -8,6 +8,10 @@
 //! (the permanently blocked set first, which no rule can open; then private ranges, which need
 //! an explicit CIDR rule inside them).
 //!
+//! This file is over 800 lines on purpose: it is the one policy decoder (parsing, normalising,
+//! hashing and both decision steps over one set of types), and about 240 of its lines are the
+//! unit tests that pin those decisions; splitting it would scatter one grammar across files.
+//!
 //! ```
 //! use sessionbox_egress::policy::{Policy, Verdict};
 //! let p = Policy::allowlist(&["*.pypi.org:443", "10.1.0.0/16"], &["evil.pypi.org"]).unwrap();
