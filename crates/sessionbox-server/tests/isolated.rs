@@ -17,15 +17,15 @@ use reqwest::{Client, Method, RequestBuilder, StatusCode};
 use serde_json::{Value, json};
 use sessionbox_core::{ConversationId, ConversationRef, Runtime, TenantId};
 use sessionbox_local::isolated::{IsolatedConfig, IsolatedRuntime};
-use sessionbox_local::sandbox::SandboxLimits;
+use sessionbox_sandbox::SandboxLimits;
 use sessionbox_manager::{Manager, StoreDirectory};
 use sessionbox_server::{AppState, ServerConfig};
 use sessionbox_store::Store;
 
 fn main() -> ExitCode {
     // The sandbox init must start in a fresh single-threaded process: before anything else.
-    if sessionbox_local::sandbox::is_init_invocation() {
-        sessionbox_local::sandbox::init_main();
+    if sessionbox_sandbox::is_init_invocation() {
+        sessionbox_sandbox::init_main();
     }
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if args.get(1).is_some_and(|a| a == "agent") {

@@ -307,8 +307,8 @@ fn default_instance(data_dir: &Path) -> anyhow::Result<String> {
 /// thing in `main`) or a host background command's supervisor. Neither returns; otherwise this
 /// returns at once.
 pub fn become_helper_if_started_as_one() {
-    if sessionbox_local::sandbox::is_init_invocation() {
-        sessionbox_local::sandbox::init_main();
+    if sessionbox_sandbox::is_init_invocation() {
+        sessionbox_sandbox::init_main();
     }
     if sessionbox_local::supervise::is_supervisor_invocation() {
         sessionbox_local::supervise::supervisor_main();
