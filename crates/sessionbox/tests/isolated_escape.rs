@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use sessionbox_core::{
     ConversationKey, EditRequest, Error, ExecRequest, ExitStatus, GrepRequest, Session,
 };
-use sessionbox_local::sandbox::SandboxLimits;
+use sessionbox_sandbox::SandboxLimits;
 
 use support::*;
 

@@ -16,7 +16,7 @@ use sessionbox::config::FileConfig;
 use sessionbox::runtime::{self, BuildOptions};
 use sessionbox_core::{ConversationKey, ConversationRef, ExecRequest, ExecResult, Session};
 use sessionbox_local::isolated::{IsolatedRuntime, SandboxInfo};
-use sessionbox_local::sandbox::SandboxLimits;
+use sessionbox_sandbox::SandboxLimits;
 use sessionbox_manager::{Conversation, Manager};
 use sessionbox_store::Store;
 
