@@ -261,7 +261,7 @@ impl CommandDir {
     }
 
     /// Starts `request` (working directory `cwd`, already opened beneath the workspace).
-    pub fn spawn(
+    pub(crate) fn spawn(
         &self,
         request: &ExecRequest,
         cwd: OwnedFd,
@@ -372,7 +372,7 @@ impl CommandDir {
     }
 
     /// Every command, oldest first.
-    pub fn load_all(&self) -> Vec<BackgroundCommand> {
+    pub(crate) fn load_all(&self) -> Vec<BackgroundCommand> {
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
             return Vec::new();
         };
@@ -390,12 +390,12 @@ impl CommandDir {
     }
 
     /// One command's status.
-    pub fn get(&self, id: &str) -> Result<BackgroundCommand> {
+    pub(crate) fn get(&self, id: &str) -> Result<BackgroundCommand> {
         load(&self.of(id)?)
     }
 
     /// Output from two offsets, waiting up to `read.wait` for something new.
-    pub async fn output(&self, id: &str, read: OutputRequest) -> Result<CommandOutput> {
+    pub(crate) async fn output(&self, id: &str, read: OutputRequest) -> Result<CommandOutput> {
         read.validate()?;
         let dir = self.of(id)?;
         let deadline = tokio::time::Instant::now() + read.wait;
@@ -450,7 +450,7 @@ impl CommandDir {
 
     /// Kills a running command (`SIGTERM` to its supervisor, which kills the group and records
     /// the end) and waits for the end; a finished one is answered at once.
-    pub async fn kill(&self, id: &str) -> Result<BackgroundCommand> {
+    pub(crate) async fn kill(&self, id: &str) -> Result<BackgroundCommand> {
         let dir = self.of(id)?;
         let c = load(&dir)?;
         if !c.running {
@@ -471,7 +471,7 @@ impl CommandDir {
 
     /// Kills every live supervisor with `SIGKILL` (the conversation is being destroyed; its
     /// commands' processes are killed by the caller). Returns how many were signalled.
-    pub fn kill_all_supervisors(&self) -> usize {
+    pub(crate) fn kill_all_supervisors(&self) -> usize {
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
             return 0;
         };

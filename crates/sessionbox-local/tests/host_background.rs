@@ -4,6 +4,10 @@
 //! runtime over the same data directory (a restarted server) that finds a command still
 //! running, and destroy.
 
+// Integration tests may unwrap (clippy.toml says so, but clippy counts only `#[test]` functions
+// as tests, not the helpers beside them).
+#![allow(clippy::unwrap_used)]
+
 use std::time::{Duration, Instant};
 
 use sessionbox_core::{

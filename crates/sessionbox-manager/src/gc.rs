@@ -78,6 +78,7 @@ pub struct GcItem {
     /// Tenant and id, when a record names them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
+    /// The conversation id, when a record names it (with `tenant`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub conversation: Option<String>,
     /// Host processes the runtime counted for it.

@@ -59,6 +59,17 @@ pub struct Manager {
     skills: Arc<Skills>,
 }
 
+impl std::fmt::Debug for Manager {
+    /// The store (as [`Store::describe`] names it) and the policies; the runtime is opaque.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Manager")
+            .field("store", &self.store.describe())
+            .field("lifecycle", &self.lifecycle)
+            .field("skills", &self.skills)
+            .finish_non_exhaustive()
+    }
+}
+
 /// What [`Manager::destroy`] removed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DestroyOutcome {
@@ -516,6 +527,18 @@ pub struct Conversation {
     store: Store,
     /// When its record was last renewed by this process (see [`Manager::revalidate`]).
     touched: std::sync::Mutex<std::time::Instant>,
+}
+
+impl std::fmt::Debug for Conversation {
+    /// Which conversation, whether this open created it, and its policy hash; the runtime
+    /// session is opaque.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conversation")
+            .field("conversation", &self.conversation)
+            .field("created", &self.created)
+            .field("policy_hash", &self.policy_hash)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Conversation {

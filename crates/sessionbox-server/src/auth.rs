@@ -13,6 +13,7 @@ use crate::error::ApiError;
 /// The caller of a request: the tenant it acts in and the id of the key it showed.
 #[derive(Debug, Clone)]
 pub struct Principal {
+    /// The tenant the request acts in (its key's tenant, or the open tenant).
     pub tenant: TenantId,
     /// `None` when the server runs open (loopback, no key configured).
     pub key_id: Option<String>,

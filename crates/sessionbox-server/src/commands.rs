@@ -46,13 +46,18 @@ impl Commands {
     }
 
     /// Background commands running now, as far as this server knows.
-    pub fn running(&self) -> usize {
+    pub(crate) fn running(&self) -> usize {
         self.lock().values().map(HashSet::len).sum()
     }
 
     /// Records what a runtime answered about commands of `conv`: a running one not watched yet
     /// gets a watcher; an ended one is forgotten.
-    pub fn observe(&self, state: &AppState, conv: &ConversationRef, seen: &[BackgroundCommand]) {
+    pub(crate) fn observe(
+        &self,
+        state: &AppState,
+        conv: &ConversationRef,
+        seen: &[BackgroundCommand],
+    ) {
         for c in seen {
             if c.running {
                 let new = self
@@ -81,7 +86,7 @@ impl Commands {
 
     /// Forgets every command of `key` (the conversation is being destroyed: the runtime kills
     /// them; their watchers end on their next poll).
-    pub fn end_conversation(&self, key: &ConversationKey) {
+    pub(crate) fn end_conversation(&self, key: &ConversationKey) {
         self.lock().remove(key);
     }
 
@@ -213,7 +218,7 @@ pub(crate) struct CommandListView {
 }
 
 impl CommandListView {
-    pub fn of(all: &[BackgroundCommand]) -> Self {
+    pub(crate) fn of(all: &[BackgroundCommand]) -> Self {
         CommandListView {
             commands: all.iter().map(CommandView::from).collect(),
         }
@@ -246,7 +251,7 @@ impl CommandLogsView {
     /// stream is held back (it comes next time); the next offsets say so. When such a piece
     /// is all there is, it is sent as it is (with its exact bytes in `base64`), so that a
     /// client polling for new output never gets the same empty answer again and again.
-    pub fn of(o: &CommandOutput) -> Self {
+    pub(crate) fn of(o: &CommandOutput) -> Self {
         let running = o.command.running;
         let part = |bytes: &[u8], offset: u64| {
             let mut part = bytes;
@@ -302,7 +307,10 @@ impl Waiters {
     ///
     /// # Errors
     /// [`Error::Busy`] naming the limit that is reached.
-    pub fn enter(self: &std::sync::Arc<Self>, key: &ConversationKey) -> Result<WaiterGuard, Error> {
+    pub(crate) fn enter(
+        self: &std::sync::Arc<Self>,
+        key: &ConversationKey,
+    ) -> Result<WaiterGuard, Error> {
         let mut g = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         let (per, total) = &mut *g;
         if *total >= MAX_WAITERS {

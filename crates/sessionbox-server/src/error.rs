@@ -10,12 +10,16 @@ use crate::views::ErrorBody;
 /// An error answer: a status, a stable snake_case code and a message for people.
 #[derive(Debug, Clone)]
 pub struct ApiError {
+    /// The HTTP status of the answer.
     pub status: StatusCode,
+    /// The stable snake_case code clients match on (`invalid_request`, `unauthorized`, ...).
     pub code: &'static str,
+    /// What went wrong, for people; no secret goes in it.
     pub message: String,
 }
 
 impl ApiError {
+    /// An answer with this status, code and message.
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         ApiError {
             status,
@@ -24,10 +28,12 @@ impl ApiError {
         }
     }
 
+    /// 401 `unauthorized`: no usable API key, or one that is not accepted.
     pub fn unauthorized(message: impl Into<String>) -> Self {
         ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
     }
 
+    /// 400 `invalid_request`: the request itself is malformed.
     pub fn bad_request(message: impl Into<String>) -> Self {
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
     }
@@ -58,7 +64,7 @@ impl From<Error> for ApiError {
 /// The error code of a response, kept as a response extension for the audit record and the
 /// metrics.
 #[derive(Debug, Clone, Copy)]
-pub struct ErrorCode(pub &'static str);
+pub(crate) struct ErrorCode(pub &'static str);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -74,7 +80,7 @@ impl IntoResponse for ApiError {
 
 /// Maps an axum extractor rejection (malformed JSON, wrong types, body too large, bad query) to
 /// the error body: 413 for size, 422 for well-formed JSON of the wrong shape, 400 otherwise.
-pub fn rejection(status: StatusCode, text: String) -> ApiError {
+pub(crate) fn rejection(status: StatusCode, text: String) -> ApiError {
     match status {
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(status, "too_large", text),
         StatusCode::UNPROCESSABLE_ENTITY => ApiError::new(status, "invalid_request", text),

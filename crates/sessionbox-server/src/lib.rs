@@ -94,7 +94,7 @@ impl Default for ServerConfig {
 }
 
 /// The shared state of the handlers: a cheap handle on one [`SharedState`].
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct AppState(Arc<SharedState>);
 
 /// What every handler of one server shares: the manager, the settings, and the server's own
@@ -110,6 +110,16 @@ pub struct SharedState {
     sessions: Arc<sessions::Sessions>,
     audit: audit::AuditWriter,
     metrics: metrics::Metrics,
+}
+
+impl std::fmt::Debug for SharedState {
+    /// The manager and the settings; the server's bookkeeping is left out.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedState")
+            .field("manager", &self.manager)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Deref for AppState {

@@ -42,7 +42,7 @@ pub(crate) struct Metrics {
 }
 
 impl Metrics {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let registry = Registry::new_custom(Some("sessionbox".into()), None)
             .expect("a registry with a valid prefix");
         let requests = IntCounterVec::new(

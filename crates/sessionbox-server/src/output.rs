@@ -19,7 +19,7 @@ pub(crate) struct OutputText {
 
 impl OutputText {
     /// `bytes` as text, with base64 when they are not valid UTF-8.
-    pub fn of(bytes: &[u8]) -> Self {
+    pub(crate) fn of(bytes: &[u8]) -> Self {
         match std::str::from_utf8(bytes) {
             Ok(s) => OutputText {
                 text: s.to_owned(),
@@ -61,7 +61,7 @@ pub(crate) struct Utf8Chunker {
 impl Utf8Chunker {
     /// The next chunk to send for `bytes` (with what was held before), or `None` when all of it
     /// is held back.
-    pub fn push(&mut self, bytes: &[u8]) -> Option<OutputText> {
+    pub(crate) fn push(&mut self, bytes: &[u8]) -> Option<OutputText> {
         self.held.extend_from_slice(bytes);
         let keep = incomplete_tail(&self.held);
         let send = self.held.len() - keep;
@@ -74,7 +74,7 @@ impl Utf8Chunker {
     }
 
     /// Whatever is still held (an incomplete character at the very end of the output).
-    pub fn finish(&mut self) -> Option<OutputText> {
+    pub(crate) fn finish(&mut self) -> Option<OutputText> {
         if self.held.is_empty() {
             return None;
         }

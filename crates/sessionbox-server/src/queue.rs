@@ -14,7 +14,7 @@ use tokio::sync::OwnedMutexGuard;
 type Entry = (Arc<tokio::sync::Mutex<()>>, usize);
 
 #[derive(Default)]
-pub struct Queues {
+pub(crate) struct Queues {
     map: Mutex<HashMap<ConversationKey, Entry>>,
 }
 
@@ -38,7 +38,7 @@ impl Drop for Slot {
 }
 
 /// The right to operate on one conversation; the next request's turn comes when it drops.
-pub struct Turn {
+pub(crate) struct Turn {
     // Declared first: released before the slot stops counting.
     _guard: OwnedMutexGuard<()>,
     _slot: Slot,
@@ -46,7 +46,7 @@ pub struct Turn {
 
 impl Queues {
     /// Waits for `key`'s turn; `None` when `max` requests already hold or wait for it.
-    pub async fn turn(self: &Arc<Self>, key: &ConversationKey, max: usize) -> Option<Turn> {
+    pub(crate) async fn turn(self: &Arc<Self>, key: &ConversationKey, max: usize) -> Option<Turn> {
         let (lock, slot) = {
             let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
             let entry = map
@@ -72,7 +72,7 @@ impl Queues {
     }
 
     /// Conversations with requests in flight (for tests and metrics).
-    pub fn busy(&self) -> usize {
+    pub(crate) fn busy(&self) -> usize {
         self.map.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 }

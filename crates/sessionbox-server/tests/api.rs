@@ -2,6 +2,10 @@
 //! real `host` runtime and a real SQLite store. (The `isolated` runtime needs the `sessionbox`
 //! binary; `crates/sessionbox/tests/serve.rs` drives `sessionbox serve` with it.)
 
+// Integration tests may unwrap (clippy.toml says so, but clippy counts only `#[test]` functions
+// as tests, not the helpers beside them).
+#![allow(clippy::unwrap_used)]
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;

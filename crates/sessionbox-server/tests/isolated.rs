@@ -6,6 +6,10 @@
 //! becomes the init or the agent when started as one, and otherwise runs the tests below, each
 //! bounded in time. They need root (CI runs them as root); without it they print SKIPPED.
 
+// Integration tests may unwrap (clippy.toml says so, but clippy counts only `#[test]` functions
+// as tests, not the helpers beside them).
+#![allow(clippy::unwrap_used)]
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -17,8 +21,8 @@ use reqwest::{Client, Method, RequestBuilder, StatusCode};
 use serde_json::{Value, json};
 use sessionbox_core::{ConversationId, ConversationRef, Runtime, TenantId};
 use sessionbox_local::isolated::{IsolatedConfig, IsolatedRuntime};
-use sessionbox_sandbox::SandboxLimits;
 use sessionbox_manager::{Manager, StoreDirectory};
+use sessionbox_sandbox::SandboxLimits;
 use sessionbox_server::{AppState, ServerConfig};
 use sessionbox_store::Store;
 

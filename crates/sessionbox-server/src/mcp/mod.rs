@@ -41,10 +41,10 @@ use crate::auth::Principal;
 use crate::error::ApiError;
 
 /// The header that names the conversation of an MCP request.
-pub const CONVERSATION_HEADER: &str = "x-conversation-id";
+pub(crate) const CONVERSATION_HEADER: &str = "x-conversation-id";
 
 /// The `/mcp` route: authentication and the conversation header, then rmcp's service.
-pub fn route(state: AppState) -> MethodRouter<AppState> {
+pub(crate) fn route(state: AppState) -> MethodRouter<AppState> {
     let mut config = StreamableHttpServerConfig::default();
     if state.config.open_tenant.is_none() {
         // Every request needs a key, so a DNS-rebinding page gains nothing: accept any Host.
@@ -162,7 +162,7 @@ async fn admit(State(s): State<AppState>, mut req: Request, next: Next) -> Respo
 /// The MCP server of one session: over HTTP the caller comes with each request; over stdio it
 /// is fixed for the life of the process.
 #[derive(Clone)]
-pub struct Tools {
+pub(crate) struct Tools {
     state: AppState,
     fixed: Option<Caller>,
 }
