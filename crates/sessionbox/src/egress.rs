@@ -13,11 +13,12 @@ use chrono::Utc;
 use sessionbox_core::{ConversationId, ConversationKey, ConversationRef, Error, TenantId};
 use sessionbox_egress::token::TokenKey;
 use sessionbox_egress::{Auth, Gateway, GatewayConfig, Policy};
+use sessionbox_manager::decode_policy;
 use sessionbox_store::{EgressLogFilter, PolicyScope, Store};
 
 use crate::UsageError;
 use crate::config::EgressSection;
-use crate::runtime::egress::{StoreControl, decode, key_path};
+use crate::runtime::egress::{StoreControl, key_path};
 
 /// `sessionbox policy ...`.
 #[derive(Debug, clap::Subcommand)]
@@ -268,7 +269,7 @@ pub fn policy(
                         Some(s) if s.conversation_id.is_some() => "conversation".to_owned(),
                         Some(_) => format!("tenant {}", c.tenant),
                     };
-                    let p = decode(stored).map_err(Error::Backend)?;
+                    let p = decode_policy(stored.as_ref())?;
                     shown.push((format!("conversation {}", c.id), from, p));
                 }
                 None => {
@@ -284,7 +285,7 @@ pub fn policy(
                             Some(id) => format!("conversation {id}"),
                             None => format!("tenant {tenant}"),
                         };
-                        shown.push((who, "set".into(), decode(Some(s)).map_err(Error::Backend)?));
+                        shown.push((who, "set".into(), decode_policy(Some(&s))?));
                     }
                 }
             }
@@ -393,7 +394,7 @@ pub fn token(
     }
     let conv = ConversationRef::new(tenant.clone(), ConversationId::new(&args.conversation)?);
     let store = Store::open_configured(store_url, &data_dir.join("sessionbox.db"))?;
-    let policy = decode(store.effective_egress_policy(&conv)?).map_err(Error::Backend)?;
+    let policy = decode_policy(store.effective_egress_policy(&conv)?.as_ref())?;
     let key = TokenKey::load_or_create(&key_path(data_dir))
         .context("cannot read or create the egress token key")?;
     let now = Utc::now().timestamp().max(0) as u64;

@@ -10,20 +10,13 @@ use sessionbox_core::{ConversationKey, ConversationRef};
 use sessionbox_egress::token::TokenKey;
 use sessionbox_egress::{Control, LogEntry, Policy};
 use sessionbox_local::isolated::EgressWiring;
-use sessionbox_store::{Store, StoredPolicy};
+use sessionbox_manager::decode_policy;
+use sessionbox_store::Store;
 
 /// The store behind a gateway: the policy in force, read per request, and the verdict log.
 pub struct StoreControl {
     /// The store the policies are read from and the verdicts written to.
     pub store: Store,
-}
-
-/// The policy a stored one decodes to (none stored: no network).
-pub fn decode(stored: Option<StoredPolicy>) -> Result<Policy, String> {
-    match stored {
-        None => Ok(Policy::None),
-        Some(s) => Policy::from_json(&s.policy).map_err(|e| e.to_string()),
-    }
 }
 
 impl StoreControl {
@@ -41,11 +34,13 @@ impl Control for StoreControl {
         match self.conversation(conversation)? {
             // A conversation that no longer exists has no network.
             None => Ok(Policy::None),
-            Some(conv) => decode(
+            Some(conv) => decode_policy(
                 self.store
                     .effective_egress_policy(&conv)
-                    .map_err(|e| e.to_string())?,
-            ),
+                    .map_err(|e| e.to_string())?
+                    .as_ref(),
+            )
+            .map_err(|e| e.to_string()),
         }
     }
 
