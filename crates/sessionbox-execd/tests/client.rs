@@ -3,6 +3,9 @@
 //! framing, redirects, odd error bodies) can be reproduced exactly.
 
 #![cfg(feature = "client")]
+// Integration tests may unwrap (clippy.toml says so, but clippy counts only `#[test]` functions
+// as tests, not the helpers beside them).
+#![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

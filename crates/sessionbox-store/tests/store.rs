@@ -2,6 +2,11 @@
 //! (see `support/pg.rs`). Every behaviour that both backends share is one test body run on
 //! each: `sqlite::NAME` and `postgres::NAME`.
 
+// Integration tests may unwrap (clippy.toml says so, but clippy counts only `#[test]` functions
+// as tests, not the helpers beside them); support modules are `pub` for the files that use them,
+// and a test binary has no public API.
+#![allow(clippy::unwrap_used, unreachable_pub)]
+
 #[path = "support/pg.rs"]
 mod pg;
 
