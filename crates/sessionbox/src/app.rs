@@ -15,7 +15,7 @@ use crate::cli::Globals;
 use crate::off_runtime;
 
 /// Everything a subcommand on the manager needs.
-pub struct App {
+pub(crate) struct App {
     /// The manager of the store and the runtime.
     pub manager: Manager,
     /// The tenant the command acts for.

@@ -11,7 +11,7 @@ use crate::UsageError;
 
 /// Arguments of `sessionbox audit`.
 #[derive(Debug, clap::Args)]
-pub struct AuditArgs {
+pub(crate) struct AuditArgs {
     /// Only this conversation of the tenant (--tenant).
     #[arg(long, short = 'c', value_name = "ID")]
     conversation: Option<String>,
@@ -35,7 +35,7 @@ pub struct AuditArgs {
 ///
 /// # Errors
 /// A [`UsageError`] naming both accepted forms.
-pub fn parse_since(text: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, UsageError> {
+pub(crate) fn parse_since(text: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, UsageError> {
     if let Ok(t) = DateTime::parse_from_rfc3339(text) {
         return Ok(t.with_timezone(&Utc));
     }
@@ -53,7 +53,7 @@ pub fn parse_since(text: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, Usag
 
 /// Runs `sessionbox audit` on the store of `data_dir`. Reads only: a data directory without a
 /// store prints an empty log and creates nothing.
-pub fn run(
+pub(crate) fn run(
     args: &AuditArgs,
     data_dir: &Path,
     store_url: Option<&str>,

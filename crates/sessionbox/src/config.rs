@@ -25,6 +25,8 @@ pub enum RuntimeKind {
 }
 
 impl RuntimeKind {
+    /// The name `--runtime` and `sessionbox.toml` spell it with: `isolated`, `host`, `aio` or
+    /// `opensandbox`.
     pub fn name(self) -> &'static str {
         match self {
             RuntimeKind::Isolated => "isolated",

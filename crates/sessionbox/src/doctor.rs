@@ -12,7 +12,7 @@ use crate::config::RuntimeKind;
 /// Prints the report; exit 0 only when `default` can run here. `opensandbox` is the
 /// OpenSandbox server to probe, when one is configured (or the default runtime needs one).
 /// `limits` are the `isolated` runtime's configured sandbox limits.
-pub async fn run(
+pub(crate) async fn run(
     default: RuntimeKind,
     opensandbox: Option<anyhow::Result<sessionbox_opensandbox::ClientConfig>>,
     aio: Option<anyhow::Result<sessionbox_aio::AioRuntime>>,

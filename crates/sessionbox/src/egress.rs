@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use chrono::Utc;
-use sessionbox_core::{ConversationId, ConversationKey, ConversationRef, Error, TenantId};
+use sessionbox_core::{ConversationId, ConversationKey, ConversationRef, TenantId};
 use sessionbox_egress::token::TokenKey;
 use sessionbox_egress::{Auth, Gateway, GatewayConfig, Policy};
 use sessionbox_manager::decode_policy;
@@ -22,7 +22,7 @@ use crate::runtime::egress::{StoreControl, key_path};
 
 /// `sessionbox policy ...`.
 #[derive(Debug, clap::Subcommand)]
-pub enum PolicyCommand {
+pub(crate) enum PolicyCommand {
     /// Set the network policy of the tenant (--tenant, or SESSIONBOX_TENANT, or the default
     /// tenant) or, with --conversation, of one conversation (which then wins over the
     /// tenant's).
@@ -62,7 +62,7 @@ pub enum PolicyCommand {
 
 /// Arguments of `sessionbox egress-log`.
 #[derive(Debug, clap::Args)]
-pub struct LogArgs {
+pub(crate) struct LogArgs {
     /// Only this conversation of the tenant.
     #[arg(long, short = 'c', value_name = "ID")]
     conversation: Option<String>,
@@ -82,7 +82,7 @@ pub struct LogArgs {
 
 /// Arguments of `sessionbox egress-token`.
 #[derive(Debug, clap::Args)]
-pub struct TokenArgs {
+pub(crate) struct TokenArgs {
     /// The conversation the token speaks for.
     #[arg(long, short = 'c', value_name = "ID")]
     conversation: String,
@@ -93,7 +93,7 @@ pub struct TokenArgs {
 
 /// Arguments of `sessionbox egress-gateway`: defined once in sessionbox-egress, where the
 /// `isolated` runtime builds them to start a conversation's gateway.
-pub use sessionbox_egress::GatewayArgs;
+pub(crate) use sessionbox_egress::GatewayArgs;
 
 fn gateway_config(section: &EgressSection) -> GatewayConfig {
     let mut c = GatewayConfig::default();
@@ -113,7 +113,7 @@ fn gateway_config(section: &EgressSection) -> GatewayConfig {
 }
 
 /// `sessionbox egress-gateway`.
-pub async fn gateway(
+pub(crate) async fn gateway(
     args: &GatewayArgs,
     data_dir: &Path,
     store_url: Option<&str>,
@@ -210,7 +210,7 @@ fn short(hash: &str) -> &str {
 }
 
 /// `sessionbox policy set|show`.
-pub fn policy(
+pub(crate) fn policy(
     command: &PolicyCommand,
     data_dir: &Path,
     store_url: Option<&str>,
@@ -311,7 +311,7 @@ pub fn policy(
 }
 
 /// `sessionbox egress-log`.
-pub fn log(
+pub(crate) fn log(
     args: &LogArgs,
     data_dir: &Path,
     store_url: Option<&str>,
@@ -383,7 +383,7 @@ pub fn log(
 }
 
 /// `sessionbox egress-token`: prints a signed token for a remote runtime's proxy settings.
-pub fn token(
+pub(crate) fn token(
     args: &TokenArgs,
     data_dir: &Path,
     store_url: Option<&str>,

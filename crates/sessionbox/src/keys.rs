@@ -12,7 +12,7 @@ use crate::UsageError;
 /// `sessionbox keys ...`. Keys are never taken on the command line: they are only printed, once,
 /// by `create`.
 #[derive(Debug, clap::Subcommand)]
-pub enum KeysCommand {
+pub(crate) enum KeysCommand {
     /// Create an API key for the tenant given with --tenant; prints the key once on stdout.
     Create {
         /// A note for people: who or what uses the key.
@@ -34,7 +34,7 @@ pub enum KeysCommand {
 
 /// Runs `sessionbox keys ...` on the store in `data_dir`. `tenant` is the tenant given with
 /// --tenant (or SESSIONBOX_TENANT), if any.
-pub fn keys(
+pub(crate) fn keys(
     command: &KeysCommand,
     data_dir: &Path,
     store_url: Option<&str>,

@@ -12,7 +12,7 @@ use crate::App;
 
 /// Arguments of `sessionbox serve`.
 #[derive(Debug, clap::Args)]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     /// Address to listen on. Anything but a loopback address needs an API key to exist
     /// (`sessionbox keys create`). Port 0 picks a free port; the address is printed on stdout.
     #[arg(long, env = "SESSIONBOX_LISTEN", default_value = "127.0.0.1:7070")]
@@ -40,7 +40,7 @@ pub struct ServeArgs {
 }
 
 /// Runs `sessionbox serve` until SIGINT or SIGTERM.
-pub async fn run(ctx: &App, args: ServeArgs, data_dir: &Path) -> anyhow::Result<ExitCode> {
+pub(crate) async fn run(ctx: &App, args: ServeArgs, data_dir: &Path) -> anyhow::Result<ExitCode> {
     // Held (shared) while this server runs, so that `restore` can refuse to replace the store
     // under it.
     let _serving = hold_serving(data_dir)?;
@@ -164,7 +164,7 @@ fn hold_serving(data_dir: &Path) -> anyhow::Result<std::fs::File> {
 ///
 /// # Errors
 /// When a server holds the lock, saying to stop it first.
-pub fn refuse_while_serving(data_dir: &Path) -> anyhow::Result<()> {
+pub(crate) fn refuse_while_serving(data_dir: &Path) -> anyhow::Result<()> {
     let path = serving_lock(data_dir);
     let Ok(f) = std::fs::File::open(&path) else {
         return Ok(()); // no server ever ran here

@@ -31,7 +31,7 @@ use crate::App;
 
 /// Options of `sessionbox verify`.
 #[derive(Debug, clap::Args)]
-pub struct VerifyArgs {
+pub(crate) struct VerifyArgs {
     /// Conversations run at once (at least 2).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..=4096))]
     conversations: u32,
@@ -54,7 +54,7 @@ pub struct VerifyArgs {
 }
 
 /// Where the experiment runs: the configured runtime in this process, or a server over HTTP.
-pub enum Target<'a> {
+pub(crate) enum Target<'a> {
     /// The runtime and store of this process.
     Local(&'a App),
     /// A `sessionbox serve` at `base`.
@@ -249,7 +249,10 @@ impl Run<'_> {
 /// Runs the experiment on `target` for `tenant`; exit 0 only when every check passes.
 /// `verify --via URL...`: the experiment through a server (or replicas of one), with the API
 /// key from SESSIONBOX_API_KEY; no data directory, store or runtime here.
-pub async fn run_via(globals: &crate::cli::Globals, args: VerifyArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn run_via(
+    globals: &crate::cli::Globals,
+    args: VerifyArgs,
+) -> anyhow::Result<ExitCode> {
     let key = std::env::var("SESSIONBOX_API_KEY").ok();
     let client = sessionbox_client::Client::with_replicas(&args.via, key)?;
     let target = Target::Http {
@@ -266,7 +269,7 @@ pub async fn run_via(globals: &crate::cli::Globals, args: VerifyArgs) -> anyhow:
 }
 
 /// Runs the experiment on `target` for `tenant`.
-pub async fn run(
+pub(crate) async fn run(
     target: &Target<'_>,
     tenant: &TenantId,
     args: VerifyArgs,

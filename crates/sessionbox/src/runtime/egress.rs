@@ -14,6 +14,7 @@ use sessionbox_manager::decode_policy;
 use sessionbox_store::Store;
 
 /// The store behind a gateway: the policy in force, read per request, and the verdict log.
+#[derive(Debug)]
 pub struct StoreControl {
     /// The store the policies are read from and the verdicts written to.
     pub store: Store,
