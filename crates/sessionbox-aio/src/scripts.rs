@@ -45,7 +45,7 @@ sb_line() {
 
 /// Creates the conversations root and the workspace (mode 0700), refusing a workspace that is a
 /// symbolic link. Env: `SB_ROOT`, `SB_WS`.
-pub const OPEN: &str = r#"set -u
+pub(crate) const OPEN: &str = r#"set -u
 mkdir -p -- "$SB_ROOT" || { printf 'err\tio\tcannot create the conversations root\n'; exit 0; }
 if [ -L "$SB_WS" ]; then printf 'err\toutside\tthe workspace is a symbolic link\n'; exit 0; fi
 mkdir -m 700 -- "$SB_WS" 2>/dev/null || [ -d "$SB_WS" ] || { printf 'err\tio\tcannot create the workspace\n'; exit 0; }
@@ -69,7 +69,7 @@ printf 'ok\n'"#;
 /// kill) the files stay and [`COLLECT`] reads them. Env: `SB_WS`, `SB_CWD`, `SB_CMD`,
 /// `SB_OUT`, `SB_LIMIT`, optionally `SB_STDIN` (base64). Refusals exit 125 with a marker line
 /// on stderr.
-pub const EXEC: &str = r#"sb_w=$(realpath -e -- "$SB_WS" 2>/dev/null) || { printf 'sessionbox-aio:no-workspace\n' >&2; exit 125; }
+pub(crate) const EXEC: &str = r#"sb_w=$(realpath -e -- "$SB_WS" 2>/dev/null) || { printf 'sessionbox-aio:no-workspace\n' >&2; exit 125; }
 cd -P -- "$SB_CWD" 2>/dev/null || { printf 'sessionbox-aio:cwd-missing\n' >&2; exit 125; }
 case "$(pwd -P)/" in "$sb_w"/*) ;; *) printf 'sessionbox-aio:cwd-outside\n' >&2; exit 125;; esac
 sb_o=$SB_OUT
@@ -94,7 +94,7 @@ exit "$sb_rc""#;
 /// print it (killed at its timeout, or by a kill), in [`EXEC`]'s format with `-` as the status,
 /// and removes the directory; prints `sessionbox-aio:gone` when there is no such directory.
 /// Env: `SB_OUT`, `SB_LIMIT`.
-pub const COLLECT: &str = r#"[ -d "$SB_OUT" ] || { printf 'sessionbox-aio:gone\n'; exit 0; }
+pub(crate) const COLLECT: &str = r#"[ -d "$SB_OUT" ] || { printf 'sessionbox-aio:gone\n'; exit 0; }
 printf 'sessionbox-aio:1 -\n'
 [ -s "$SB_OUT/o" ] && head -c "$SB_LIMIT" -- "$SB_OUT/o" | base64 -w 0
 printf '\n'
@@ -104,10 +104,10 @@ rm -rf -- "$SB_OUT""#;
 
 /// Directory, beside the workspaces under the conversations root, holding the per-command
 /// output directories of [`EXEC`] (named `<key>.<unique>`, removed when the command ends).
-pub const EXEC_OUTPUT_DIR: &str = ".sessionbox-exec";
+pub(crate) const EXEC_OUTPUT_DIR: &str = ".sessionbox-exec";
 
 /// Exit code [`EXEC`] uses when it refuses.
-pub const EXEC_REFUSED: i32 = 125;
+pub(crate) const EXEC_REFUSED: i32 = 125;
 
 /// The file-operation checks. `SB_OP` selects one; `SB_WS` is the workspace, `SB_PATH` the
 /// target as the runtime presents it (already through the path policy). Each resolves real
@@ -122,7 +122,7 @@ pub const EXEC_REFUSED: i32 = 125;
 ///   is set, every symbolic link under it, one absolute path per line.
 /// - `stat`: -> `ok TYPE|SIZE|MODE|MTIME` (`stat -L`).
 /// - `mkdir`, `remove` (`SB_RECURSIVE=1` for trees): -> `ok`.
-pub const FILE_OP: &str = r#"set -u
+pub(crate) const FILE_OP: &str = r#"set -u
 fail() { printf 'err\t%s\t%s\n' "$1" "$2"; exit 0; }
 w=$(realpath -e -- "$SB_WS" 2>/dev/null) || fail not_found "the workspace does not exist"
 inside() { case "$1/" in "$w"/*) return 0;; *) return 1;; esac; }
@@ -201,7 +201,7 @@ esac"#;
 /// removes the workspace, the commands' directory and any output directories its commands left
 /// in [`EXEC_OUTPUT_DIR`]. Prints `ok KILLED REMOVED`. `SB_WS` is always
 /// `<root>/<64 hex digits>`.
-pub const DESTROY: &str = concat!(
+pub(crate) const DESTROY: &str = concat!(
     common!(),
     r#"set -u
 W=$(realpath -m -- "$SB_WS")
@@ -242,7 +242,7 @@ printf 'ok\t%s\t%s\n' "$killed" "$removed""#
 
 /// Lists the workspaces under `SB_ROOT` (`D NAME`) and the processes whose working directory
 /// is inside one (`P PID NAME`).
-pub const INVENTORY: &str = r#"set -u
+pub(crate) const INVENTORY: &str = r#"set -u
 [ -d "$SB_ROOT" ] || exit 0
 R=$(realpath -e -- "$SB_ROOT") || exit 0
 for d in "$R"/*; do [ -d "$d" ] && printf 'D\t%s\n' "${d##*/}"; done
@@ -269,7 +269,7 @@ done"#;
 ///   temporary file, then a rename) after both output pipes are drained.
 ///
 /// Everything lives in the container, so a restarted `serve` (a new runtime) finds it all.
-pub const COMMANDS_DIR: &str = ".sessionbox-commands";
+pub(crate) const COMMANDS_DIR: &str = ".sessionbox-commands";
 
 /// The detached runner of one background command, started by [`SPAWN`] under `setsid` (a
 /// session of its own, so closing the AIO bash session that started it does not end it). It
@@ -278,7 +278,7 @@ pub const COMMANDS_DIR: &str = ".sessionbox-commands";
 /// watchdog, kills what the command left in its group when it ends, waits for the pipes and
 /// writes `end`. Env (from [`SPAWN`]): `SB_D`, `SB_RCWD`, `SB_CMD`, `SB_LIMIT` (the limit plus
 /// one), `SB_TIMEOUT` (seconds), and the command's own environment.
-pub const RUNNER: &str = concat!(
+pub(crate) const RUNNER: &str = concat!(
     common!(),
     r#"d=$SB_D
 sb_cmd=$SB_CMD; sb_l=$SB_LIMIT; sb_to=$SB_TIMEOUT; sb_cwd=$SB_RCWD
@@ -316,7 +316,7 @@ rm -f -- "$d/o.fifo" "$d/e.fifo""#
 /// `err CODE DETAIL` (`busy`, `not_found`, `cwd_missing`, `outside`, `io`). Env: `SB_WS`,
 /// `SB_CWD`, `SB_CMD`, `SB_CMDS`, `SB_ID`, `SB_MAX_RUNNING`, `SB_KEEP`, `SB_OUTPUT_LIMIT`,
 /// `SB_LIMIT`, `SB_TIMEOUT`, `SB_RUNNER`, optionally `SB_STDIN` (base64).
-pub const SPAWN: &str = concat!(
+pub(crate) const SPAWN: &str = concat!(
     common!(),
     r#"set -u
 fail() { printf 'err\t%s\t%s\n' "$1" "$2"; exit 0; }
@@ -364,7 +364,7 @@ printf 'ok\t%s\n' "$t0""#
 /// Prints the status line (see the `common` functions) of every background command in
 /// `SB_CMDS`, or of `SB_CMDS/SB_ID` alone when `SB_ID` is set (`sessionbox-aio:gone` when it
 /// does not exist).
-pub const STATUS: &str = concat!(
+pub(crate) const STATUS: &str = concat!(
     common!(),
     r#"if [ -n "${SB_ID-}" ]; then
   [ -f "$SB_CMDS/$SB_ID/started" ] || { printf 'sessionbox-aio:gone\n'; exit 0; }
@@ -385,7 +385,7 @@ done"#
 /// past the limit) as base64 on a line each, then `sessionbox-aio:end`;
 /// `sessionbox-aio:gone` when the command does not exist. Env: `SB_D`, `SB_ID`, `SB_OF`,
 /// `SB_EF`, `SB_MAX`, `SB_WAIT_MS`.
-pub const OUTPUT: &str = concat!(
+pub(crate) const OUTPUT: &str = concat!(
     common!(),
     r#"[ -f "$SB_D/started" ] || { printf 'sessionbox-aio:gone\n'; exit 0; }
 read -r l < "$SB_D/limit"
@@ -416,7 +416,7 @@ printf 'sessionbox-aio:end\n'"#
 /// (the runner, in a group of its own, lives on to record the end) and waits up to
 /// `SB_KILL_WAIT_MS` for the end record; a command that has ended is left as it is. Prints its
 /// status line as [`STATUS`] does. Env: `SB_D`, `SB_ID`, `SB_KILL_WAIT_MS`.
-pub const KILL: &str = concat!(
+pub(crate) const KILL: &str = concat!(
     common!(),
     r#"[ -f "$SB_D/started" ] || { printf 'sessionbox-aio:gone\n'; exit 0; }
 sb_state "$SB_D"

@@ -4,6 +4,11 @@
 //! second runtime (as after a restart of `serve`) that lists and kills a command the first one
 //! started, and destroy.
 
+// Integration tests may unwrap (clippy.toml says so, but clippy counts only `#[test]` functions
+// as tests, not the helpers beside them); support modules are `pub` for the files that use them,
+// and a test binary has no public API.
+#![allow(clippy::unwrap_used, unreachable_pub)]
+
 mod common;
 
 use std::time::{Duration, Instant};

@@ -2,6 +2,11 @@
 //! isolation, 8 x 5 concurrency with the same file name, path refusal without any HTTP call,
 //! and typed errors. Real commands, real files, real SQLite.
 
+// Integration tests may unwrap (clippy.toml says so, but clippy counts only `#[test]` functions
+// as tests, not the helpers beside them); support modules are `pub` for the files that use them,
+// and a test binary has no public API.
+#![allow(clippy::unwrap_used, unreachable_pub)]
+
 mod common;
 
 use std::sync::Arc;

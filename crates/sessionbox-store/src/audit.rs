@@ -11,7 +11,7 @@ impl Store {
     /// Appends an entry to the audit log.
     ///
     /// # Errors
-    /// [`Error::Backend`] when the database fails.
+    /// [`Error::Backend`](sessionbox_core::Error::Backend) when the database fails.
     pub fn audit(&self, entry: &AuditEntry) -> Result<()> {
         self.read(|db| insert_audit(db, entry))
     }
@@ -19,7 +19,7 @@ impl Store {
     /// Appends `entries` to the audit log in one transaction: all or none.
     ///
     /// # Errors
-    /// [`Error::Backend`] when the database fails.
+    /// [`Error::Backend`](sessionbox_core::Error::Backend) when the database fails.
     pub fn audit_many(&self, entries: &[AuditEntry]) -> Result<()> {
         self.write("append to the audit log", TxLock::None, |db| {
             entries.iter().try_for_each(|e| insert_audit(db, e))
@@ -31,7 +31,7 @@ impl Store {
     /// operation records are counted, not the front ends' `http.*` and `mcp.*` records.
     ///
     /// # Errors
-    /// [`Error::Backend`] when the database fails.
+    /// [`Error::Backend`](sessionbox_core::Error::Backend) when the database fails.
     pub fn operation_counts(
         &self,
         key: &ConversationKey,
@@ -55,7 +55,7 @@ impl Store {
     /// Audit entries matching `filter`, newest first (by time, then by append order).
     ///
     /// # Errors
-    /// [`Error::Backend`] when the database fails or a stored row is malformed.
+    /// [`Error::Backend`](sessionbox_core::Error::Backend) when the database fails or a stored row is malformed.
     pub fn audit_log(&self, filter: &AuditFilter) -> Result<Vec<AuditRecord>> {
         let limit = filter
             .limit

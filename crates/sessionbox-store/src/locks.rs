@@ -33,7 +33,7 @@ impl Store {
     /// Holds `key` for one operation across threads, processes and (with PostgreSQL) replicas:
     /// a second caller waits until the guard drops. Blocks; async callers use `spawn_blocking`.
     ///
-    /// With SQLite it is an exclusive `flock` on one of [`LOCK_STRIPES`] files beside the
+    /// With SQLite it is an exclusive `flock` on one of 4,096 (`LOCK_STRIPES`) files beside the
     /// database (`locks/`), so two conversations may share a stripe and wait for each other;
     /// an in-memory store holds nothing across processes (and returns at once). With
     /// PostgreSQL it is a session-level advisory lock on a connection of its own, released

@@ -456,7 +456,7 @@ fn crash_recovery(store_url: Option<&str>) {
                     let mut n = 0u64;
                     while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                         let (path, content) = (format!("w{n}.txt"), format!("write {i} {n}"));
-                        let ok = if n % 2 == 0 {
+                        let ok = if n.is_multiple_of(2) {
                             http.put(url(&base, &id, &format!("/files/{path}")))
                                 .body(content.clone())
                                 .send()

@@ -242,7 +242,7 @@ pub fn base64_decode(s: &str) -> Vec<u8> {
         }
     }
     let s = s.trim().as_bytes();
-    assert!(s.len() % 4 == 0, "base64 of a bad length");
+    assert!(s.len().is_multiple_of(4), "base64 of a bad length");
     let mut out = Vec::with_capacity(s.len() / 4 * 3);
     for q in s.chunks(4) {
         let pad = q.iter().rev().take_while(|&&c| c == b'=').count();

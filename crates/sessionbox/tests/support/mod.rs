@@ -16,8 +16,8 @@ use sessionbox::config::FileConfig;
 use sessionbox::runtime::{self, BuildOptions};
 use sessionbox_core::{ConversationKey, ConversationRef, ExecRequest, ExecResult, Session};
 use sessionbox_local::isolated::{IsolatedRuntime, SandboxInfo};
-use sessionbox_sandbox::SandboxLimits;
 use sessionbox_manager::{Conversation, Manager};
+use sessionbox_sandbox::SandboxLimits;
 use sessionbox_store::Store;
 
 pub const EXE: &str = env!("CARGO_BIN_EXE_sessionbox");
