@@ -488,17 +488,6 @@ impl Cgroups {
         Ok(())
     }
 
-    /// Moves `pid` (its whole thread group) into every directory, v1 and v2. Used only to put
-    /// back a sandbox found outside its cgroups (see `launch_with`).
-    pub(crate) fn add_process_everywhere(&self, pid: u32) -> Result<()> {
-        for d in &self.dirs {
-            let p = d.path.join("cgroup.procs");
-            write(&p, &pid.to_string())
-                .map_err(|e| io_err(&d.controllers.join(","), "move a process into", &p, e))?;
-        }
-        Ok(())
-    }
-
     /// The cgroup v1 directories.
     pub(crate) fn v1_paths(&self) -> Vec<PathBuf> {
         self.dirs

@@ -657,15 +657,12 @@ pub fn launch_with(
         ));
     };
     // The limits hold only if the monitor (and so everything it started) is in every cgroup.
-    // Seen on a loaded test machine: the whole new sandbox found in the root cgroups right after
-    // it started, as if moved by something outside. Then the monitor and every process under it
-    // are moved back once, and checked again; a sandbox still outside is refused.
-    if !cgroups.is_empty() && !cgroups.holds(monitor.id()) {
-        for pid in process_tree(monitor.id()) {
-            let _ = cgroups.add_process_everywhere(pid);
-        }
-    }
-    if !cgroups.is_empty() && !cgroups.holds(monitor.id()) {
+    // A monitor that has already exited is no exception: a short program can end before this
+    // check runs (seen on a loaded machine), and a zombie's `/proc/PID/cgroup` names the root of
+    // every hierarchy while its cgroups' `cgroup.procs` are empty. Nothing of the sandbox is
+    // left to contain then; its exit status stays in `monitor` (`try_wait` keeps it for `wait`).
+    let exited = |monitor: &mut Child| matches!(monitor.try_wait(), Ok(Some(_)));
+    if !cgroups.is_empty() && !cgroups.holds(monitor.id()) && !exited(&mut monitor) {
         let id = monitor.id();
         return Err(fail(
             &mut monitor,
@@ -936,32 +933,6 @@ impl Drop for SandboxHandle {
             tracing::warn!(error = %e, "could not tear a sandbox down");
         }
     }
-}
-
-/// `pid` and every process under it (from `/proc/PID/task/TID/children`), at most 256.
-fn process_tree(pid: u32) -> Vec<u32> {
-    let mut out = vec![pid];
-    let mut i = 0;
-    while i < out.len() && out.len() < 256 {
-        let p = out[i];
-        i += 1;
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
-            continue;
-        };
-        for t in tasks.flatten() {
-            if let Ok(children) = std::fs::read_to_string(t.path().join("children")) {
-                out.extend(
-                    children
-                        .split_whitespace()
-                        .filter_map(|c| c.parse::<u32>().ok())
-                        .filter(|c| !out.contains(c))
-                        .collect::<Vec<_>>(),
-                );
-            }
-        }
-    }
-    out.truncate(256);
-    out
 }
 
 #[cfg(test)]

@@ -762,6 +762,37 @@ fn signals_reach_the_program_and_its_status_comes_back() {
     assert_eq!(status, ExitStatus::Code(7));
 }
 
+/// A program that ends at once can end before the launcher checks that the sandbox is in its
+/// cgroups; a zombie monitor shows the root of every hierarchy in `/proc/PID/cgroup`. Such a
+/// launch is not an escape: it succeeded and reports the program's status (two threads launch
+/// at once so that, on two cores, the check often runs late; before the fix CI saw "the sandbox
+/// monitor ... is not in all of its cgroups" here now and then).
+#[test]
+fn a_program_that_ends_at_once_is_a_normal_launch() {
+    needs_root!();
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            std::thread::spawn(|| {
+                for _ in 0..25 {
+                    let c = Case::new("exit 3");
+                    let h = launch(&c.spec, Path::new(INIT), &[])
+                        .unwrap_or_else(|e| panic!("a launch failed: {e}"));
+                    let paths = h.cgroup_paths();
+                    let status = h.wait_timeout(Duration::from_secs(20)).unwrap();
+                    assert_eq!(status, Some(ExitStatus::Code(3)));
+                    drop(h);
+                    for p in &paths {
+                        assert!(!p.exists(), "{p:?} remains after the sandbox ended");
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
 #[test]
 fn limits_are_written_to_the_cgroups_and_rlimits() {
     needs_root!();
