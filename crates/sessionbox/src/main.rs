@@ -21,6 +21,7 @@ mod hint;
 mod keys;
 mod serve;
 mod session;
+mod shown;
 mod skills;
 mod verify;
 
@@ -131,7 +132,8 @@ async fn run(globals: Globals, command: RunCommand) -> anyhow::Result<ExitCode> 
                 globals.endpoint.as_deref(),
                 &conv.key,
             )?;
-            let prepared = session::prepare(&root, &command)?;
+            let max_file_bytes = settings.file.limits.unwrap_or_default().max_file_bytes;
+            let prepared = session::prepare(&root, &command, max_file_bytes)?;
             let app = App::build(&globals, &settings, lifecycle, kind, store)?;
             session::run(&app, &conv, command, prepared).await
         }

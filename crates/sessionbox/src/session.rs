@@ -22,9 +22,14 @@ pub(crate) struct Prepared {
 }
 
 /// Checks every input of `command` against the workspace root as the runtime presents it, and
-/// reads what it needs from stdin. Runs before the store or the runtime exists, so bad input
-/// creates nothing (not even the data directory).
-pub(crate) fn prepare(root: &str, command: &SessionCommand) -> anyhow::Result<Prepared> {
+/// reads what it needs from stdin (for `write`, at most `max_file_bytes`, the file limit of
+/// `[limits]`: more is refused before anything is written). Runs before the store or the
+/// runtime exists, so bad input creates nothing (not even the data directory).
+pub(crate) fn prepare(
+    root: &str,
+    command: &SessionCommand,
+    max_file_bytes: u64,
+) -> anyhow::Result<Prepared> {
     let check = |p: &str| sessionbox_core::WorkspacePath::resolve(root, p).map(|_| ());
     match command {
         SessionCommand::Exec { cwd: Some(cwd), .. } => check(cwd)?,
@@ -71,15 +76,49 @@ pub(crate) fn prepare(root: &str, command: &SessionCommand) -> anyhow::Result<Pr
     };
     let write_data = match command {
         SessionCommand::Write { .. } => {
-            let mut buf = Vec::new();
-            std::io::stdin()
-                .read_to_end(&mut buf)
-                .context("cannot read stdin")?;
-            Some(buf)
+            let Some(data) = read_at_most(std::io::stdin().lock(), max_file_bytes)
+                .context("cannot read stdin")?
+            else {
+                return Err(UsageError(format!(
+                    "stdin is larger than {max_file_bytes} bytes, the largest file `write` takes \
+                     (max_file_bytes in [limits] of sessionbox.toml); nothing was written: make \
+                     the file inside the workspace with `sessionbox exec` (download or generate \
+                     it there), or raise max_file_bytes"
+                ))
+                .into());
+            };
+            Some(data)
         }
         _ => None,
     };
     Ok(Prepared { exec, write_data })
+}
+
+/// All of `input` if it is at most `limit` bytes, else `None` as soon as more arrives: read in
+/// chunks, so memory stays bounded by the limit (about) whatever the input's size.
+pub(crate) fn read_at_most(mut input: impl Read, limit: u64) -> std::io::Result<Option<Vec<u8>>> {
+    const CHUNK: usize = 64 * 1024;
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let mut data = Vec::new();
+    let mut chunk = vec![0; CHUNK];
+    loop {
+        let n = match input.read(&mut chunk) {
+            Ok(0) => return Ok(Some(data)),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        let len = data.len() + n;
+        if len > limit {
+            return Ok(None);
+        }
+        if data.capacity() < len {
+            // Doubling, but never past the limit.
+            let want = (data.capacity() * 2).max(len).min(limit);
+            data.reserve_exact(want - data.len());
+        }
+        data.extend_from_slice(&chunk[..n]);
+    }
 }
 
 fn grep_request(
@@ -130,8 +169,12 @@ fn exec_request(
         req = req.env(k, v);
     }
     if stdin {
+        // One byte over the limit is enough for `validate` to refuse it naming the limit.
+        let max = sessionbox_core::MAX_STDIN_BYTES as u64 + 1;
         let mut buf = Vec::new();
         std::io::stdin()
+            .lock()
+            .take(max)
             .read_to_end(&mut buf)
             .context("cannot read stdin")?;
         req = req.stdin(buf);
@@ -241,6 +284,7 @@ async fn run_on_session(
     write_data: Option<Vec<u8>>,
 ) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
+    let names = crate::shown::Names::for_stdout();
     match command {
         SessionCommand::Exec {
             background: true, ..
@@ -381,7 +425,7 @@ async fn run_on_session(
                     FileKind::Symlink => "l",
                     FileKind::Other => "?",
                 };
-                writeln!(out, "{kind} {:>12} {}", e.size, e.name)?;
+                writeln!(out, "{kind} {:>12} {}", e.size, names.show(&e.name))?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -405,7 +449,7 @@ async fn run_on_session(
         }
         SessionCommand::Glob { pattern, .. } => {
             for p in s.glob(&pattern).await? {
-                writeln!(out, "{p}")?;
+                writeln!(out, "{}", names.show(&p))?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -419,7 +463,7 @@ async fn run_on_session(
             let req = grep_request(&pattern, &path, &glob, ignore_case);
             let matches = s.grep(&req).await?;
             for m in &matches {
-                writeln!(out, "{}:{}:{}", m.path, m.line_number, m.line)?;
+                writeln!(out, "{}:{}:{}", names.show(&m.path), m.line_number, m.line)?;
             }
             Ok(if matches.is_empty() {
                 ExitCode::from(1)
@@ -439,6 +483,19 @@ mod tests {
             sessionbox_core::TenantId::new("t1").unwrap(),
             "c1".parse().unwrap(),
         )
+    }
+
+    #[test]
+    fn stdin_is_read_up_to_its_limit_and_no_further() {
+        let data: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+        assert_eq!(read_at_most(&data[..], 200_000).unwrap().unwrap(), data);
+        assert_eq!(read_at_most(&b""[..], 0).unwrap().unwrap(), b"");
+        assert!(read_at_most(&data[..], 199_999).unwrap().is_none());
+        // It stops at the first chunk past the limit: an endless input ends.
+        assert!(read_at_most(std::io::repeat(0), 100_000).unwrap().is_none());
+        // What it holds never grows past the limit.
+        let held = read_at_most(&data[..150_000], 150_000).unwrap().unwrap();
+        assert!(held.capacity() <= 150_000, "{}", held.capacity());
     }
 
     #[test]

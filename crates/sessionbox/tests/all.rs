@@ -22,6 +22,7 @@ mod support;
 
 mod background;
 mod cli;
+mod cli_containment;
 mod cli_manners;
 mod egress;
 mod isolated_gc;

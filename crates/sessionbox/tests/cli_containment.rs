@@ -1,0 +1,203 @@
+//! What the CLI takes in and prints out stays contained: `write` reads stdin only up to the file
+//! limit (refusing more, exit 2, with memory bounded by the limit and nothing written), and
+//! workspace names reach a terminal escaped, a pipe byte for byte. A real `sessionbox` binary
+//! on the `host` runtime.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// The file limit the tests' configuration sets (`[limits] max_file_bytes`).
+const LIMIT: usize = 1024 * 1024;
+
+fn data_dir(d: &Path) -> PathBuf {
+    let data = d.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(
+        data.join("sessionbox.toml"),
+        format!("runtime = \"host\"\n[limits]\nmax_file_bytes = {LIMIT}\n"),
+    )
+    .unwrap();
+    data
+}
+
+fn cli(data: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sessionbox"));
+    c.arg("--data-dir")
+        .arg(data)
+        .env_remove("SESSIONBOX_RUNTIME")
+        .env_remove("SESSIONBOX_TENANT")
+        .env_remove("SESSIONBOX_LOG");
+    c
+}
+
+/// Runs `write -c c1 PATH` with `input` on stdin; exit code and stderr.
+fn write(data: &Path, path: &str, input: &[u8]) -> (Option<i32>, String) {
+    let mut child = cli(data)
+        .args(["write", "-c", "c1", path])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The one workspace under `data` (of conversation c1).
+fn workspace(data: &Path) -> PathBuf {
+    let mut all: Vec<_> = std::fs::read_dir(data.join("workspaces"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(all.len(), 1, "{all:?}");
+    all.pop().unwrap()
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut n: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    n.sort();
+    n
+}
+
+/// Peak resident memory (VmHWM) of process `pid`, in bytes, if it still runs.
+fn peak_rss(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+#[test]
+fn write_refuses_stdin_over_the_file_limit_without_reading_it_all() {
+    let d = tempfile::tempdir().unwrap();
+    let data = data_dir(d.path());
+    // Under and at the limit: written byte for byte.
+    let exact: Vec<u8> = (0..LIMIT).map(|i| (i * 7 + i / 251) as u8).collect();
+    assert_eq!(
+        write(&data, "keep.bin", &exact[..1000]),
+        (Some(0), String::new())
+    );
+    assert_eq!(write(&data, "full.bin", &exact), (Some(0), String::new()));
+    let ws = workspace(&data);
+    assert_eq!(std::fs::read(ws.join("full.bin")).unwrap(), exact);
+
+    // 256 MiB of zeros from a generator, on an existing file and on a new one.
+    const INPUT: usize = 256 * 1024 * 1024;
+    for path in ["keep.bin", "new.bin"] {
+        let mut child = cli(&data)
+            .args(["write", "-c", "c1", path])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let feeder = std::thread::spawn(move || {
+            let zeros = vec![0u8; 1024 * 1024];
+            let mut sent = 0;
+            // Ends when the CLI stops reading (a broken pipe) or all is sent.
+            while sent < INPUT && stdin.write_all(&zeros).is_ok() {
+                sent += zeros.len();
+            }
+            sent
+        });
+        let pid = child.id();
+        let mut peak = None;
+        while child.try_wait().unwrap().is_none() {
+            peak = peak_rss(pid).max(peak);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let sent = feeder.join().unwrap();
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains(&format!("stdin is larger than {LIMIT} bytes"))
+                && err.contains("max_file_bytes in [limits]")
+                && err.contains("nothing was written"),
+            "{err}"
+        );
+        assert!(!err.contains("backend error"), "{err}");
+        assert!(sent < INPUT, "the CLI read all {sent} bytes");
+        let peak = peak.expect("sampled the CLI's memory while it ran");
+        assert!(
+            peak < 100 * 1024 * 1024,
+            "peak RSS {peak} bytes for a {LIMIT}-byte limit"
+        );
+    }
+    assert_eq!(std::fs::read(ws.join("keep.bin")).unwrap(), &exact[..1000]);
+    assert_eq!(names(&ws), ["full.bin", "keep.bin"]);
+}
+
+/// A name that would set the terminal's title, and one with a newline and a C1 CSI.
+const HOSTILE: &str = "\x1b]0;pwned\x07";
+const HOSTILE_ESCAPED: &str = "\\x1b]0;pwned\\x07";
+const OTHER: &str = "a\nb\u{9b}2J";
+const OTHER_ESCAPED: &str = "a\\nb\\u{9b}2J";
+
+/// `sessionbox ARGS` with stdout on a pseudo-terminal (through `script`); what it printed.
+fn on_a_terminal(data: &Path, args: &str) -> String {
+    let line = format!(
+        "'{}' --data-dir '{}' {args}",
+        env!("CARGO_BIN_EXE_sessionbox"),
+        data.display()
+    );
+    let out = Command::new("script")
+        .args(["-q", "-e", "-c", &line, "/dev/null"])
+        .env_remove("SESSIONBOX_RUNTIME")
+        .env_remove("SESSIONBOX_TENANT")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run script(1)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{args}: {text}");
+    text
+}
+
+#[test]
+fn names_are_escaped_on_a_terminal_and_exact_on_a_pipe() {
+    let d = tempfile::tempdir().unwrap();
+    let data = data_dir(d.path());
+    assert_eq!(write(&data, "plain.txt", b"x\n"), (Some(0), String::new()));
+    let ws = workspace(&data);
+    for name in [HOSTILE, OTHER] {
+        std::fs::write(ws.join(name), "x\n").unwrap();
+    }
+    for args in ["ls -c c1 .", "glob -c c1 '*'", "grep -c c1 x"] {
+        let shown = on_a_terminal(&data, args);
+        assert!(
+            !shown.contains('\x1b') && !shown.contains('\x07'),
+            "{args}: {shown:?}"
+        );
+        for name in [HOSTILE_ESCAPED, OTHER_ESCAPED, "plain.txt"] {
+            assert!(shown.contains(name), "{args}: {shown:?} lacks {name:?}");
+        }
+        let piped = cli(&data)
+            .args(shell_split(args))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(piped.status.success(), "{args}: {piped:?}");
+        let piped = String::from_utf8(piped.stdout).unwrap();
+        for name in [HOSTILE, OTHER, "plain.txt"] {
+            assert!(piped.contains(name), "{args}: {piped:?} lacks {name:?}");
+        }
+        assert!(!piped.contains(HOSTILE_ESCAPED), "{args}: {piped:?}");
+    }
+}
+
+/// `args` split at spaces, without the quotes a shell would remove.
+fn shell_split(args: &str) -> Vec<String> {
+    args.split(' ')
+        .map(|a| a.trim_matches('\'').to_owned())
+        .collect()
+}
