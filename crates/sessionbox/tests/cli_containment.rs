@@ -32,15 +32,20 @@ fn cli(data: &Path) -> Command {
     c
 }
 
-/// Runs `write -c c1 PATH` with `input` on stdin; exit code and stderr.
-fn write(data: &Path, path: &str, input: &[u8]) -> (Option<i32>, String) {
-    let mut child = cli(data)
+/// Starts `write -c c1 PATH` with stdin and stderr piped.
+fn spawn_write(data: &Path, path: &str) -> std::process::Child {
+    cli(data)
         .args(["write", "-c", "c1", path])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+/// Runs `write -c c1 PATH` with `input` on stdin; exit code and stderr.
+fn write(data: &Path, path: &str, input: &[u8]) -> (Option<i32>, String) {
+    let mut child = spawn_write(data, path);
     child.stdin.take().unwrap().write_all(input).unwrap();
     let out = child.wait_with_output().unwrap();
     (
@@ -93,13 +98,7 @@ fn write_refuses_stdin_over_the_file_limit_without_reading_it_all() {
     // 256 MiB of zeros from a generator, on an existing file and on a new one.
     const INPUT: usize = 256 * 1024 * 1024;
     for path in ["keep.bin", "new.bin"] {
-        let mut child = cli(&data)
-            .args(["write", "-c", "c1", path])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_write(&data, path);
         let mut stdin = child.stdin.take().unwrap();
         let feeder = std::thread::spawn(move || {
             let zeros = vec![0u8; 1024 * 1024];
