@@ -490,9 +490,10 @@ impl Policy {
             };
         }
         if host_local {
-            return match allow.iter().find(|r| {
-                r.covers_addr(ip, port) && r.is_exact()
-            }) {
+            return match allow
+                .iter()
+                .find(|r| r.covers_addr(ip, port) && r.is_exact())
+            {
                 Some(r) => Verdict::Allow {
                     rule: r.to_string(),
                 },
@@ -505,7 +506,10 @@ impl Policy {
             };
         }
         if let Some(what) = fabric(ip) {
-            return match allow.iter().find(|r| r.covers_addr(ip, port) && r.is_exact()) {
+            return match allow
+                .iter()
+                .find(|r| r.covers_addr(ip, port) && r.is_exact())
+            {
                 Some(r) => Verdict::Allow {
                     rule: r.to_string(),
                 },
@@ -745,8 +749,8 @@ mod tests {
                 "{a} by name"
             );
         }
-        let inside = Policy::allowlist(&["198.18.0.0/24", "2001:db8::/48", "100.64.0.0/10"], &[])
-            .unwrap();
+        let inside =
+            Policy::allowlist(&["198.18.0.0/24", "2001:db8::/48", "100.64.0.0/10"], &[]).unwrap();
         assert!(inside.check_addr(ip("198.18.0.9"), 443, None).is_allow());
         assert!(!inside.check_addr(ip("198.19.0.9"), 443, None).is_allow());
         assert!(inside.check_addr(ip("2001:db8::5"), 443, None).is_allow());

@@ -245,11 +245,21 @@ mod tests {
                 "{a}"
             );
         }
-        for a in ["8.8.8.8", "1.1.1.1", "198.20.0.1", "2606:4700::1111", "2001:4860::8888"] {
+        for a in [
+            "8.8.8.8",
+            "1.1.1.1",
+            "198.20.0.1",
+            "2606:4700::1111",
+            "2001:4860::8888",
+        ] {
             assert_eq!(reserved(ip(a)), None, "{a}");
         }
         assert_eq!(private(ip("10.1.2.3")), Some("10.0.0.0/8"));
-        assert_eq!(private(ip("192.0.2.1")), None, "special-purpose, not private");
+        assert_eq!(
+            private(ip("192.0.2.1")),
+            None,
+            "special-purpose, not private"
+        );
     }
 
     #[test]

@@ -149,7 +149,10 @@ fn print_uids(file: &FileConfig, data_dir: &Path) {
             "[isolated] uid_base, not claimed".to_owned(),
         ),
         None => match IsolatedConfig::recorded_uids(data_dir) {
-            Some(r) => (r, format!("this installation's own, claimed in {UID_REGISTRY}")),
+            Some(r) => (
+                r,
+                format!("this installation's own, claimed in {UID_REGISTRY}"),
+            ),
             None => {
                 outln!(
                     "  uid range    not claimed yet: the first use claims a range no other installation on this host holds ({UID_REGISTRY})"

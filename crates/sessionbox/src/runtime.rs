@@ -128,9 +128,7 @@ pub fn installation_uids(
     }
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
-    let count = iso
-        .uid_count
-        .unwrap_or(IsolatedConfig::DEFAULT_UID_COUNT);
+    let count = iso.uid_count.unwrap_or(IsolatedConfig::DEFAULT_UID_COUNT);
     Ok(Some(IsolatedConfig::installation_uids(
         data_dir,
         count,

@@ -239,12 +239,20 @@ fn two_installations_on_one_host_never_share_a_sandbox_uid() {
             .map(|e| std::os::unix::fs::MetadataExt::uid(&e.unwrap().metadata().unwrap()))
             .collect();
         let owner = owners.pop().unwrap();
-        assert!((base..base + count).contains(&owner), "{owner} outside {range}");
+        assert!(
+            (base..base + count).contains(&owner),
+            "{owner} outside {range}"
+        );
         seen.push((base, owner, data));
     }
     let (a, b) = (&seen[0], &seen[1]);
     assert_ne!(a.1, b.1, "the same host uid in two installations");
-    assert!(a.0 + 64 <= b.0 || b.0 + 64 <= a.0, "overlapping ranges {} and {}", a.0, b.0);
+    assert!(
+        a.0 + 64 <= b.0 || b.0 + 64 <= a.0,
+        "overlapping ranges {} and {}",
+        a.0,
+        b.0
+    );
     for (base, _, data) in &seen {
         let out = cli(data)
             .args(["destroy", "-c", "same-id"])

@@ -41,9 +41,9 @@ use sessionbox_execd::ExecdClient;
 use sessionbox_sandbox as sandbox;
 
 pub use self::config::{EgressWiring, IsolatedConfig, SandboxInfo};
-pub use self::uid_claim::{REGISTRY as UID_REGISTRY, overlapping_claims};
 use self::launch::{RunDir, STARTING_GRACE, agent_answers, kill_recorded, lock_file, read_record};
 use self::session::IsolatedSession;
+pub use self::uid_claim::{REGISTRY as UID_REGISTRY, overlapping_claims};
 use crate::host::create_private_dir_all;
 
 /// The workspace as commands in the sandbox see it.

@@ -119,7 +119,10 @@ impl IsolatedConfig {
         }
         if base + u64::from(count) <= UID_CEILING {
             let b = u32::try_from(base).map_err(Error::backend)?;
-            write_durably(&registry.join(b.to_string()), &format!("{}\n", data_dir.display()))?;
+            write_durably(
+                &registry.join(b.to_string()),
+                &format!("{}\n", data_dir.display()),
+            )?;
             write_durably(&data_dir.join(RECORD), &format!("{b} {count}\n"))?;
             return Ok(b..b + count);
         }
@@ -176,7 +179,11 @@ mod tests {
         fs::create_dir_all(&b).unwrap();
         let ra = IsolatedConfig::installation_uids(&a, 64, &registry).unwrap();
         let rb = IsolatedConfig::installation_uids(&b, 64, &registry).unwrap();
-        assert_eq!(ra, 3_000_000..3_000_064, "the first keeps the historic default");
+        assert_eq!(
+            ra,
+            3_000_000..3_000_064,
+            "the first keeps the historic default"
+        );
         assert_eq!(rb, 3_000_064..3_000_128);
         assert_eq!(
             IsolatedConfig::installation_uids(&b, 64, &registry).unwrap(),
