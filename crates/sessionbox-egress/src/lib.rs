@@ -14,6 +14,7 @@ pub mod gateway;
 pub mod host;
 pub mod opensandbox;
 pub mod policy;
+pub mod ranges;
 pub mod target;
 pub mod token;
 

@@ -5,8 +5,9 @@
 //! on a dot boundary, or a CIDR) and optionally port ranges. Decisions come in two steps, in the
 //! order the gateway takes them: [`Policy::check_name`] before any DNS lookup (a denied name is
 //! never resolved), then [`Policy::check_addr`] for every address the connection could go to
-//! (the permanently blocked set first, which no rule can open; then private ranges, which need
-//! an explicit CIDR rule inside them).
+//! (the permanently blocked set first, which no rule can open; then cloud fabric addresses, which
+//! need a rule naming exactly them; then private and special-purpose blocks, which need an
+//! explicit CIDR rule inside them: [`crate::ranges`]).
 //!
 //! This file is over 800 lines on purpose: it is the one policy decoder (parsing, normalising,
 //! hashing and both decision steps over one set of types), and about 240 of its lines are the
@@ -21,10 +22,13 @@
 //! ```
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::str::FromStr;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+
+pub use crate::ranges::{Block, blocked, canonical, fabric, private, reserved};
+use crate::ranges::{blocked_net, reserved_net};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -284,6 +288,11 @@ impl Rule {
         hit && self.covers_port(port)
     }
 
+    /// Whether the rule names exactly one address (a `/32` or `/128` CIDR).
+    fn is_exact(&self) -> bool {
+        matches!(&self.host, HostPattern::Cidr(n) if n.prefix_len() == n.max_prefix_len())
+    }
+
     fn covers_addr(&self, ip: IpAddr, port: u16) -> bool {
         match &self.host {
             HostPattern::Cidr(net) => net.contains(&ip) && self.covers_port(port),
@@ -443,8 +452,10 @@ impl Policy {
 
     /// Step 2: may the connection go to `ip:port`? `by_name` is the rule that allowed the name
     /// (step 1), or `None` for a numeric host. Order: the permanently blocked set (no rule opens
-    /// it), deny rules, private ranges (only an allow CIDR rule inside a private range opens
-    /// them, whatever name led there), then an allow CIDR rule or the name's rule.
+    /// it), deny rules, cloud fabric addresses ([`fabric`]: only an allow rule naming exactly the
+    /// address opens one), private and special-purpose blocks ([`reserved`]: only an allow CIDR
+    /// rule inside the block opens them, whatever name led there), then an allow CIDR rule or
+    /// the name's rule.
     pub fn check_addr(&self, ip: IpAddr, port: u16, by_name: Option<&str>) -> Verdict {
         self.check_addr_from(ip, port, by_name, false)
     }
@@ -479,10 +490,10 @@ impl Policy {
             };
         }
         if host_local {
-            return match allow.iter().find(|r| {
-                r.covers_addr(ip, port)
-                    && matches!(&r.host, HostPattern::Cidr(n) if n.prefix_len() == n.max_prefix_len())
-            }) {
+            return match allow
+                .iter()
+                .find(|r| r.covers_addr(ip, port) && r.is_exact())
+            {
                 Some(r) => Verdict::Allow {
                     rule: r.to_string(),
                 },
@@ -494,17 +505,34 @@ impl Policy {
                 },
             };
         }
-        if let Some(range) = private(ip) {
+        if let Some(what) = fabric(ip) {
+            return match allow
+                .iter()
+                .find(|r| r.covers_addr(ip, port) && r.is_exact())
+            {
+                Some(r) => Verdict::Allow {
+                    rule: r.to_string(),
+                },
+                None => Verdict::Deny {
+                    reason: format!(
+                        "{ip} is a cloud fabric address ({what}); it needs an allow rule naming \
+                         exactly it"
+                    ),
+                },
+            };
+        }
+        if let Some(block) = reserved(ip) {
             return match allow.iter().find(|r| {
                 r.covers_addr(ip, port)
-                    && matches!(&r.host, HostPattern::Cidr(n) if private_net(n).is_some())
+                    && matches!(&r.host, HostPattern::Cidr(n) if reserved_net(n) == Some(block))
             }) {
                 Some(r) => Verdict::Allow {
                     rule: r.to_string(),
                 },
                 None => Verdict::Deny {
                     reason: format!(
-                        "{ip} is private ({range}); it needs an explicit allow rule inside {range}"
+                        "{ip} is {} ({}); it needs an explicit allow rule inside {}",
+                        block.kind, block.net, block.net
                     ),
                 },
             };
@@ -523,114 +551,6 @@ impl Policy {
             },
         }
     }
-}
-
-/// The address the kernel would use: IPv4-mapped (`::ffff:a.b.c.d`), IPv4-compatible
-/// (`::a.b.c.d`), NAT64 (`64:ff9b::/96`, `64:ff9b:1::/48`) and 6to4 (`2002::/16`) IPv6
-/// addresses are classified by the IPv4 address they carry.
-pub fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => embedded_v4(v6).map_or(ip, IpAddr::V4),
-    }
-}
-
-fn embedded_v4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
-    let s = v6.segments();
-    let o = v6.octets();
-    let tail = Ipv4Addr::new(o[12], o[13], o[14], o[15]);
-    if let Some(v4) = v6.to_ipv4_mapped() {
-        return Some(v4);
-    }
-    // IPv4-compatible ::a.b.c.d (deprecated); :: and ::1 stay IPv6 (unspecified, loopback).
-    if s[..6] == [0; 6] && u32::from(tail) > 1 {
-        return Some(tail);
-    }
-    // NAT64 well-known prefix 64:ff9b::/96 and local-use 64:ff9b:1::/48 (RFC 8215).
-    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || s[..3] == [0x64, 0xff9b, 1] {
-        return Some(tail);
-    }
-    // 6to4 2002:AABB:CCDD::/48 carries AA.BB.CC.DD.
-    if s[0] == 0x2002 {
-        return Some(Ipv4Addr::new(o[2], o[3], o[4], o[5]));
-    }
-    None
-}
-
-/// Why `ip` is in the permanently blocked set, or `None`. Takes the canonical form.
-pub fn blocked(ip: IpAddr) -> Option<&'static str> {
-    match canonical(ip) {
-        IpAddr::V4(v4) => {
-            let o = v4.octets();
-            if v4.is_loopback() {
-                Some("loopback")
-            } else if o[0] == 0 {
-                Some("unspecified (0.0.0.0/8)")
-            } else if v4.is_link_local() {
-                Some("link-local (169.254.0.0/16, cloud metadata)")
-            } else if v4.is_multicast() {
-                Some("multicast")
-            } else if v4.is_broadcast() || o[0] >= 240 {
-                Some("broadcast or reserved (240.0.0.0/4)")
-            } else {
-                None
-            }
-        }
-        IpAddr::V6(v6) => {
-            let s = v6.segments();
-            if v6.is_loopback() {
-                Some("loopback")
-            } else if v6.is_unspecified() {
-                Some("unspecified")
-            } else if s[0] & 0xffc0 == 0xfe80 {
-                Some("link-local (fe80::/10)")
-            } else if v6.is_multicast() {
-                Some("multicast")
-            } else {
-                None
-            }
-        }
-    }
-}
-
-/// The private range `ip` is in (RFC 1918, 100.64.0.0/10, fc00::/7, fec0::/10), or `None`.
-pub fn private(ip: IpAddr) -> Option<&'static str> {
-    match canonical(ip) {
-        IpAddr::V4(v4) => {
-            let o = v4.octets();
-            match (o[0], o[1]) {
-                (10, _) => Some("10.0.0.0/8"),
-                (172, b) if (16..32).contains(&b) => Some("172.16.0.0/12"),
-                (192, 168) => Some("192.168.0.0/16"),
-                (100, b) if (64..128).contains(&b) => Some("100.64.0.0/10"),
-                _ => None,
-            }
-        }
-        IpAddr::V6(v6) => {
-            let s0 = v6.segments()[0];
-            if s0 & 0xfe00 == 0xfc00 {
-                Some("fc00::/7")
-            } else if s0 & 0xffc0 == 0xfec0 {
-                Some("fec0::/10")
-            } else {
-                None
-            }
-        }
-    }
-}
-
-/// The private range a whole network lies in, or `None` (a network that merely overlaps one,
-/// like 0.0.0.0/0, does not count as an explicit rule for it).
-fn private_net(net: &IpNet) -> Option<&'static str> {
-    let first = private(net.network())?;
-    (private(net.broadcast()) == Some(first)).then_some(first)
-}
-
-/// Why a whole network lies in the permanently blocked set, or `None`.
-fn blocked_net(net: &IpNet) -> Option<&'static str> {
-    let first = blocked(net.network())?;
-    // Both ends blocked for the same reason: the whole (contiguous) network is.
-    (blocked(net.broadcast()) == Some(first)).then_some(first)
 }
 
 /// Keeps the `ipnet` types in the public API nameable without a direct dependency.
@@ -741,10 +661,10 @@ mod tests {
         assert!(!p.check_name("bad.example.com", 443).is_allow());
         assert!(p.check_addr(ip("203.0.113.8"), 1, None).is_allow());
         assert!(!p.check_addr(ip("203.0.113.9"), 1, None).is_allow());
-        assert!(!p.check_addr(ip("198.51.100.1"), 1, None).is_allow());
+        assert!(!p.check_addr(ip("8.8.4.4"), 1, None).is_allow());
         // A name's rule allows its (public) answers.
         assert!(
-            p.check_addr(ip("198.51.100.1"), 443, Some("*.example.com:443"))
+            p.check_addr(ip("8.8.4.4"), 443, Some("*.example.com:443"))
                 .is_allow()
         );
     }
@@ -799,6 +719,54 @@ mod tests {
             !explicit
                 .check_addr(ip("192.168.1.10"), 443, None)
                 .is_allow()
+        );
+    }
+
+    #[test]
+    fn special_purpose_blocks_need_a_rule_inside_them_and_fabric_an_exact_one() {
+        let broad = Policy::allowlist(&["0.0.0.0/0", "::/0", "*.example.com"], &[]).unwrap();
+        for a in [
+            "192.0.2.1",
+            "198.51.100.7",
+            "203.0.113.9",
+            "198.18.0.1",
+            "192.88.99.1",
+            "2001:db8::1",
+            "2001::1",
+            "3fff::1",
+            "::ffff:198.18.0.1",
+            "168.63.129.16",
+            "100.100.100.200",
+            "fd00:ec2::254",
+            "fd20:ce::254",
+            "192.0.0.192",
+        ] {
+            assert!(!broad.check_addr(ip(a), 443, None).is_allow(), "{a}");
+            assert!(
+                !broad
+                    .check_addr(ip(a), 443, Some("*.example.com"))
+                    .is_allow(),
+                "{a} by name"
+            );
+        }
+        let inside =
+            Policy::allowlist(&["198.18.0.0/24", "2001:db8::/48", "100.64.0.0/10"], &[]).unwrap();
+        assert!(inside.check_addr(ip("198.18.0.9"), 443, None).is_allow());
+        assert!(!inside.check_addr(ip("198.19.0.9"), 443, None).is_allow());
+        assert!(inside.check_addr(ip("2001:db8::5"), 443, None).is_allow());
+        let v = inside.check_addr(ip("100.100.100.200"), 80, None);
+        assert!(
+            matches!(&v, Verdict::Deny { reason } if reason.contains("fabric")),
+            "a rule inside its private block does not open a fabric address: {v:?}"
+        );
+        let exact = Policy::allowlist(&["168.63.129.16/32:80"], &[]).unwrap();
+        assert!(exact.check_addr(ip("168.63.129.16"), 80, None).is_allow());
+        assert!(!exact.check_addr(ip("168.63.129.16"), 443, None).is_allow());
+        assert!(broad.check_addr(ip("8.8.8.8"), 443, None).is_allow());
+        let v = broad.check_addr(ip("198.18.0.1"), 443, None);
+        assert!(
+            matches!(&v, Verdict::Deny { reason } if reason.contains("198.18.0.0/15") && reason.contains("benchmarking")),
+            "{v:?}"
         );
     }
 

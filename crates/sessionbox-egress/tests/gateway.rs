@@ -280,7 +280,7 @@ async fn a_dns_answer_pointing_at_loopback_is_refused() {
     s.dns.set(
         "mixed.allowed.example",
         &[
-            IpAddr::from([203, 0, 113, 9]),
+            IpAddr::from([8, 8, 4, 4]),
             IpAddr::from([169, 254, 169, 254]),
         ],
     );
@@ -527,4 +527,39 @@ async fn an_address_of_the_gateways_own_host_needs_a_rule_naming_exactly_it() {
     let (status, mut r) = connect(s.proxy, &target, "").await;
     assert_eq!(status, 200);
     echo_round_trip(&mut r, b"to the host, by its exact rule").await;
+}
+
+/// A special-purpose address reached with a broad allow rule: the target listens on a
+/// benchmarking address (198.18.0.0/15, RFC 2544) inside a network namespace the test makes.
+/// `0.0.0.0/0`, and an allowed name whose DNS answer points there, are refused before any
+/// connection, naming the block; the target never sees a connection. A rule inside the block
+/// opens it.
+#[tokio::test]
+async fn a_special_purpose_address_needs_a_rule_inside_its_block() {
+    let net = TestNet::new_in(198, 18);
+    let l = net.listen(0);
+    let port = l.local_addr().unwrap().port();
+    let accepts = echo_server(l);
+    let s = start().await;
+    s.dns.set("bench.example.com", &[IpAddr::V4(net.peer_ip)]);
+    s.control
+        .set(Policy::allowlist(&["0.0.0.0/0", "::/0", "*.example.com"], &[]).unwrap());
+    let target = format!("{}:{port}", net.peer_ip);
+    assert_eq!(connect(s.proxy, &target, "").await.0, 403);
+    let by_name = format!("bench.example.com:{port}");
+    assert_eq!(connect(s.proxy, &by_name, "").await.0, 403);
+    for t in [&target, &by_name] {
+        let e = s.control.ended(t).await;
+        assert!(!e.allowed, "{e:?}");
+        assert!(
+            e.rule.contains("198.18.0.0/15") && e.rule.contains("benchmarking"),
+            "{e:?}"
+        );
+    }
+    assert_eq!(accepts.count(), 0, "the target saw a connection");
+    s.control
+        .set(Policy::allowlist(&["198.18.0.0/15"], &[]).unwrap());
+    let (status, mut r) = connect(s.proxy, &target, "").await;
+    assert_eq!(status, 200);
+    echo_round_trip(&mut r, b"inside its block, by a rule inside it").await;
 }

@@ -153,6 +153,11 @@ pub struct SandboxLimits {
     /// [`LimitMode::Rlimit`] (where no CPU quota holds): past it the kernel kills the process.
     /// Default 3600.
     pub cpu_secs: u64,
+    /// Pseudo-terminals the sandbox may hold at once: the `max` of its own devpts instance.
+    /// The kernel's pool beyond its reserve for the host (`kernel.pty.max` less
+    /// `kernel.pty.reserve`, 3072 by default) is shared by every devpts instance, so without a
+    /// maximum one sandbox could take every terminal of every other. Default 16.
+    pub ptys: u64,
 }
 
 impl Default for SandboxLimits {
@@ -167,6 +172,7 @@ impl Default for SandboxLimits {
             tmpfs_bytes: 512 << 20,
             mode: LimitMode::Cgroup,
             cpu_secs: 3600,
+            ptys: 16,
         }
     }
 }
@@ -282,9 +288,10 @@ impl SandboxSpec {
             || l.tmpfs_bytes < (1 << 20)
             || !(l.cpu.is_finite() && l.cpu >= 0.01)
             || l.cpu_secs == 0
+            || !(1..=4096).contains(&l.ptys)
         {
             return bad(format!(
-                "sandbox limits out of range (pids and nproc >= 4, memory >= 16 MiB, nofile >= 16, fsize > 0, tmpfs >= 1 MiB, cpu >= 0.01, cpu_secs > 0): {l:?}"
+                "sandbox limits out of range (pids and nproc >= 4, memory >= 16 MiB, nofile >= 16, fsize > 0, tmpfs >= 1 MiB, cpu >= 0.01, cpu_secs > 0, ptys 1 to 4096): {l:?}"
             ));
         }
         for (host, inside) in &self.ro_binds {

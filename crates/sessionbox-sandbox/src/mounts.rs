@@ -349,7 +349,12 @@ pub(crate) fn build(sources: Sources, spec: &SandboxSpec) -> Step<()> {
         )?;
     }
     mkdir(&at("dev/pts"), 0o755)?;
-    let pts_opts = CString::new("newinstance,ptmxmode=0666,mode=0620").expect("no NUL");
+    // Its own instance with a maximum: the kernel's terminal pool is shared by all instances.
+    let pts_opts = CString::new(format!(
+        "newinstance,ptmxmode=0666,mode=0620,max={}",
+        spec.limits.ptys
+    ))
+    .expect("no NUL");
     rustix::mount::mount(
         "devpts",
         at("dev/pts"),

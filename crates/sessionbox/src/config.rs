@@ -311,6 +311,8 @@ pub struct IsolatedSection {
     pub limits: Option<sessionbox_sandbox::LimitMode>,
     /// With `limits = "rlimit"`: CPU seconds per process (`RLIMIT_CPU`, default 3600).
     pub cpu_secs: Option<u64>,
+    /// Pseudo-terminals per conversation at once (its own devpts instance's `max`, default 16).
+    pub ptys: Option<u64>,
 }
 
 impl IsolatedSection {
@@ -332,6 +334,9 @@ impl IsolatedSection {
         }
         if let Some(v) = self.cpu_secs {
             sandbox.cpu_secs = v;
+        }
+        if let Some(v) = self.ptys {
+            sandbox.ptys = v;
         }
         sandbox
     }

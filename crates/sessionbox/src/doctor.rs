@@ -3,23 +3,27 @@
 //! and how to delegate a cgroup to a normal user. Never falls back silently: the `isolated`
 //! runtime either runs with every layer reported here or fails naming the missing one.
 
+use std::path::Path;
 use std::process::ExitCode;
 
-use sessionbox_sandbox::{self as sandbox, Decision, LayerState, SandboxLimits, UidMapping};
+use sessionbox_local::isolated::{IsolatedConfig, UID_REGISTRY, overlapping_claims};
+use sessionbox_sandbox::{self as sandbox, Decision, LayerState, UidMapping};
 
-use crate::config::RuntimeKind;
+use crate::config::{FileConfig, RuntimeKind};
 
 /// Prints the report; exit 0 only when `default` can run here. `opensandbox` is the
 /// OpenSandbox server to probe, when one is configured (or the default runtime needs one).
-/// `limits` are the `isolated` runtime's configured sandbox limits.
+/// `file` and `data_dir` give the `isolated` runtime's configured sandbox limits and uids.
 pub(crate) async fn run(
     default: RuntimeKind,
     opensandbox: Option<anyhow::Result<sessionbox_opensandbox::ClientConfig>>,
     aio: Option<anyhow::Result<sessionbox_aio::AioRuntime>>,
-    limits: &SandboxLimits,
+    file: &FileConfig,
+    data_dir: &Path,
 ) -> ExitCode {
+    let limits = file.isolated.sandbox_limits();
     let layers = sandbox::probe();
-    let report = sandbox::limits_report(limits);
+    let report = sandbox::limits_report(&limits);
     let rlimit_only = report.decision == Decision::Rlimits;
     let width = layers.iter().map(|l| l.layer.len()).max().unwrap_or(10);
     outln!("sandbox layers (needed by the isolated runtime):");
@@ -51,6 +55,13 @@ pub(crate) async fn run(
     }
     outln!();
     print_limits(&report);
+    if report.mapping == UidMapping::PerConversation {
+        print_uids(file, data_dir);
+    }
+    outln!(
+        "  terminals    at most {} per conversation ([isolated] ptys; its own devpts instance)",
+        limits.ptys
+    );
     outln!();
     let refused = report.decision == Decision::Refuse;
     let isolated_ok = missing == 0 && !refused;
@@ -125,6 +136,37 @@ pub(crate) async fn run(
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// The installation's host uid range, and any other installation on this host it overlaps.
+fn print_uids(file: &FileConfig, data_dir: &Path) {
+    let registry = Path::new(UID_REGISTRY);
+    let iso = &file.isolated;
+    let (range, whose) = match iso.uid_base {
+        Some(base) => (
+            IsolatedConfig::uid_range(Some(base), iso.uid_count),
+            "[isolated] uid_base, not claimed".to_owned(),
+        ),
+        None => match IsolatedConfig::recorded_uids(data_dir) {
+            Some(r) => (
+                r,
+                format!("this installation's own, claimed in {UID_REGISTRY}"),
+            ),
+            None => {
+                outln!(
+                    "  uid range    not claimed yet: the first use claims a range no other installation on this host holds ({UID_REGISTRY})"
+                );
+                return;
+            }
+        },
+    };
+    outln!("  uid range    {}..{} ({whose})", range.start, range.end);
+    for other in overlapping_claims(&range, data_dir, registry) {
+        outln!(
+            "  WARNING      overlaps the uids of the installation at {}: conversations of both would share per-uid kernel allowances; give each its own [isolated] uid_base",
+            other.display()
+        );
     }
 }
 

@@ -31,7 +31,9 @@ pub(crate) enum PolicyCommand {
     /// `203.0.113.0/24` or `2001:db8::/32` (a CIDR; an address is a /32 or /128), each
     /// optionally with ports: `:443`, `:8000-8100`, `:80,443` (IPv6 in brackets:
     /// `[2001:db8::/32]:443`). Deny rules win. Private ranges (10/8, 172.16/12, 192.168/16,
-    /// 100.64/10, fc00::/7) need an allow rule inside them. Loopback, unspecified, link-local
+    /// 100.64/10, fc00::/7) and IANA special-purpose blocks (documentation, benchmarking
+    /// 198.18/15, ...) need an allow rule inside them; cloud fabric addresses
+    /// (168.63.129.16, ...) a rule naming exactly them. Loopback, unspecified, link-local
     /// (169.254.169.254), multicast and broadcast can never be allowed.
     #[command(group(clap::ArgGroup::new("profile").required(true).args(["none", "allow"])))]
     Set {

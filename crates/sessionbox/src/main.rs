@@ -155,7 +155,7 @@ async fn doctor(globals: &Globals, settings: &Settings) -> anyhow::Result<ExitCo
         || std::env::var_os(runtime::AIO_URL_ENV).is_some_and(|v| !v.is_empty())
         || file.aio.endpoint.is_some();
     let aio = wants_aio.then(|| runtime::aio_runtime(endpoint, file));
-    Ok(doctor::run(kind, osb, aio, &file.isolated.sandbox_limits()).await)
+    Ok(doctor::run(kind, osb, aio, file, &settings.data_dir).await)
 }
 
 /// The commands on the store alone.

@@ -95,15 +95,45 @@ pub fn build_runtime(
 }
 
 /// The `isolated` runtime, as [`build_runtime`] builds it (for callers that need its own
-/// methods): [`isolated_config`] started with [`isolated_with`].
+/// methods): [`isolated_config`] with the installation's own uids ([`installation_uids`])
+/// started with [`isolated_with`].
 pub fn isolated_runtime(
     file: &FileConfig,
     store: &Store,
     data_dir: &Path,
     options: &BuildOptions<'_>,
 ) -> anyhow::Result<IsolatedRuntime> {
-    let config = isolated_config(file, data_dir, &options.exe);
+    let mut config = isolated_config(file, data_dir, &options.exe);
+    if let Some(uids) = installation_uids(file, data_dir)? {
+        config = config.with_uids(uids);
+    }
     isolated_with(config, store, data_dir, options)
+}
+
+/// The host uids of this installation when `[isolated] uid_base` is not set and this process
+/// is root (only root gives each conversation a uid of its own): the range claimed host-wide
+/// for `data_dir` ([`IsolatedConfig::installation_uids`] in
+/// [`sessionbox_local::isolated::UID_REGISTRY`]), so that two installations on one host never
+/// share a uid. `None` when `uid_base` is set (the operator's choice) or without root.
+///
+/// # Errors
+/// When the data directory or the registry cannot be written, or every range is claimed.
+pub fn installation_uids(
+    file: &FileConfig,
+    data_dir: &Path,
+) -> anyhow::Result<Option<std::ops::Range<u32>>> {
+    let iso = &file.isolated;
+    if iso.uid_base.is_some() || !rustix::process::geteuid().is_root() {
+        return Ok(None);
+    }
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
+    let count = iso.uid_count.unwrap_or(IsolatedConfig::DEFAULT_UID_COUNT);
+    Ok(Some(IsolatedConfig::installation_uids(
+        data_dir,
+        count,
+        Path::new(sessionbox_local::isolated::UID_REGISTRY),
+    )?))
 }
 
 /// The `isolated` runtime's settings from `[isolated]` and `limits` of `file`, defaults for

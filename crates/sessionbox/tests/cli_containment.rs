@@ -200,3 +200,70 @@ fn shell_split(args: &str) -> Vec<String> {
         .map(|a| a.trim_matches('\'').to_owned())
         .collect()
 }
+
+/// Per-uid kernel allowances shared across installations: two installations on one host, each
+/// with its own data directory and store and neither setting `uid_base`, used to give their
+/// first conversations the same host uid (3000000), so one could take the other's inotify
+/// instances, pending signals and processes. Now each claims a range of its own host-wide: the
+/// same conversation id in both runs as two different host uids, each inside its own
+/// installation's recorded range, and the ranges are disjoint. As root only (without root every
+/// conversation runs as the caller).
+#[test]
+fn two_installations_on_one_host_never_share_a_sandbox_uid() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIPPED: per-conversation uids need root (CI runs as root)");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let mut seen = Vec::new();
+    for name in ["one", "two"] {
+        let data = d.path().join(name);
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(
+            data.join("sessionbox.toml"),
+            "runtime = \"isolated\"\n[isolated]\nuid_count = 64\nidle_timeout_secs = 5\n",
+        )
+        .unwrap();
+        let out = cli(&data)
+            .args(["exec", "-c", "same-id", "--", "id", "-u"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "1000\n");
+        let range = std::fs::read_to_string(data.join("uid-range")).unwrap();
+        let mut w = range.split_whitespace().map(|w| w.parse::<u32>().unwrap());
+        let (base, count) = (w.next().unwrap(), w.next().unwrap());
+        assert_eq!(count, 64);
+        let mut owners: Vec<_> = std::fs::read_dir(data.join("workspaces"))
+            .unwrap()
+            .map(|e| std::os::unix::fs::MetadataExt::uid(&e.unwrap().metadata().unwrap()))
+            .collect();
+        let owner = owners.pop().unwrap();
+        assert!(
+            (base..base + count).contains(&owner),
+            "{owner} outside {range}"
+        );
+        seen.push((base, owner, data));
+    }
+    let (a, b) = (&seen[0], &seen[1]);
+    assert_ne!(a.1, b.1, "the same host uid in two installations");
+    assert!(
+        a.0 + 64 <= b.0 || b.0 + 64 <= a.0,
+        "overlapping ranges {} and {}",
+        a.0,
+        b.0
+    );
+    for (base, _, data) in &seen {
+        let out = cli(data)
+            .args(["destroy", "-c", "same-id"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let claim = Path::new("/var/lib/sessionbox/uid-ranges").join(base.to_string());
+        assert_eq!(
+            std::fs::read_to_string(&claim).unwrap().trim(),
+            std::fs::canonicalize(data).unwrap().to_str().unwrap()
+        );
+        std::fs::remove_file(claim).unwrap();
+    }
+}

@@ -1230,3 +1230,93 @@ async fn destroy_leaves_no_process_cgroup_run_dir_or_workspace() {
 /// Host-side helpers (see `support/mod.rs`).
 #[allow(dead_code)]
 mod support;
+
+/// Pseudo-terminals in use on the whole host, every devpts instance counted.
+fn host_ptys() -> u64 {
+    std::fs::read_to_string("/proc/sys/kernel/pty/nr")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// A pseudo-terminal flood: conversation A opens `/dev/ptmx` until the kernel refuses, and
+/// holds what it got. The kernel's terminal pool is shared by every devpts instance (3072
+/// terminals beyond the host's reserve by default), so before the limit one sandbox could take
+/// them all and `openpty` failed in every other. Now A's own devpts instance stops it at its
+/// maximum (`ptys`, 8 here) with ENOSPC: from the host, the count of terminals in use grows by
+/// at most A's 8 and B's one, the instance is mounted with `max=8`, and meanwhile conversation
+/// B still gets a terminal and answers in under 2 s every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pty_flood_in_a_stops_at_its_own_maximum_while_b_still_gets_a_terminal() {
+    needs_root!();
+    let _heavy = HEAVY.lock().await;
+    bounded(120, async {
+        let env = Env::with_limits(
+            3,
+            SandboxLimits {
+                ptys: 8,
+                ..bomb_limits()
+            },
+        );
+        let a = env.open("pty-hog").await;
+        let b = env.open("pty-bystander").await;
+        let mounts = sh(&a, "grep ' /dev/pts ' /proc/self/mountinfo").await;
+        assert!(text(&mounts.stdout).contains("max=8"), "{mounts:?}");
+        let before = host_ptys();
+        let peak = std::sync::atomic::AtomicU64::new(before);
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let attack = async {
+            let r = a
+                .exec(
+                    ExecRequest::new(
+                        r#"perl -e 'my @h; while (open(my $f, "+<", "/dev/ptmx")) { push @h, $f; last if @h > 5000 } print scalar(@h), " ", $!{ENOSPC} ? "ENOSPC" : "$!", "\n"; sleep 4'"#,
+                    )
+                    .timeout(Duration::from_secs(30)),
+                )
+                .await;
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            r
+        };
+        let probe = async {
+            let (mut slowest, mut n) = (Duration::ZERO, 0);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                peak.fetch_max(host_ptys(), std::sync::atomic::Ordering::SeqCst);
+                let t = Instant::now();
+                let r = b
+                    .exec(
+                        ExecRequest::new(
+                            r#"perl -e 'open(my $f, "+<", "/dev/ptmx") or die "no terminal: $!\n"; print "terminal\n"'"#,
+                        )
+                        .timeout(Duration::from_secs(30)),
+                    )
+                    .await
+                    .expect("B answers");
+                assert_eq!(text(&r.stdout), "terminal\n", "B got no terminal: {r:?}");
+                slowest = slowest.max(t.elapsed());
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            (slowest, n)
+        };
+        let (r, (slowest, probes)) = tokio::join!(attack, probe);
+        let r = r.expect("the flood runs");
+        eprintln!(
+            "pty flood: A held {:?}; host terminals {before} before, {} at the peak; B slowest {slowest:?} over {probes} probes",
+            text(&r.stdout).trim(),
+            peak.load(std::sync::atomic::Ordering::SeqCst)
+        );
+        assert_eq!(text(&r.stdout), "8 ENOSPC\n", "{r:?}");
+        assert!(probes >= 5, "{probes}");
+        assert!(slowest < Duration::from_secs(2), "B took {slowest:?}");
+        assert!(
+            peak.load(std::sync::atomic::Ordering::SeqCst) <= before + 9,
+            "the host's terminals grew past A's maximum and B's one"
+        );
+        for id in ["pty-hog", "pty-bystander"] {
+            env.manager.destroy(&Env::conv(id)).await.unwrap();
+        }
+    })
+    .await;
+}

@@ -43,20 +43,25 @@ static NEXT: AtomicUsize = AtomicUsize::new(0);
 
 impl TestNet {
     pub fn new() -> TestNet {
+        TestNet::new_in(10, 211)
+    }
+
+    /// A test network of four addresses under `p0.p1.0.0/16` (10.211 for [`TestNet::new`]).
+    pub fn new_in(p0: u8, p1: u8) -> TestNet {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let v = ((std::process::id() as usize) * 16 + n) % 16384;
         let (a, b) = ((v >> 6) as u8, ((v & 63) << 2) as u8);
         let name = format!("sbeg-{}-{n}", std::process::id());
         let host_if = format!("sbe{:x}h{n}", std::process::id() % 0xfffff);
         let peer_if = format!("sbe{:x}p{n}", std::process::id() % 0xfffff);
-        let host_ip = Ipv4Addr::new(10, 211, a, b + 1);
-        let peer_ip = Ipv4Addr::new(10, 211, a, b + 2);
+        let host_ip = Ipv4Addr::new(p0, p1, a, b + 1);
+        let peer_ip = Ipv4Addr::new(p0, p1, a, b + 2);
         ip(&["netns", "add", &name]);
         let net = TestNet {
             name: name.clone(),
             host_ip,
             peer_ip,
-            cidr: format!("10.211.{a}.{b}/30"),
+            cidr: format!("{p0}.{p1}.{a}.{b}/30"),
         };
         ip(&[
             "link", "add", &host_if, "type", "veth", "peer", "name", &peer_if, "netns", &name,

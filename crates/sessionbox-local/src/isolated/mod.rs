@@ -24,6 +24,7 @@
 mod config;
 mod launch;
 mod session;
+mod uid_claim;
 
 use std::fmt;
 use std::fs;
@@ -42,6 +43,7 @@ use sessionbox_sandbox as sandbox;
 pub use self::config::{EgressWiring, IsolatedConfig, SandboxInfo};
 use self::launch::{RunDir, STARTING_GRACE, agent_answers, kill_recorded, lock_file, read_record};
 use self::session::IsolatedSession;
+pub use self::uid_claim::{REGISTRY as UID_REGISTRY, overlapping_claims};
 use crate::host::create_private_dir_all;
 
 /// The workspace as commands in the sandbox see it.
