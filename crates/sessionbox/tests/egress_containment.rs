@@ -56,14 +56,15 @@ struct TestNet {
 }
 
 impl TestNet {
-    fn new() -> TestNet {
+    /// The `n`th test network of this process.
+    fn new(n: usize) -> TestNet {
         let pid = std::process::id();
-        let v = (pid as usize) % 16384;
+        let v = ((pid as usize) * 2 + n) % 16384;
         let (a, b) = ((v >> 6) as u8, ((v & 63) << 2) as u8);
-        let name = format!("sbegcap-{pid}");
+        let name = format!("sbegcap-{pid}-{n}");
         let (h, p) = (
-            format!("sbk{:x}h", pid % 0xfffff),
-            format!("sbk{:x}p", pid % 0xfffff),
+            format!("sbk{:x}h{n}", pid % 0xfffff),
+            format!("sbk{:x}p{n}", pid % 0xfffff),
         );
         ip(&["netns", "add", &name]);
         let net = TestNet {
@@ -176,14 +177,22 @@ struct Data {
 
 impl Data {
     fn new() -> Data {
+        Data::with_idle(120)
+    }
+
+    /// A data directory whose agents stop after `idle_secs` without a request.
+    fn with_idle(idle_secs: u64) -> Data {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("data");
         std::fs::create_dir_all(&path).unwrap();
-        let base = 42_000_000 + (std::process::id() % 50_000) * 64;
+        // Each data directory of this process its own uids.
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let slot = N.fetch_add(1, Ordering::SeqCst) as u32 % 4;
+        let base = 42_000_000 + (std::process::id() % 50_000) * 256 + slot * 64;
         std::fs::write(
             path.join("sessionbox.toml"),
             format!(
-                "[isolated]\nidle_timeout_secs = 120\nuid_base = {base}\nuid_count = 64\n\
+                "[isolated]\nidle_timeout_secs = {idle_secs}\nuid_base = {base}\nuid_count = 64\n\
                  [egress]\nnameservers = [\"127.0.0.1:9\"]\n"
             ),
         )
@@ -249,8 +258,7 @@ impl Data {
 
     /// The gateway's pid and the sandbox's cgroups, from its record.
     fn record(&self, conv: &str) -> (u32, Vec<PathBuf>) {
-        let data = std::fs::read(self.run_dir(conv).join("sandbox.json")).unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&data).unwrap();
+        let v = self.record_json(conv);
         let pid = v["gateway_pid"].as_u64().expect("a gateway was started") as u32;
         let cgroups = v["cgroups"]
             .as_array()
@@ -260,12 +268,25 @@ impl Data {
             .collect();
         (pid, cgroups)
     }
+
+    fn record_json(&self, conv: &str) -> serde_json::Value {
+        let data = std::fs::read(self.run_dir(conv).join("sandbox.json")).unwrap();
+        serde_json::from_slice(&data).unwrap()
+    }
+}
+
+/// True while `pid` is a gateway serving `conv` (a recycled pid is not).
+fn gateway_alive(pid: u32, conv: &str) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+        c.split(|b| *b == 0)
+            .any(|a| a == Data::key(conv).as_str().as_bytes())
+    })
 }
 
 impl Drop for Data {
     /// Whatever the test left running is destroyed (a failed assertion included).
     fn drop(&mut self) {
-        for c in ["flooder", "bystander"] {
+        for c in ["flooder", "bystander", "idler"] {
             let _ = self.cli(&["destroy", "-c", c]);
         }
     }
@@ -364,7 +385,7 @@ async fn a_tunnel_flood_is_held_at_the_cap_in_the_sandboxs_cgroups_while_b_keeps
 }
 
 async fn flood_test() {
-    let net = TestNet::new();
+    let net = TestNet::new(0);
     let hold = net.listen();
     let http = net.listen();
     let (target, hp) = (
@@ -497,12 +518,69 @@ async fn flood_test() {
     // Destroy: no gateway, no cgroup left.
     data.ok(&["destroy", "-c", "flooder"]);
     data.ok(&["destroy", "-c", "bystander"]);
-    let gone = std::fs::read(format!("/proc/{gw}/cmdline")).map_or(true, |c| {
-        !c.split(|b| *b == 0)
-            .any(|a| a == Data::key("flooder").as_str().as_bytes())
-    });
-    assert!(gone, "the gateway outlived its sandbox");
+    assert!(
+        !gateway_alive(gw, "flooder"),
+        "the gateway outlived its sandbox"
+    );
     for c in &cgroups {
+        assert!(!c.exists(), "{} was left behind", c.display());
+    }
+}
+
+/// The gateway in the sandbox's cgroups ends cleanly with it: when the agent stops on its idle
+/// timeout the gateway exits and leaves the cgroups without a process; the next use launches a
+/// new sandbox whose new gateway is in its (re-created) cgroups and serves; destroy then leaves
+/// no gateway and no cgroup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_ends_with_its_sandbox_on_idle_stop_and_on_destroy() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "needs root (network namespaces, cgroups)"
+    );
+    let result = tokio::time::timeout(Duration::from_secs(120), idle_test()).await;
+    assert!(result.is_ok(), "the test did not finish within 120 s");
+}
+
+async fn idle_test() {
+    let net = TestNet::new(1);
+    let http = net.listen();
+    let hp = http.local_addr().unwrap().port();
+    http_on(http);
+    let data = Arc::new(Data::with_idle(2));
+    data.ok(&["policy", "set", "--allow", &net.cidr]);
+    let curl = |path: &str| format!("curl -sS -m 10 http://{}:{hp}/{path}", net.peer);
+    let (code, out) = data.sh("idler", &curl("one")).await;
+    assert_eq!((code, out.as_str()), (0, "hello from /one\n"));
+    let (gw, cgroups) = data.record("idler");
+    let monitor = data.record_json("idler")["monitor_pid"].as_u64().unwrap() as u32;
+    assert!(cgroups.iter().all(|c| in_cgroup(c, gw)));
+    // Idle stop: the monitor ends, and the gateway with it; nothing is left in the cgroups.
+    let t = Instant::now();
+    while (std::path::Path::new(&format!("/proc/{monitor}")).exists() || gateway_alive(gw, "idler"))
+        && t.elapsed() < Duration::from_secs(30)
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        !gateway_alive(gw, "idler"),
+        "the gateway outlived its idle sandbox"
+    );
+    for c in &cgroups {
+        let procs = std::fs::read_to_string(c.join("cgroup.procs")).unwrap_or_default();
+        assert!(procs.trim().is_empty(), "{}: {procs}", c.display());
+    }
+    // The next use: a new sandbox and gateway, in its cgroups.
+    let (code, out) = data.sh("idler", &curl("two")).await;
+    assert_eq!((code, out.as_str()), (0, "hello from /two\n"));
+    let (gw2, cgroups2) = data.record("idler");
+    assert_ne!(gw2, gw);
+    assert!(cgroups2.iter().all(|c| in_cgroup(c, gw2)));
+    data.ok(&["destroy", "-c", "idler"]);
+    assert!(
+        !gateway_alive(gw2, "idler"),
+        "the gateway outlived its sandbox"
+    );
+    for c in cgroups.iter().chain(&cgroups2) {
         assert!(!c.exists(), "{} was left behind", c.display());
     }
 }
