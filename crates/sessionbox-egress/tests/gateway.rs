@@ -623,3 +623,28 @@ async fn connects_past_the_cap_get_503_while_held_tunnels_keep_working() {
     assert_eq!(&back, b"after");
     assert_eq!(accepts.count(), 9);
 }
+
+/// The same cap on a `--listen` (TCP) gateway: with one tunnel held at a cap of 1, 50 more
+/// CONNECTs each read a complete 503 (the refusal drains the request before closing, so no TCP
+/// reset eats the answer), none reaches the target, and the held tunnel keeps relaying.
+#[tokio::test]
+async fn a_tcp_gateway_over_its_cap_answers_a_complete_503() {
+    let net = TestNet::new();
+    let l = net.listen(0);
+    let port = l.local_addr().unwrap().port();
+    let accepts = echo_server(l);
+    let s = start_with(Auth::Conversation(CONV.into()), |c| c.max_connections = 1).await;
+    s.control.set(Policy::allowlist(&[&net.cidr], &[]).unwrap());
+    let target = format!("{}:{port}", net.peer_ip);
+    let (status, mut held) = connect(s.proxy, &target, "").await;
+    assert_eq!(status, 200);
+    for i in 0..50 {
+        let (status, mut r) = connect(s.proxy, &target, "").await;
+        assert_eq!(status, 503, "CONNECT {i}");
+        let mut body = String::new();
+        r.read_to_string(&mut body).await.unwrap();
+        assert!(body.contains("too many connections"), "{body}");
+    }
+    echo_round_trip(&mut held, b"the held tunnel").await;
+    assert_eq!(accepts.count(), 1);
+}
