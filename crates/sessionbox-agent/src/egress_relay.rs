@@ -38,8 +38,14 @@ impl EgressRelay {
 /// Accepts on `listener` forever, relaying each connection to `socket`.
 pub(crate) async fn run(listener: tokio::net::TcpListener, socket: PathBuf) {
     loop {
-        let Ok((mut client, _)) = listener.accept().await else {
-            continue;
+        let (mut client, _) = match listener.accept().await {
+            Ok(c) => c,
+            // Out of descriptors (EMFILE) and the like: they clear only when connections
+            // close, so wait instead of spinning on the error.
+            Err(_) => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
         };
         let _ = client.set_nodelay(true);
         let socket = socket.clone();

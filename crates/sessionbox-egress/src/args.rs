@@ -39,6 +39,11 @@ pub struct GatewayArgs {
     /// Exit when this process (the sandbox's monitor) exits.
     #[arg(long, value_name = "PID")]
     pub watch_pid: Option<i32>,
+    /// Most connections served at once (1 or more; over it a connection is answered 503):
+    /// overrides `[egress] max_connections` (default 256). The gateway's descriptor limit is
+    /// set from it.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: Option<u32>,
 }
 
 impl GatewayArgs {
@@ -51,7 +56,15 @@ impl GatewayArgs {
             listen_fd: Some(fd),
             conversation_key: Some(key.into()),
             watch_pid,
+            max_connections: None,
         }
+    }
+
+    /// These arguments with `--max-connections n` (`None`: the configured cap).
+    #[must_use]
+    pub fn with_max_connections(mut self, n: Option<u32>) -> Self {
+        self.max_connections = n;
+        self
     }
 
     /// The command line that parses back to these arguments (without the program name or the
@@ -74,6 +87,9 @@ impl GatewayArgs {
         }
         if let Some(pid) = self.watch_pid {
             opt("--watch-pid", pid.to_string());
+        }
+        if let Some(n) = self.max_connections {
+            opt("--max-connections", n.to_string());
         }
         argv
     }
@@ -105,8 +121,19 @@ mod tests {
             listen_fd: None,
             conversation_key: None,
             watch_pid: None,
+            max_connections: Some(64),
         };
         assert_eq!(parse(tcp.to_argv()).unwrap(), tcp);
+        let capped =
+            GatewayArgs::conversation(3, "k".repeat(64), None).with_max_connections(Some(8));
+        assert_eq!(parse(capped.to_argv()).unwrap(), capped);
+    }
+
+    #[test]
+    fn a_cap_of_zero_connections_is_refused() {
+        let argv = ["--listen", "127.0.0.1:0", "--max-connections", "0"].map(OsString::from);
+        let e = parse(argv.to_vec()).unwrap_err();
+        assert!(e.to_string().contains("--max-connections"), "{e}");
     }
 
     #[test]

@@ -16,8 +16,19 @@
 //! 6. Bytes are relayed with idle and total timeouts, counted, and the verdict (allowed or
 //!    denied, target, rule or reason, address, bytes, how it ended) goes to [`Control::record`].
 //!    The URL path and query are never logged (they may carry secrets).
+//!
+//! What one gateway may spend is bounded ([`GatewayConfig::max_connections`]): a client
+//! connection, with the tunnel or forwarded request it carries, holds one of
+//! `max_connections` permits from its accept to its end. A connection accepted when none is
+//! free is answered `503` at once and closed, and nothing else happens: no policy read, no
+//! lookup, no verdict in the log. The first refusal of an episode is logged once (a warning),
+//! and the next admitted connection logs how many were refused meanwhile; the gateway keeps
+//! serving the connections it holds and every later one. An error from `accept` (such as
+//! `EMFILE`) is logged the same way, once per episode, and the loop waits briefly and goes on:
+//! it never ends the gateway. Buffers are bounded per connection ([`RELAY_BUF`] per direction
+//! of a tunnel, [`HTTP_BUF`] for a request's or response's head), so the gateway's memory is
+//! bounded by `max_connections` times a constant.
 
-use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -31,11 +42,12 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
+use crate::accept::{Admission, Hold};
 use crate::policy::{Policy, Verdict};
 use crate::target::{Host, Target, parse_authority, parse_host};
 use crate::token::{TokenKey, from_proxy_authorization};
@@ -54,6 +66,11 @@ pub struct GatewayConfig {
     pub idle_timeout: Duration,
     /// A connection is closed this long after it was allowed, whatever it is doing.
     pub total_timeout: Duration,
+    /// Most client connections served at once (each with the tunnel or the forwarded request
+    /// it carries); one more is answered `503` and closed. At least 1. The per-conversation
+    /// gateway of the `isolated` runtime serves one conversation, so this is that
+    /// conversation's cap; a `--listen` gateway shares it among every token's conversation.
+    pub max_connections: usize,
 }
 
 impl Default for GatewayConfig {
@@ -64,6 +81,7 @@ impl Default for GatewayConfig {
             connect_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
             total_timeout: Duration::from_secs(3600),
+            max_connections: Self::DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -117,7 +135,7 @@ pub enum Auth {
 /// The gateway. Cheap to clone.
 #[derive(Clone)]
 pub struct Gateway {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -130,18 +148,24 @@ impl std::fmt::Debug for Gateway {
     }
 }
 
-struct Inner {
+pub(crate) struct Inner {
     config: GatewayConfig,
     resolver: hickory_resolver::TokioResolver,
     control: Arc<dyn Control>,
     auth: Auth,
     host_addrs: crate::host::HostAddrs,
+    pub(crate) admission: Admission,
 }
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
-/// Buffer per direction of a tunnel: large enough that a bulk transfer costs few system calls.
-const RELAY_BUF: usize = 256 * 1024;
+/// Buffer per direction of a tunnel: large enough that a bulk transfer costs few system calls,
+/// small enough that `max_connections` tunnels stay cheap (two per tunnel).
+pub const RELAY_BUF: usize = 64 * 1024;
+
+/// Most bytes hyper buffers for one connection's HTTP head (a request's, or a forwarded
+/// response's); a larger head is refused.
+pub const HTTP_BUF: usize = 64 * 1024;
 
 fn text(status: StatusCode, msg: impl Into<String>) -> Response<Body> {
     let mut msg = msg.into();
@@ -212,6 +236,7 @@ impl Gateway {
         opts.use_hosts_file = ResolveHosts::Never;
         opts.ip_strategy = hickory_resolver::config::LookupIpStrategy::Ipv4AndIpv6;
         let resolver = builder.build();
+        let admission = Admission::new(config.max_connections, &auth);
         Ok(Gateway {
             inner: Arc::new(Inner {
                 config,
@@ -219,47 +244,9 @@ impl Gateway {
                 control,
                 auth,
                 host_addrs: crate::host::HostAddrs::default(),
+                admission,
             }),
         })
-    }
-
-    /// Serves one client connection (HTTP/1.1, with CONNECT upgrades) until it closes.
-    pub async fn serve_connection<IO>(&self, io: IO)
-    where
-        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    {
-        let inner = self.inner.clone();
-        let service = hyper::service::service_fn(move |req| {
-            let inner = inner.clone();
-            async move { Ok::<_, Infallible>(inner.handle(req).await) }
-        });
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(Duration::from_secs(30))
-            .serve_connection(TokioIo::new(io), service)
-            .with_upgrades();
-        if let Err(e) = conn.await {
-            tracing::debug!("egress client connection ended: {e}");
-        }
-    }
-
-    /// Accepts on a TCP listener forever, one task per connection.
-    pub async fn serve_tcp(&self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
-        loop {
-            let (s, _) = listener.accept().await?;
-            let _ = s.set_nodelay(true);
-            let g = self.clone();
-            tokio::spawn(async move { g.serve_connection(s).await });
-        }
-    }
-
-    /// Accepts on a Unix listener forever, one task per connection.
-    pub async fn serve_unix(&self, listener: tokio::net::UnixListener) -> std::io::Result<()> {
-        loop {
-            let (s, _) = listener.accept().await?;
-            let g = self.clone();
-            tokio::spawn(async move { g.serve_connection(s).await });
-        }
     }
 }
 
@@ -296,7 +283,11 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
 }
 
 impl Inner {
-    async fn handle(self: &Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+    pub(crate) async fn handle(
+        self: &Arc<Self>,
+        req: Request<Incoming>,
+        hold: Hold,
+    ) -> Response<Body> {
         let started = Instant::now();
         // 1. Who.
         let (conversation, token_hash) = match &self.auth {
@@ -397,9 +388,9 @@ impl Inner {
             meter: meter.clone(),
         };
         if method == Method::CONNECT {
-            self.tunnel(req, upstream, meter, addr, log, started)
+            self.tunnel(req, upstream, meter, addr, log, started, hold)
         } else {
-            self.forward(req, upstream, meter, addr, log, started, &target)
+            self.forward(req, upstream, meter, addr, log, started, &target, hold)
                 .await
         }
     }
@@ -492,7 +483,9 @@ impl Inner {
         self.control.record(log);
     }
 
-    /// CONNECT: answer 200, then relay bytes both ways until either side closes or a timeout.
+    /// CONNECT: answer 200, then relay bytes both ways until either side closes or a timeout
+    /// (the tunnel keeps the connection's permit, `hold`, until then).
+    #[allow(clippy::too_many_arguments)]
     fn tunnel(
         self: &Arc<Self>,
         req: Request<Incoming>,
@@ -501,10 +494,12 @@ impl Inner {
         addr: SocketAddr,
         mut log: LogEntry,
         started: Instant,
+        hold: Hold,
     ) -> Response<Body> {
         log.address = Some(addr.to_string());
         let this = self.clone();
         tokio::spawn(async move {
+            let _hold = hold;
             let end = match hyper::upgrade::on(req).await {
                 Ok(up) => {
                     let mut client = TokioIo::new(up);
@@ -540,22 +535,27 @@ impl Inner {
         mut log: LogEntry,
         started: Instant,
         target: &Target,
+        hold: Hold,
     ) -> Response<Body> {
         log.address = Some(addr.to_string());
-        let (mut sender, conn) =
-            match hyper::client::conn::http1::handshake(TokioIo::new(upstream)).await {
-                Ok(x) => x,
-                Err(e) => {
-                    self.finish(log, Some(&meter), started, format!("handshake failed: {e}"));
-                    return text(
-                        StatusCode::BAD_GATEWAY,
-                        "sessionbox egress: the target failed",
-                    );
-                }
-            };
+        let handshake = hyper::client::conn::http1::Builder::new()
+            .max_buf_size(HTTP_BUF)
+            .handshake(TokioIo::new(upstream));
+        let (mut sender, conn) = match handshake.await {
+            Ok(x) => x,
+            Err(e) => {
+                self.finish(log, Some(&meter), started, format!("handshake failed: {e}"));
+                return text(
+                    StatusCode::BAD_GATEWAY,
+                    "sessionbox egress: the target failed",
+                );
+            }
+        };
         let this = self.clone();
         let m = meter.clone();
         tokio::spawn(async move {
+            // The target connection counts against the cap until it closes.
+            let _hold = hold;
             let end = tokio::select! {
                 r = conn => match r {
                     Ok(()) => "closed".to_owned(),

@@ -8,6 +8,7 @@
 //! - [`opensandbox`]: the policy as an OpenSandbox `networkPolicy`.
 //! - `args` (feature `args`, on by default): the gateway's command line, `GatewayArgs`.
 
+mod accept;
 #[cfg(feature = "args")]
 pub mod args;
 pub mod gateway;

@@ -562,4 +562,123 @@ async fn a_special_purpose_address_needs_a_rule_inside_its_block() {
     let (status, mut r) = connect(s.proxy, &target, "").await;
     assert_eq!(status, 200);
     echo_round_trip(&mut r, b"inside its block, by a rule inside it").await;
+
+/// `CONNECT authority` over the gateway's Unix socket (as the isolated runtime's relay sends
+/// it); returns the status and the stream after the response head.
+async fn connect_unix(
+    path: &std::path::Path,
+    authority: &str,
+) -> (u16, tokio::io::BufReader<tokio::net::UnixStream>) {
+    let mut s = tokio::net::UnixStream::connect(path).await.unwrap();
+    s.write_all(format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut r = tokio::io::BufReader::new(s);
+    let status = tokio::time::timeout(Duration::from_secs(10), read_head(&mut r))
+        .await
+        .expect("the gateway answers a CONNECT within 10 s");
+    (status, r)
+}
+
+/// Attack: a conversation opens far more tunnels at once than its gateway's cap (8 here) and
+/// holds them, to grow the gateway without bound (before: every one was served, each with
+/// 512 KiB of relay buffers, until the gateway failed with EMFILE and stopped serving).
+/// Verdict: the 8 held tunnels keep relaying; each of 200 more CONNECTs is answered 503 and
+/// closed at once, opens no connection to the target and writes no verdict (the refusal costs
+/// no store write); the gateway counts 8 connections throughout; once a tunnel closes, the
+/// next CONNECT is served again.
+#[tokio::test]
+async fn connects_past_the_cap_get_503_while_held_tunnels_keep_working() {
+    let net = TestNet::new();
+    let l = net.listen(0);
+    let port = l.local_addr().unwrap().port();
+    let accepts = echo_server(l);
+    let dns = TestDns::start().await;
+    let control = Arc::new(TestControl::default());
+    control.set(Policy::allowlist(&[&net.cidr], &[]).unwrap());
+    let config = GatewayConfig {
+        nameservers: Some(vec![dns.addr]),
+        max_connections: 8,
+        ..GatewayConfig::default()
+    };
+    let gw = Gateway::new(config, control.clone(), Auth::Conversation(CONV.into())).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.sock");
+    let listener = tokio::net::UnixListener::bind(&path).unwrap();
+    let g = gw.clone();
+    tokio::spawn(async move { g.serve_unix(listener).await });
+    let target = format!("{}:{port}", net.peer_ip);
+
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        let (status, r) = connect_unix(&path, &target).await;
+        assert_eq!(status, 200);
+        held.push(r);
+    }
+    assert_eq!(gw.connections(), 8);
+    let started = Instant::now();
+    for i in 0..200 {
+        let (status, mut r) = connect_unix(&path, &target).await;
+        assert_eq!(status, 503, "CONNECT {i} over the cap");
+        let mut body = String::new();
+        r.read_to_string(&mut body).await.unwrap();
+        assert!(body.contains("too many connections"), "{body}");
+    }
+    let refusing = started.elapsed();
+    assert!(
+        refusing < Duration::from_secs(5),
+        "200 refusals took {refusing:?}"
+    );
+    assert_eq!(gw.connections(), 8);
+    assert_eq!(accepts.count(), 8, "a refused CONNECT reached the target");
+    assert!(
+        control.entries().is_empty(),
+        "a refusal was logged as a verdict"
+    );
+    for r in &mut held {
+        let msg = b"still relaying";
+        r.get_mut().write_all(msg).await.unwrap();
+        let mut back = vec![0u8; msg.len()];
+        r.read_exact(&mut back).await.unwrap();
+        assert_eq!(back, msg);
+    }
+    // One tunnel ends: its permit comes back and the next CONNECT is served.
+    drop(held.pop());
+    let until = Instant::now() + Duration::from_secs(5);
+    while gw.connections() > 7 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(gw.connections(), 7);
+    let (status, mut r) = connect_unix(&path, &target).await;
+    assert_eq!(status, 200);
+    r.get_mut().write_all(b"after").await.unwrap();
+    let mut back = [0u8; 5];
+    r.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"after");
+    assert_eq!(accepts.count(), 9);
+}
+
+/// The same cap on a `--listen` (TCP) gateway: with one tunnel held at a cap of 1, 50 more
+/// CONNECTs each read a complete 503 (the refusal drains the request before closing, so no TCP
+/// reset eats the answer), none reaches the target, and the held tunnel keeps relaying.
+#[tokio::test]
+async fn a_tcp_gateway_over_its_cap_answers_a_complete_503() {
+    let net = TestNet::new();
+    let l = net.listen(0);
+    let port = l.local_addr().unwrap().port();
+    let accepts = echo_server(l);
+    let s = start_with(Auth::Conversation(CONV.into()), |c| c.max_connections = 1).await;
+    s.control.set(Policy::allowlist(&[&net.cidr], &[]).unwrap());
+    let target = format!("{}:{port}", net.peer_ip);
+    let (status, mut held) = connect(s.proxy, &target, "").await;
+    assert_eq!(status, 200);
+    for i in 0..50 {
+        let (status, mut r) = connect(s.proxy, &target, "").await;
+        assert_eq!(status, 503, "CONNECT {i}");
+        let mut body = String::new();
+        r.read_to_string(&mut body).await.unwrap();
+        assert!(body.contains("too many connections"), "{body}");
+    }
+    echo_round_trip(&mut held, b"the held tunnel").await;
+    assert_eq!(accepts.count(), 1);
 }

@@ -178,6 +178,9 @@ pub struct EgressSection {
     pub total_timeout_secs: Option<u64>,
     /// Give up connecting to a target after this many seconds (default 10).
     pub connect_timeout_secs: Option<u64>,
+    /// Most connections one conversation's gateway serves at once (default 256, at least 1);
+    /// over it a new connection is answered 503 (`--max-connections` of `egress-gateway` wins).
+    pub max_connections: Option<std::num::NonZeroU32>,
 }
 
 /// `[skills]` settings: `[skills.tenants]` maps a tenant to its skills directories (absolute
@@ -416,6 +419,18 @@ mod tests {
         assert_eq!(c.limits.unwrap().max_file_bytes, 10);
         assert_eq!(c.limits.unwrap().max_entries, Limits::default().max_entries);
         assert_eq!(c.host.kill_grace_ms, Some(5));
+    }
+
+    #[test]
+    fn the_gateway_connection_cap_is_read_and_zero_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sessionbox.toml");
+        std::fs::write(&p, "[egress]\nmax_connections = 32\n").unwrap();
+        let c = FileConfig::load(&p, true).unwrap();
+        assert_eq!(c.egress.max_connections.map(|n| n.get()), Some(32));
+        std::fs::write(&p, "[egress]\nmax_connections = 0\n").unwrap();
+        let err = format!("{:#}", FileConfig::load(&p, true).unwrap_err());
+        assert!(err.contains("line 2") && err.contains("nonzero"), "{err}");
     }
 
     #[test]

@@ -97,8 +97,14 @@ pub(crate) struct TokenArgs {
 /// `isolated` runtime builds them to start a conversation's gateway.
 pub(crate) use sessionbox_egress::GatewayArgs;
 
-fn gateway_config(section: &EgressSection) -> GatewayConfig {
+fn gateway_config(section: &EgressSection, args: &GatewayArgs) -> GatewayConfig {
     let mut c = GatewayConfig::default();
+    if let Some(n) = args
+        .max_connections
+        .or(section.max_connections.map(std::num::NonZeroU32::get))
+    {
+        c.max_connections = n.max(1) as usize;
+    }
     if !section.nameservers.is_empty() {
         c.nameservers = Some(section.nameservers.clone());
     }
@@ -125,7 +131,8 @@ pub(crate) async fn gateway(
     let store =
         tokio::task::spawn_blocking(move || Store::open_configured(url.as_deref(), &db)).await??;
     let control = Arc::new(StoreControl { store });
-    let config = gateway_config(section);
+    let mut config = gateway_config(section, args);
+    config.max_connections = limit_descriptors(config.max_connections);
     if let Some(addr) = args.listen {
         let key = TokenKey::load_or_create(&key_path(data_dir))
             .context("cannot read or create the egress token key")?;
@@ -175,6 +182,36 @@ pub(crate) async fn gateway(
         _ = sessionbox_agent::termination_signal() => {}
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Sets this process's descriptor limit (soft and hard) to what `max_connections` connections
+/// need ([`GatewayConfig::descriptors_needed`]), so that the gateway refuses a connection over
+/// its cap instead of failing with `EMFILE`; returns the cap to use: `max_connections`, or
+/// fewer when the hard limit cannot be raised that far (without root), with a warning.
+fn limit_descriptors(max_connections: usize) -> usize {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let want = GatewayConfig::descriptors_needed(max_connections);
+    let exact = Rlimit {
+        current: Some(want),
+        maximum: Some(want),
+    };
+    if setrlimit(Resource::Nofile, exact).is_ok() {
+        return max_connections;
+    }
+    // Not allowed to raise the hard limit: use all of it, and fit the cap under it.
+    let hard = getrlimit(Resource::Nofile).maximum.unwrap_or(want);
+    let _ = setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(hard),
+            maximum: Some(hard),
+        },
+    );
+    let fits = GatewayConfig::connections_within(hard).min(max_connections);
+    warn!(
+        "egress: {max_connections} connections need {want} descriptors but the hard limit is {hard}: serving at most {fits} at once (raise the limit, or lower [egress] max_connections)"
+    );
+    fits
 }
 
 /// Completes when process `pid` exits (at once if it is gone).

@@ -2,10 +2,10 @@
 //! `file::test`), sharing `support` (the isolated runtime's host-side helpers), `exact` (the
 //! shared exact-output cases) and `pg` (the store tests' private PostgreSQL cluster) once.
 //!
-//! Two files stay binaries of their own (see Cargo.toml): `architecture.rs`, which reads the
-//! workspace with cargo, and `isolated_escape.rs`, whose bomb tests assert how fast another
-//! conversation and the host answer while an attack runs, so they share the machine with no other
-//! file's tests.
+//! Three files stay binaries of their own (see Cargo.toml): `architecture.rs`, which reads the
+//! workspace with cargo, and `isolated_escape.rs` and `egress_containment.rs`, whose bomb and
+//! flood tests assert how fast another conversation and the host answer while an attack runs, so
+//! they share the machine with no other file's tests.
 
 // Integration tests may unwrap (clippy.toml says so, but clippy counts only `#[test]` functions
 // as tests, not the helpers beside them); support modules are `pub` for the files that use them,

@@ -20,7 +20,8 @@ use sessionbox_sandbox::{self as sandbox, SandboxLimits};
 /// way is replaced), the runtime binds a Unix socket in the conversation's run directory
 /// (`egress/gateway.sock`, owned by the conversation's uid, the directory bound read-only into
 /// the sandbox), starts `exe gateway_args --listen-fd 3 --conversation-key KEY --watch-pid
-/// MONITOR` outside the sandbox with that socket and `gateway_env`, and starts the agent with a
+/// MONITOR` outside the sandbox's namespaces but in its cgroups (its memory, threads and CPU
+/// are the sandbox's) with that socket and `gateway_env`, and starts the agent with a
 /// relay from [`EGRESS_PROXY`](super::EGRESS_PROXY) to the socket. The sandbox's network
 /// namespace still has only loopback: the relay is its only way out, and the gateway decides.
 #[derive(Clone)]
@@ -170,7 +171,8 @@ pub struct SandboxInfo {
     /// Launched with the egress relay (its profile let it out).
     #[serde(default)]
     pub network: bool,
-    /// The egress gateway serving it, outside the sandbox.
+    /// The egress gateway serving it: outside the sandbox's namespaces, inside its cgroups
+    /// (so among [`SandboxInfo::processes`]).
     #[serde(default)]
     pub gateway_pid: Option<u32>,
     /// The inode of its PID namespace: without cgroups (rlimit-only limits) the way to find

@@ -260,6 +260,7 @@ impl IsolatedRuntime {
                     key,
                     handle.monitor_pid(),
                     run,
+                    &handle.cgroup_paths(),
                 ) {
                     Ok(pid) => Some(pid),
                     Err(e) => {
@@ -397,9 +398,31 @@ fn bind_gateway_socket(dir: &Path, run_dir: &RunDir, uid: u32) -> Result<UnixLis
     Ok(listener)
 }
 
-/// Starts the conversation's gateway outside the sandbox, in a session of its own, with the
-/// listening socket as descriptor 3; it exits when the sandbox's monitor does. Its stderr goes
-/// to `run/<key>/egress.log`.
+/// The file that moves the writing process into the cgroup `dir` when `0` is written to it:
+/// `tasks` in cgroup v1 (the process is single-threaded then, as the monitor is when it joins),
+/// `cgroup.procs` in v2 (which has no `tasks`).
+fn cgroup_join_file(dir: &Path) -> std::ffi::CString {
+    use std::os::unix::ffi::OsStrExt;
+    let tasks = dir.join("tasks");
+    let file = if tasks.exists() {
+        tasks
+    } else {
+        dir.join("cgroup.procs")
+    };
+    // A path from the kernel's cgroup mounts and our cgroup name: no NUL byte.
+    std::ffi::CString::new(file.as_os_str().as_bytes()).unwrap_or_default()
+}
+
+/// Starts the conversation's gateway outside the sandbox's namespaces, in a session of its
+/// own, with the listening socket as descriptor 3; it exits when the sandbox's monitor does.
+/// Its stderr goes to `run/<key>/egress.log`.
+///
+/// It runs in the sandbox's own `cgroups` (joined before it executes, so everything it ever
+/// allocates is charged there): its memory counts against the sandbox's `memory_bytes`, its
+/// threads against `pids`, its CPU against the sandbox's quota, and it ends with the sandbox's
+/// cgroups (destroy kills every process in them). With rlimit-only limits there are no cgroups
+/// and its own connection cap and descriptor limit are what bound it.
+#[allow(clippy::too_many_arguments)]
 fn spawn_gateway(
     exe: &Path,
     args: &[String],
@@ -408,9 +431,16 @@ fn spawn_gateway(
     key: &ConversationKey,
     monitor_pid: u32,
     run: &Path,
+    cgroups: &[PathBuf],
 ) -> Result<u32> {
     use std::os::fd::AsRawFd;
     use std::os::unix::process::CommandExt;
+    let join: Vec<std::ffi::CString> = cgroups.iter().map(|d| cgroup_join_file(d)).collect();
+    if join.iter().any(|f| f.as_bytes().is_empty()) {
+        return Err(Error::Backend(format!(
+            "cannot place the egress gateway in the sandbox cgroups {cgroups:?}"
+        )));
+    }
     // Above 3, so that the dup2 below never replaces its own source.
     let fd = rustix::io::fcntl_dupfd_cloexec(&listener, 10)
         .map_err(|e| Error::Backend(format!("cannot pass the egress socket: {e}")))?;
@@ -434,20 +464,36 @@ fn spawn_gateway(
         .stderr(Stdio::from(log));
     cmd.envs(env.iter().map(|(k, v)| (k, v)));
     // SAFETY: runs in the forked child before exec: only async-signal-safe calls (setsid,
-    // dup2) on integers captured by value; `fd` stays open in the parent until spawn returns.
-    // dup2 clears close-on-exec on descriptor 3.
+    // dup2, open, write, close) on integers and on C strings built before the fork, read
+    // through a reference and never freed in the child; `fd` stays open in the parent until
+    // spawn returns. dup2 clears close-on-exec on descriptor 3. Writing `0` to a cgroup's
+    // `tasks` or `cgroup.procs` moves the writer (this child, single-threaded) into it.
     unsafe {
         cmd.pre_exec(move || {
             libc::setsid();
             if libc::dup2(raw, 3) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
+            for file in &join {
+                let f = libc::open(file.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if f < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let n = libc::write(f, b"0".as_ptr().cast(), 1);
+                let e = std::io::Error::last_os_error();
+                libc::close(f);
+                if n != 1 {
+                    return Err(e);
+                }
+            }
             Ok(())
         });
     }
-    let child = cmd
-        .spawn()
-        .map_err(|e| Error::Backend(format!("cannot start the egress gateway: {e}")))?;
+    let child = cmd.spawn().map_err(|e| {
+        Error::Backend(format!(
+            "cannot start the egress gateway in the sandbox's cgroups: {e}"
+        ))
+    })?;
     drop(fd);
     drop(listener);
     let pid = child.id();
