@@ -562,6 +562,7 @@ async fn a_special_purpose_address_needs_a_rule_inside_its_block() {
     let (status, mut r) = connect(s.proxy, &target, "").await;
     assert_eq!(status, 200);
     echo_round_trip(&mut r, b"inside its block, by a rule inside it").await;
+}
 
 /// `CONNECT authority` over the gateway's Unix socket (as the isolated runtime's relay sends
 /// it); returns the status and the stream after the response head.
