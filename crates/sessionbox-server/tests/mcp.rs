@@ -2,6 +2,10 @@
 //! and a real SQLite store, driven by the official MCP Python SDK (`mcp` from PyPI, installed
 //! by `scripts/test`) through `tests/mcp_client.py`.
 
+// Integration tests may unwrap (clippy.toml says so, but clippy counts only `#[test]` functions
+// as tests, not the helpers beside them).
+#![allow(clippy::unwrap_used)]
+
 use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::Arc;
