@@ -8,7 +8,12 @@
 set -e
 dir=$(dirname "$0")
 mkdir -p /workspace
-"$dir/execd" --listen tcp:0.0.0.0:44772 --root /workspace &
+# The agent listens on loopback only unless told otherwise, and refuses another address without
+# an access token unless --insecure-no-token says so. Here the address is the container's own,
+# reached only through the OpenSandbox server (its proxy, or the port it publishes on
+# 127.0.0.1), which in docker mode hands out no execd token: so every interface, explicitly.
+# An EXECD_ACCESS_TOKEN in the sandbox's environment is still required of every request.
+"$dir/execd" --listen tcp:0.0.0.0:44772 --root /workspace --insecure-no-token &
 if [ "$#" -eq 0 ]; then
   set -- tail -f /dev/null
 fi

@@ -10,7 +10,7 @@ use sessionbox_core::{Error, Result};
 use sessionbox_execd::AccessToken;
 use sessionbox_execd::agent_args::AgentArgs;
 
-use crate::{Agent, AgentConfig, Listen, termination_signal};
+use crate::{Agent, AgentConfig, DEFAULT_LISTEN, Listen, termination_signal};
 
 /// Environment variable the access token may come from (removed from the environment once
 /// read). A token file is preferred: see the README.
@@ -23,8 +23,10 @@ pub(crate) const TOKEN_ENV: &str = "EXECD_ACCESS_TOKEN";
     version,
     about = "Serve the OpenSandbox execd HTTP API for one workspace (the sessionbox in-sandbox agent).",
     after_help = "The access token is read from --token-file or the EXECD_ACCESS_TOKEN environment \
-                  variable (which is then removed), never from the command line. Logging: \
-                  SESSIONBOX_LOG (default warn)."
+                  variable (which is then removed), never from the command line. With no flags \
+                  the agent listens on loopback only (tcp:127.0.0.1:44772); a non-loopback TCP \
+                  address needs a token, or --insecure-no-token. Logging: SESSIONBOX_LOG \
+                  (default warn)."
 )]
 pub struct Cli {
     /// The options, defined once in [`sessionbox_execd::agent_args`] (the isolated runtime
@@ -42,7 +44,8 @@ impl Cli {
     ///
     /// # Errors
     /// [`Error::InvalidRequest`] for a bad listen address, an unreadable or empty token file,
-    /// or an empty token.
+    /// an empty token, or a non-loopback TCP address without a token (unless
+    /// `--insecure-no-token`).
     pub fn into_config(self) -> Result<AgentConfig> {
         let args = self.args;
         let from_env = std::env::var_os(TOKEN_ENV);
@@ -77,6 +80,20 @@ impl Cli {
             Some(fd) => Listen::Fd(fd),
             None => Listen::parse(&args.listen)?,
         };
+        if let Listen::Tcp(addr) = &config.listen
+            && !addr.ip().is_loopback()
+            && token.is_none()
+            && !args.insecure_no_token
+        {
+            // Anyone who reaches the address could run commands: never by default.
+            return Err(Error::InvalidRequest(format!(
+                "refusing to listen on {addr}, which is not a loopback address, without an \
+                 access token: anyone who reaches it could run commands; give a token \
+                 (--token-file or {TOKEN_ENV}), listen on loopback (the default is \
+                 {DEFAULT_LISTEN}), or pass --insecure-no-token where something else guards \
+                 the address"
+            )));
+        }
         config.token = token.map(AccessToken::new);
         config.idle_timeout =
             (args.idle_timeout > 0).then(|| Duration::from_secs(args.idle_timeout));

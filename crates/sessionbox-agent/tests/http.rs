@@ -389,3 +389,110 @@ async fn the_binary_serves_an_inherited_socket() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// Attack: `sessionbox agent` started on a host with no flags would offer unauthenticated
+/// command execution to the network. With no flags it listens on loopback only; a non-loopback
+/// address without a token is refused at start with a message saying what to do (exit 2,
+/// nothing listening); with a token it serves, and a request without the token (or with a wrong
+/// one) is 401 and runs nothing; `--insecure-no-token` (the OpenSandbox bootstrap's explicit
+/// choice) serves without one.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_no_flags_the_agent_listens_on_loopback_and_the_network_needs_a_token() {
+    use clap::Parser;
+    // No flags: loopback only, no token.
+    let config = sessionbox_agent::Cli::try_parse_from(["sessionbox-agent"])
+        .unwrap()
+        .into_config()
+        .unwrap();
+    match config.listen {
+        sessionbox_agent::Listen::Tcp(addr) => {
+            assert!(addr.ip().is_loopback(), "{addr}");
+            assert_eq!(addr.port(), 44772);
+        }
+        other => panic!("listens on {other}"),
+    }
+    assert!(config.token.is_none());
+
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    std::fs::create_dir(&root).unwrap();
+    // A network address without a token: refused before anything listens.
+    for listen in ["tcp:0.0.0.0:0", "tcp:[::]:0", "0.0.0.0:0"] {
+        let out = Command::new(agent_bin())
+            .args(["--listen", listen, "--root"])
+            .arg(&root)
+            .env_remove("EXECD_ACCESS_TOKEN")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{listen}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("not a loopback address, without an access token")
+                && err.contains("--token-file")
+                && err.contains("--insecure-no-token"),
+            "{listen}: {err}"
+        );
+        assert!(out.stdout.is_empty(), "{listen}: it listened");
+    }
+
+    // An explicit network address with a token: served, and the token is required.
+    let tf = dir.path().join("token");
+    std::fs::write(&tf, format!("{TOKEN}\n")).unwrap();
+    let start = |extra: &[&str]| {
+        let mut child = Command::new(agent_bin())
+            .args(["--listen", "tcp:0.0.0.0:0", "--root"])
+            .arg(&root)
+            .args(extra)
+            .env_remove("EXECD_ACCESS_TOKEN")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let at = wait_listening(&mut child);
+        let port: u16 = at.rsplit(':').next().unwrap().parse().unwrap();
+        (child, format!("http://127.0.0.1:{port}"))
+    };
+    let stop = |mut child: std::process::Child| {
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(child.id() as i32).unwrap(),
+            rustix::process::Signal::TERM,
+        );
+        wait_exit(&mut child, Duration::from_secs(10)).expect("SIGTERM stops the agent");
+    };
+    let (child, url) = start(&["--token-file", tf.to_str().unwrap()]);
+    let bare = ExecdClient::builder(Endpoint::Http(url.clone()))
+        .build()
+        .unwrap();
+    assert_eq!(bare.ping().await.unwrap_err().status(), Some(401));
+    let e = bare
+        .run_command(&RunCommandRequest::shell("touch pwned"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(401), "{e}");
+    let wrong = ExecdClient::builder(Endpoint::Http(url.clone()))
+        .token("not-the-token")
+        .build()
+        .unwrap();
+    assert_eq!(wrong.ping().await.unwrap_err().status(), Some(401));
+    assert!(
+        !root.join("pwned").exists(),
+        "a request without the token ran"
+    );
+    let with = ExecdClient::builder(Endpoint::Http(url.clone()))
+        .token(TOKEN)
+        .build()
+        .unwrap();
+    let o = with
+        .run_command(&RunCommandRequest::shell("echo ok").exact_output())
+        .await
+        .unwrap();
+    assert_eq!(o.stdout_text(), "ok\n");
+    stop(child);
+
+    // Explicitly without a token (what the OpenSandbox bootstrap passes): served.
+    let (child, url) = start(&["--insecure-no-token"]);
+    let open = ExecdClient::builder(Endpoint::Http(url.clone()))
+        .build()
+        .unwrap();
+    open.ping().await.unwrap();
+    stop(child);
+}

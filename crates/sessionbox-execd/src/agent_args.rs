@@ -28,8 +28,11 @@ use std::path::PathBuf;
 
 use sessionbox_core::Limits;
 
-/// Default listening address: TCP port 44772 on every interface, as upstream execd.
-pub const DEFAULT_LISTEN: &str = "tcp:0.0.0.0:44772";
+/// Default listening address: TCP port 44772 (upstream execd's) on loopback only. Upstream
+/// listens on every interface; an agent started with no flags on a host must not offer
+/// unauthenticated command execution to the network, so another address is asked for
+/// explicitly, and a non-loopback one needs a token or [`AgentArgs::insecure_no_token`].
+pub const DEFAULT_LISTEN: &str = "tcp:127.0.0.1:44772";
 /// Default workspace root.
 pub const DEFAULT_ROOT: &str = "/workspace";
 
@@ -49,6 +52,11 @@ pub struct AgentArgs {
     /// File holding the access token every request must carry (X-EXECD-ACCESS-TOKEN).
     #[arg(long, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
+    /// Serve a non-loopback TCP address without an access token. Only where something else
+    /// guards that address (an OpenSandbox container, reached only through its server); without
+    /// it such an address needs a token.
+    #[arg(long)]
+    pub insecure_no_token: bool,
     /// Exit cleanly after this many seconds with no request and no running command (0: never).
     #[arg(long, value_name = "SECS", default_value_t = 0)]
     pub idle_timeout: u64,
@@ -72,6 +80,7 @@ impl Default for AgentArgs {
             listen_fd: None,
             root: PathBuf::from(DEFAULT_ROOT),
             token_file: None,
+            insecure_no_token: false,
             idle_timeout: 0,
             limits: None,
             egress_listen: None,
@@ -112,6 +121,9 @@ impl AgentArgs {
         if let Some(path) = &self.egress_socket {
             opt("--egress-socket", path.clone().into());
         }
+        if self.insecure_no_token {
+            argv.push("--insecure-no-token".into());
+        }
         argv
     }
 }
@@ -143,6 +155,7 @@ mod tests {
             listen_fd: Some(3),
             root: "/workspace".into(),
             token_file: Some("/run/token".into()),
+            insecure_no_token: true,
             idle_timeout: 600,
             limits: Some(Limits {
                 max_file_bytes: 1234,

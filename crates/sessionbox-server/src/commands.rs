@@ -9,11 +9,14 @@
 //! finished ones bounded. Destroying a conversation kills its commands with it (the runtime's
 //! destroy), without waiting for each.
 //!
-//! What this server keeps is only what the `background_commands_running` gauge needs: the
-//! commands it knows to run (those it started, and those a list or status showed running since
-//! it started), each watched by a task that long-polls the runtime until the command ends.
+//! What this server keeps is only what the `background_commands_running` gauge and the output
+//! budget need: the commands it knows to run (those it started, and those a list or status
+//! showed running since it started), each watched by a task that long-polls the runtime until
+//! the command ends, and, for those it started, the output bytes reserved for them
+//! ([`crate::budget`]), given back when the command is seen to end, is killed, or its
+//! conversation is destroyed.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -25,6 +28,7 @@ use sessionbox_core::{
 };
 
 use crate::AppState;
+use crate::budget::Reservation;
 use crate::output::{OutputText, incomplete_tail};
 use crate::views::{ErrorBody, ExitStatusView};
 
@@ -34,20 +38,25 @@ const WATCH_WAIT: Duration = Duration::from_secs(25);
 /// chatty command costs at most one poll a second.
 const WATCH_PAUSE: Duration = Duration::from_secs(1);
 
-/// The background commands this server knows to run, by conversation (for the gauge).
+/// Running commands of one conversation by id, with the output reserved for those this server
+/// started.
+type Running = HashMap<String, Option<Reservation>>;
+
+/// The background commands this server knows to run, by conversation (for the gauge and the
+/// output budget).
 #[derive(Default)]
 pub(crate) struct Commands {
-    running: Mutex<HashMap<ConversationKey, HashSet<String>>>,
+    running: Mutex<HashMap<ConversationKey, Running>>,
 }
 
 impl Commands {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ConversationKey, HashSet<String>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ConversationKey, Running>> {
         self.running.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Background commands running now, as far as this server knows.
     pub(crate) fn running(&self) -> usize {
-        self.lock().values().map(HashSet::len).sum()
+        self.lock().values().map(HashMap::len).sum()
     }
 
     /// Records what a runtime answered about commands of `conv`: a running one not watched yet
@@ -58,13 +67,37 @@ impl Commands {
         conv: &ConversationRef,
         seen: &[BackgroundCommand],
     ) {
+        self.observe_reserved(state, conv, seen, None);
+    }
+
+    /// As [`Commands::observe`]; `reservation` (for the first of `seen`, which this server has
+    /// just started) is kept while that command runs, and dropped at once when it has ended.
+    fn observe_reserved(
+        &self,
+        state: &AppState,
+        conv: &ConversationRef,
+        seen: &[BackgroundCommand],
+        mut reservation: Option<Reservation>,
+    ) {
         for c in seen {
+            let reserved = reservation.take();
             if c.running {
-                let new = self
-                    .lock()
-                    .entry(conv.key.clone())
-                    .or_default()
-                    .insert(c.id.clone());
+                let new = {
+                    let mut map = self.lock();
+                    let commands = map.entry(conv.key.clone()).or_default();
+                    match commands.get_mut(&c.id) {
+                        Some(slot) => {
+                            if slot.is_none() {
+                                *slot = reserved;
+                            }
+                            false
+                        }
+                        None => {
+                            commands.insert(c.id.clone(), reserved);
+                            true
+                        }
+                    }
+                };
                 if new {
                     tokio::spawn(watch(state.clone(), conv.clone(), c.id.clone()));
                 }
@@ -74,24 +107,32 @@ impl Commands {
         }
     }
 
+    /// Forgets command `id` of `key`, giving its reserved output back.
     fn ended(&self, key: &ConversationKey, id: &str) {
-        let mut map = self.lock();
-        if let Some(set) = map.get_mut(key) {
-            set.remove(id);
-            if set.is_empty() {
+        let reservation = {
+            let mut map = self.lock();
+            let Some(commands) = map.get_mut(key) else {
+                return;
+            };
+            let reservation = commands.remove(id);
+            if commands.is_empty() {
                 map.remove(key);
             }
-        }
+            reservation
+        };
+        // Released outside this lock (the budget has its own).
+        drop(reservation);
     }
 
     /// Forgets every command of `key` (the conversation is being destroyed: the runtime kills
-    /// them; their watchers end on their next poll).
+    /// them; their watchers end on their next poll), giving their reserved output back.
     pub(crate) fn end_conversation(&self, key: &ConversationKey) {
-        self.lock().remove(key);
+        let gone = self.lock().remove(key);
+        drop(gone);
     }
 
     fn watched(&self, key: &ConversationKey, id: &str) -> bool {
-        self.lock().get(key).is_some_and(|s| s.contains(id))
+        self.lock().get(key).is_some_and(|s| s.contains_key(id))
     }
 }
 
@@ -276,11 +317,17 @@ impl CommandLogsView {
     }
 }
 
-/// Starts watching a command this server has just started.
-pub(crate) fn started(state: &AppState, conv: &ConversationRef, cmd: &BackgroundCommand) {
+/// Starts watching a command this server has just started, keeping `reservation` (its output
+/// budget) until it ends.
+pub(crate) fn started(
+    state: &AppState,
+    conv: &ConversationRef,
+    cmd: &BackgroundCommand,
+    reservation: Reservation,
+) {
     state
         .commands
-        .observe(state, conv, std::slice::from_ref(cmd));
+        .observe_reserved(state, conv, std::slice::from_ref(cmd), Some(reservation));
 }
 
 /// Most requests that wait on background command output at once (SSE follows and JSON long

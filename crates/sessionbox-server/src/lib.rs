@@ -12,6 +12,11 @@
 //! - Operations on one conversation run one at a time in arrival order; different conversations
 //!   run in parallel; more than [`ServerConfig::max_queue`] requests for one conversation get
 //!   429.
+//! - Command output is budgeted: each command reserves twice its `output_limit` until it ends,
+//!   counted per tenant and in total ([`ServerConfig::max_output_bytes_per_tenant`],
+//!   [`ServerConfig::max_output_bytes_total`]); past a limit new work gets 429 naming it.
+//! - An MCP session id belongs to the tenant whose key opened it: another tenant's key gets 404
+//!   for it; a tenant has at most [`ServerConfig::max_mcp_sessions_per_tenant`] open.
 //! - Errors are `{"code", "message"}` with the [`sessionbox_core::Error::code`] (plus
 //!   `unauthorized`, `busy`, `range_not_satisfiable`, `not_ready`): bad input is 400, 403, 404,
 //!   409, 413 or 422, never 5xx.
@@ -32,6 +37,7 @@
 
 mod audit;
 mod auth;
+mod budget;
 mod commands;
 mod conversation;
 mod error;
@@ -79,7 +85,28 @@ pub struct ServerConfig {
     /// The tenant of requests without a key while no valid key exists; `None` requires a key
     /// always. Only for loopback listeners (see [`check_listen`]).
     pub open_tenant: Option<TenantId>,
+    /// Most bytes of command output one tenant's running commands and requests may have
+    /// reserved at once, in bytes (default [`DEFAULT_MAX_OUTPUT_BYTES_PER_TENANT`], 256 MiB).
+    /// A command reserves twice its `output_limit` (stdout and stderr) until it ends; past the
+    /// limit new work is refused with 429 `busy` naming it.
+    pub max_output_bytes_per_tenant: u64,
+    /// Most bytes of command output all tenants together may have reserved at once, in bytes
+    /// (default [`DEFAULT_MAX_OUTPUT_BYTES_TOTAL`], 1 GiB); past it, 429 `busy` naming it.
+    pub max_output_bytes_total: u64,
+    /// Most MCP sessions (`Mcp-Session-Id`) one tenant may have open at once (default
+    /// [`DEFAULT_MAX_MCP_SESSIONS_PER_TENANT`]); one more `initialize` is refused with 429
+    /// `busy`. A session ends with its DELETE or after rmcp's keep-alive (5 minutes idle).
+    pub max_mcp_sessions_per_tenant: usize,
 }
+
+/// Default of [`ServerConfig::max_output_bytes_per_tenant`]: 256 MiB, room for 8 commands at
+/// the largest `output_limit` (16 MiB, so 32 MiB each) or 128 at the default (1 MiB).
+pub const DEFAULT_MAX_OUTPUT_BYTES_PER_TENANT: u64 = 256 * 1024 * 1024;
+/// Default of [`ServerConfig::max_output_bytes_total`]: 1 GiB, four tenants at their limit.
+pub const DEFAULT_MAX_OUTPUT_BYTES_TOTAL: u64 = 1024 * 1024 * 1024;
+/// Default of [`ServerConfig::max_mcp_sessions_per_tenant`]: 256 (an idle session costs little,
+/// but a key should not be able to open them without bound).
+pub const DEFAULT_MAX_MCP_SESSIONS_PER_TENANT: usize = 256;
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -89,6 +116,9 @@ impl Default for ServerConfig {
             max_queue: 64,
             max_open_sessions: 1024,
             open_tenant: None,
+            max_output_bytes_per_tenant: DEFAULT_MAX_OUTPUT_BYTES_PER_TENANT,
+            max_output_bytes_total: DEFAULT_MAX_OUTPUT_BYTES_TOTAL,
+            max_mcp_sessions_per_tenant: DEFAULT_MAX_MCP_SESSIONS_PER_TENANT,
         }
     }
 }
@@ -107,6 +137,8 @@ pub struct SharedState {
     queues: Arc<queue::Queues>,
     commands: Arc<commands::Commands>,
     waiters: Arc<commands::Waiters>,
+    budget: Arc<budget::OutputBudget>,
+    mcp_sessions: Arc<mcp::Owners>,
     sessions: Arc<sessions::Sessions>,
     audit: audit::AuditWriter,
     metrics: metrics::Metrics,
@@ -137,6 +169,11 @@ impl AppState {
             queues: Arc::default(),
             commands: Arc::default(),
             waiters: Arc::default(),
+            budget: Arc::new(budget::OutputBudget::new(
+                config.max_output_bytes_per_tenant,
+                config.max_output_bytes_total,
+            )),
+            mcp_sessions: Arc::new(mcp::Owners::new(config.max_mcp_sessions_per_tenant)),
             sessions: Arc::new(sessions::Sessions::new(config.max_open_sessions)),
             audit: audit::AuditWriter::start(manager.store().clone()),
             metrics: metrics::Metrics::new(),
@@ -164,6 +201,22 @@ impl AppState {
     /// Background commands running now, in every conversation.
     pub fn background_commands_running(&self) -> usize {
         self.commands.running()
+    }
+
+    /// Bytes of command output reserved now by `tenant`'s running commands and requests (see
+    /// [`ServerConfig::max_output_bytes_per_tenant`]).
+    pub fn output_bytes_reserved_by(&self, tenant: &TenantId) -> u64 {
+        self.budget.reserved_by(tenant)
+    }
+
+    /// Bytes of command output reserved now in the whole server.
+    pub fn output_bytes_reserved(&self) -> u64 {
+        self.budget.reserved()
+    }
+
+    /// MCP sessions open now for `tenant`, as far as this server knows.
+    pub fn mcp_sessions_of(&self, tenant: &TenantId) -> usize {
+        self.mcp_sessions.count(tenant)
     }
 }
 

@@ -18,6 +18,15 @@ pub(crate) struct OutputText {
 }
 
 impl OutputText {
+    /// `bytes` as text, with base64 when they are not valid UTF-8; valid UTF-8 is taken as
+    /// it is, without a copy (an exec's answer holds up to 16 MiB of each stream).
+    pub(crate) fn from_vec(bytes: Vec<u8>) -> Self {
+        match String::from_utf8(bytes) {
+            Ok(text) => OutputText { text, base64: None },
+            Err(e) => OutputText::of(e.as_bytes()),
+        }
+    }
+
     /// `bytes` as text, with base64 when they are not valid UTF-8.
     pub(crate) fn of(bytes: &[u8]) -> Self {
         match std::str::from_utf8(bytes) {

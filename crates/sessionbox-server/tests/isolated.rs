@@ -106,6 +106,14 @@ const TESTS: &[(&str, TestFn)] = &[
         "background_commands_in_a_sandbox_report_logs_and_are_killed_and_destroyed",
         || Box::pin(background_commands_in_a_sandbox_report_logs_and_are_killed_and_destroyed()),
     ),
+    (
+        "an_output_flood_from_one_key_is_refused_at_its_budget_and_spares_another_tenant",
+        || {
+            Box::pin(
+                an_output_flood_from_one_key_is_refused_at_its_budget_and_spares_another_tenant(),
+            )
+        },
+    ),
 ];
 
 /// A server over the isolated runtime in a temporary data directory (loopback, open tenant
@@ -115,13 +123,32 @@ struct Server {
     client: Client,
     dir: tempfile::TempDir,
     runtime: Arc<IsolatedRuntime>,
+    state: AppState,
+    /// API keys by tenant, when the server was started with keys.
+    keys: Vec<(TenantId, String)>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Server {
     async fn start() -> Server {
+        Server::start_with(ServerConfig::default(), &[]).await
+    }
+
+    /// A server with `config`; with `tenants`, a key for each (then every request needs one).
+    async fn start_with(config: ServerConfig, tenants: &[&str]) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("sessionbox.db")).unwrap();
+        let keys: Vec<(TenantId, String)> = tenants
+            .iter()
+            .map(|t| {
+                let tenant = TenantId::new(*t).unwrap();
+                let key = store
+                    .create_api_key(&tenant, Some("test"), chrono::Utc::now())
+                    .unwrap()
+                    .key;
+                (tenant, key)
+            })
+            .collect();
         // Host uids no other test process uses.
         let base = 21_000_000 + (std::process::id() % 50_000) * 64;
         let runtime = Arc::new(
@@ -141,7 +168,7 @@ impl Server {
         );
         let config = ServerConfig {
             open_tenant: Some(TenantId::new("local").unwrap()),
-            ..ServerConfig::default()
+            ..config
         };
         let state = AppState::new(
             Manager::new(store, runtime.clone() as Arc<dyn Runtime>),
@@ -150,7 +177,7 @@ impl Server {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr: SocketAddr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(sessionbox_server::serve(listener, state, async {
+        tokio::spawn(sessionbox_server::serve(listener, state.clone(), async {
             let _ = rx.await;
         }));
         Server {
@@ -161,8 +188,27 @@ impl Server {
                 .unwrap(),
             dir,
             runtime,
+            state,
+            keys,
             stop: Some(tx),
         }
+    }
+
+    /// A request of `tenant` (with its key).
+    fn req_as(&self, tenant: &str, method: Method, path: &str) -> RequestBuilder {
+        let key = &self
+            .keys
+            .iter()
+            .find(|(t, _)| t.as_str() == tenant)
+            .unwrap()
+            .1;
+        self.req(method, path).bearer_auth(key)
+    }
+
+    fn json_as(&self, tenant: &str, method: Method, path: &str, body: &Value) -> RequestBuilder {
+        self.req_as(tenant, method, path)
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(body).unwrap())
     }
 
     fn req(&self, method: Method, path: &str) -> RequestBuilder {
@@ -425,4 +471,234 @@ async fn background_commands_in_a_sandbox_report_logs_and_are_killed_and_destroy
     )
     .await;
     assert_eq!(st, StatusCode::NOT_FOUND);
+}
+
+/// This process's resident memory (the server runs in it), in bytes.
+fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// Attack: one key makes the server hold command output of its choosing: background commands
+/// and JSON execs at the largest `output_limit` (16 MB of each stream), in many conversations at
+/// once (before the budget, 16 background commands a conversation and any number of execs,
+/// each answer several times its output in the server's memory). With a budget of 48 MiB per
+/// tenant (80 MiB in total; one such command reserves 32 MB), what passes it is refused at once with 429 `busy` naming the limit
+/// (in any conversation of the tenant, creating nothing); meanwhile another tenant's exec
+/// answers within 2 s and it starts work of its own; when the first tenant's commands end its
+/// budget is back; and a flood of 8 concurrent JSON execs of 16 MB each is held to what the
+/// budget admits, the server's resident memory growing by less than 512 MiB (stated bound;
+/// unbounded, the same flood held every answer at once).
+async fn an_output_flood_from_one_key_is_refused_at_its_budget_and_spares_another_tenant() {
+    const MIB: u64 = 1024 * 1024;
+    let s = Server::start_with(
+        ServerConfig {
+            max_output_bytes_per_tenant: 48 * MIB,
+            max_output_bytes_total: 80 * MIB,
+            ..ServerConfig::default()
+        },
+        &["alice", "bob"],
+    )
+    .await;
+    let alice = TenantId::new("alice").unwrap();
+    let exec_bob = async || {
+        let t = Instant::now();
+        let (st, v) = body(
+            s.json_as(
+                "bob",
+                Method::POST,
+                "/v1/conversations/bob-1/exec",
+                &json!({"command": "echo hi"}),
+            )
+            .send()
+            .await
+            .unwrap(),
+        )
+        .await;
+        assert_eq!(
+            (st, v["stdout"].clone()),
+            (StatusCode::OK, json!("hi\n")),
+            "{v}"
+        );
+        t.elapsed()
+    };
+    exec_bob().await; // bob's sandbox, before the attack
+    let big = |command: &str, background: bool| json!({"command": command, "output_limit": 16_000_000, "background": background});
+    let refused = |st: StatusCode, v: &Value| {
+        assert_eq!(st, StatusCode::TOO_MANY_REQUESTS, "{v}");
+        assert_eq!(v["code"], "busy", "{v}");
+        let m = v["message"].as_str().unwrap();
+        assert!(
+            m.contains("[serve] max_output_bytes_per_tenant = 50331648"),
+            "{m}"
+        );
+    };
+
+    // 1. Background commands at the largest output_limit: one fits alice's budget, the next is
+    // refused, in the same conversation or another, as is a JSON exec.
+    let flood = "head -c 16000000 /dev/zero; sleep 3";
+    let (st, v) = body(
+        s.json_as(
+            "alice",
+            Method::POST,
+            "/v1/conversations/flood-bg/exec",
+            &big(flood, true),
+        )
+        .send()
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{v}");
+    assert_eq!(s.state.output_bytes_reserved_by(&alice), 32_000_000);
+    for (conv, background) in [
+        ("flood-bg", true),
+        ("flood-other", true),
+        ("flood-other", false),
+    ] {
+        let (st, v) = body(
+            s.json_as(
+                "alice",
+                Method::POST,
+                &format!("/v1/conversations/{conv}/exec"),
+                &big(flood, background),
+            )
+            .send()
+            .await
+            .unwrap(),
+        )
+        .await;
+        refused(st, &v);
+    }
+    let (st, _) = body(
+        s.req_as("alice", Method::GET, "/v1/conversations/flood-other")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        st,
+        StatusCode::NOT_FOUND,
+        "a refused exec created its conversation"
+    );
+
+    // 2. bob meanwhile: his exec answers within 2 s, and he starts a command of his own.
+    let latency = exec_bob().await;
+    assert!(latency < Duration::from_secs(2), "{latency:?}");
+    let (st, v) = body(
+        s.json_as(
+            "bob",
+            Method::POST,
+            "/v1/conversations/bob-1/exec",
+            &json!({"command": "echo mine", "background": true}),
+        )
+        .send()
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{v}");
+    println!("  bob's exec during the background flood: {latency:?}");
+
+    // 3. alice's budget is back once her commands have ended.
+    assert!(
+        until(30, || async {
+            s.state.output_bytes_reserved_by(&alice) == 0
+        })
+        .await,
+        "still reserved: {}",
+        s.state.output_bytes_reserved_by(&alice)
+    );
+
+    // 4. A flood of JSON execs, 8 conversations at once, each 16 MB of output: what the budget
+    // admits runs, the rest is 429, and the server's memory stays bounded.
+    let baseline = rss();
+    let peak = Arc::new(std::sync::atomic::AtomicU64::new(baseline));
+    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let (peak, sampling) = (peak.clone(), sampling.clone());
+        tokio::spawn(async move {
+            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                peak.fetch_max(rss(), std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    let started = Instant::now();
+    let answers = futures::future::join_all((0..8).map(|i| {
+        let r = s
+            .json_as(
+                "alice",
+                Method::POST,
+                &format!("/v1/conversations/flood-json-{i}/exec"),
+                &big("head -c 16000000 /dev/zero", false),
+            )
+            .send();
+        async move {
+            let mut r = r.await.unwrap();
+            let status = r.status();
+            // Read and drop (this client shares the server's process).
+            let (mut len, mut head) = (0usize, Vec::new());
+            while let Some(chunk) = r.chunk().await.unwrap() {
+                if head.len() < 512 {
+                    head.extend_from_slice(&chunk[..chunk.len().min(512)]);
+                }
+                len += chunk.len();
+            }
+            (status, len, String::from_utf8_lossy(&head).into_owned())
+        }
+    }))
+    .await;
+    let took = started.elapsed();
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    sampler.await.unwrap();
+    let grew = peak
+        .load(std::sync::atomic::Ordering::Relaxed)
+        .saturating_sub(baseline);
+    let ok = answers.iter().filter(|a| a.0 == StatusCode::OK).count();
+    let busy = answers
+        .iter()
+        .filter(|a| {
+            a.0 == StatusCode::TOO_MANY_REQUESTS && a.2.contains("max_output_bytes_per_tenant")
+        })
+        .count();
+    println!(
+        "  JSON flood: {ok} answered, {busy} refused in {took:?}; resident memory +{} MiB",
+        grew / MIB
+    );
+    assert_eq!(ok + busy, 8, "{answers:?}");
+    assert!(ok >= 1 && busy >= 4, "{ok} answered, {busy} refused");
+    assert!(
+        answers
+            .iter()
+            .filter(|a| a.0 == StatusCode::OK)
+            .all(|a| a.1 >= 16_000_000),
+        "an answer lacks its output"
+    );
+    assert!(
+        grew < 512 * MIB,
+        "resident memory grew by {} MiB",
+        grew / MIB
+    );
+    assert!(
+        until(10, || async { s.state.output_bytes_reserved() == 0 }).await,
+        "still reserved after the flood: {}",
+        s.state.output_bytes_reserved()
+    );
+    for conv in (0..8)
+        .map(|i| format!("flood-json-{i}"))
+        .chain(["flood-bg".to_owned(), "bob-1".to_owned()])
+    {
+        let tenant = if conv == "bob-1" { "bob" } else { "alice" };
+        let _ = s
+            .req_as(tenant, Method::DELETE, &format!("/v1/conversations/{conv}"))
+            .send()
+            .await;
+    }
 }

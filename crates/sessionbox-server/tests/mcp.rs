@@ -2,6 +2,10 @@
 //! and a real SQLite store, driven by the official MCP Python SDK (`mcp` from PyPI, installed
 //! by `scripts/test`) through `tests/mcp_client.py`.
 
+// Integration tests may unwrap (clippy.toml says so, but clippy counts only `#[test]` functions
+// as tests, not the helpers beside them).
+#![allow(clippy::unwrap_used)]
+
 use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::Arc;
@@ -107,6 +111,156 @@ async fn the_official_python_sdk_uses_the_tools_in_separate_conversations() {
             .any(|e| e.entry.operation == "mcp.read" && e.entry.outcome == "not_found"),
         "{audit:?}"
     );
+    let _ = tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+}
+
+/// One MCP request: POST `body` to `url` with `key`, in `session` if given. Returns the status,
+/// the `Mcp-Session-Id` the answer names, and the body (an event stream's `data:` lines joined,
+/// or the JSON as sent).
+async fn mcp_post(
+    client: &reqwest::Client,
+    url: &str,
+    key: &str,
+    session: Option<&str>,
+    body: &str,
+) -> (StatusCode, Option<String>, String) {
+    let mut r = client
+        .post(url)
+        .bearer_auth(key)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-03-26")
+        .header("x-conversation-id", "owned")
+        .body(body.to_owned());
+    if let Some(id) = session {
+        r = r.header("mcp-session-id", id);
+    }
+    let r = r.send().await.unwrap();
+    let status = r.status();
+    let id = r
+        .headers()
+        .get("mcp-session-id")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let text = String::from_utf8_lossy(&r.bytes().await.unwrap()).into_owned();
+    (status, id, text)
+}
+
+const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-03-26","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+const INITIALIZED: &str = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+const CALL: &str = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"bash","arguments":{"command":"echo owned-$((6*7))"}}}"#;
+
+/// Opens an MCP session with `key`; its id.
+async fn mcp_open(client: &reqwest::Client, url: &str, key: &str) -> String {
+    let (st, id, text) = mcp_post(client, url, key, None, INITIALIZE).await;
+    assert_eq!(st, StatusCode::OK, "{text}");
+    let id = id.expect("a session id");
+    let (st, _, text) = mcp_post(client, url, key, Some(&id), INITIALIZED).await;
+    assert!(st.is_success(), "{st} {text}");
+    id
+}
+
+/// Attack: tenant B's key uses or ends an MCP session that tenant A's key opened (its
+/// `Mcp-Session-Id` leaked). B's `tools/call` and `DELETE` with A's id are 404, as for an
+/// unknown id, and change nothing: A's session still works, and A's DELETE ends it (204), after
+/// which the id is unknown to A too and nothing of it is kept. Second attack: one key opens
+/// session after session; past `max_mcp_sessions_per_tenant` the next `initialize` is 429
+/// naming the limit, while another tenant still opens its own, and an ended session gives its
+/// place back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_session_belongs_to_the_tenant_that_opened_it_and_a_tenant_has_a_bounded_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("sessionbox.db")).unwrap();
+    let runtime: Arc<dyn Runtime> =
+        Arc::new(HostRuntime::new(HostConfig::new(dir.path())).unwrap());
+    let key = |tenant: &str| {
+        store
+            .create_api_key(&TenantId::new(tenant).unwrap(), Some("test"), Utc::now())
+            .unwrap()
+            .key
+    };
+    let (alice, bob) = (key("alice"), key("bob"));
+    let state = AppState::new(
+        Manager::new(store.clone(), runtime),
+        ServerConfig {
+            max_mcp_sessions_per_tenant: 3,
+            ..ServerConfig::default()
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(sessionbox_server::serve(listener, state.clone(), async {
+        let _ = rx.await;
+    }));
+    let url = format!("http://{addr}/mcp");
+    let client = reqwest::Client::new();
+    let (alice_t, bob_t) = (
+        TenantId::new("alice").unwrap(),
+        TenantId::new("bob").unwrap(),
+    );
+
+    let a = mcp_open(&client, &url, &alice).await;
+    // B with A's session id: 404 for a call and for DELETE, with the JSON error body.
+    let (st, _, text) = mcp_post(&client, &url, &bob, Some(&a), CALL).await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["code"], "not_found", "{v}");
+    assert!(!text.contains("owned-42"), "{text}");
+    let r = client
+        .delete(&url)
+        .bearer_auth(&bob)
+        .header("x-conversation-id", "owned")
+        .header("mcp-session-id", &a)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    // B's own session does not see A's either.
+    let b = mcp_open(&client, &url, &bob).await;
+    assert_ne!(a, b);
+    // A's session still works.
+    let (st, _, text) = mcp_post(&client, &url, &alice, Some(&a), CALL).await;
+    assert_eq!(st, StatusCode::OK, "{text}");
+    assert!(text.contains("owned-42"), "{text}");
+    assert_eq!(state.mcp_sessions_of(&alice_t), 1);
+
+    // Past the limit, 429 naming it; B is not held back.
+    let a2 = mcp_open(&client, &url, &alice).await;
+    let _a3 = mcp_open(&client, &url, &alice).await;
+    let (st, id, text) = mcp_post(&client, &url, &alice, None, INITIALIZE).await;
+    assert_eq!(st, StatusCode::TOO_MANY_REQUESTS, "{text}");
+    assert!(id.is_none());
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["code"], "busy", "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_mcp_sessions_per_tenant = 3"),
+        "{v}"
+    );
+    let _b2 = mcp_open(&client, &url, &bob).await;
+    assert_eq!(state.mcp_sessions_of(&bob_t), 2);
+
+    // A's DELETE ends its session: 204, then the id is unknown, and a place is free again.
+    for id in [&a, &a2] {
+        let r = client
+            .delete(&url)
+            .bearer_auth(&alice)
+            .header("x-conversation-id", "owned")
+            .header("mcp-session-id", id.as_str())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    }
+    assert_eq!(state.mcp_sessions_of(&alice_t), 1);
+    let (st, _, text) = mcp_post(&client, &url, &alice, Some(&a), CALL).await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "{text}");
+    let _a4 = mcp_open(&client, &url, &alice).await;
+    assert_eq!(state.mcp_sessions_of(&alice_t), 2);
+
     let _ = tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
 }

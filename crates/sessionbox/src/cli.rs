@@ -60,7 +60,8 @@ pub(crate) enum Command {
     #[command(flatten)]
     Run(RunCommand),
     /// Serve the execd API as the in-sandbox agent (see `sessionbox agent --help`). The
-    /// `isolated` runtime starts it inside each conversation's sandbox.
+    /// `isolated` runtime starts it inside each conversation's sandbox. With no flags it
+    /// listens on 127.0.0.1:44772 only; another address needs an access token.
     #[command(disable_help_flag = true)]
     #[command(display_order = 32)]
     Agent {

@@ -72,6 +72,22 @@ pub struct FileConfig {
     /// Agent Skills: directories per tenant, limits.
     #[serde(default)]
     pub skills: SkillsSection,
+    /// `serve` settings: what one tenant, and the whole server, may make it hold.
+    #[serde(default)]
+    pub serve: ServeSection,
+}
+
+/// `[serve]` settings (the flags of `sessionbox serve` of the same names override them).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeSection {
+    /// Most bytes of command output one tenant's running commands and requests may reserve at
+    /// once (each reserves twice its `output_limit`); default 256 MiB.
+    pub max_output_bytes_per_tenant: Option<u64>,
+    /// Most bytes of command output all tenants together may reserve at once; default 1 GiB.
+    pub max_output_bytes_total: Option<u64>,
+    /// Most MCP sessions one tenant may have open at once; default 256.
+    pub max_mcp_sessions_per_tenant: Option<usize>,
 }
 
 /// `[store]` settings.
@@ -402,6 +418,25 @@ mod tests {
         std::fs::write(&p, "runtme = \"host\"\n").unwrap();
         let err = FileConfig::load(&p, false).unwrap_err();
         assert!(format!("{err:#}").contains("runtme"), "{err:#}");
+    }
+
+    #[test]
+    fn serve_settings_are_read_and_an_unknown_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sessionbox.toml");
+        std::fs::write(
+            &p,
+            "[serve]\nmax_output_bytes_per_tenant = 10\nmax_output_bytes_total = 20\n\
+             max_mcp_sessions_per_tenant = 3\n",
+        )
+        .unwrap();
+        let c = FileConfig::load(&p, true).unwrap();
+        assert_eq!(c.serve.max_output_bytes_per_tenant, Some(10));
+        assert_eq!(c.serve.max_output_bytes_total, Some(20));
+        assert_eq!(c.serve.max_mcp_sessions_per_tenant, Some(3));
+        std::fs::write(&p, "[serve]\nmax_output_bytes = 1\n").unwrap();
+        let err = FileConfig::load(&p, true).unwrap_err();
+        assert!(format!("{err:#}").contains("max_output_bytes"), "{err:#}");
     }
 
     #[test]

@@ -197,7 +197,9 @@ async fn manager_command(
         ManagerCommand::Verify(args) => {
             verify::run(&verify::Target::Local(app), &app.tenant, args).await
         }
-        ManagerCommand::Serve(args) => serve::run(app, args, &settings.data_dir).await,
+        ManagerCommand::Serve(args) => {
+            serve::run(app, args, &settings.file.serve, &settings.data_dir).await
+        }
         ManagerCommand::Skills { name } => skills::run(app, name).await,
         ManagerCommand::Conversations { all_tenants, json } => {
             let tenant = (!all_tenants).then_some(&app.tenant);

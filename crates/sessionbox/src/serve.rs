@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use sessionbox::config::ServeSection;
 use sessionbox_server::{AppState, ServerConfig};
 
 use crate::App;
@@ -37,10 +38,32 @@ pub(crate) struct ServeArgs {
     /// dangling.
     #[arg(long, default_value_t = 60)]
     gc_grace_secs: u64,
+    /// Most bytes of command output one tenant may have reserved at once (each command reserves
+    /// twice its output_limit until it ends); past it, 429. Default: `[serve]
+    /// max_output_bytes_per_tenant`, else 268435456 (256 MiB).
+    #[arg(
+        long,
+        env = "SESSIONBOX_MAX_OUTPUT_BYTES_PER_TENANT",
+        value_name = "BYTES"
+    )]
+    max_output_bytes_per_tenant: Option<u64>,
+    /// Most bytes of command output all tenants may have reserved at once; past it, 429.
+    /// Default: `[serve] max_output_bytes_total`, else 1073741824 (1 GiB).
+    #[arg(long, env = "SESSIONBOX_MAX_OUTPUT_BYTES_TOTAL", value_name = "BYTES")]
+    max_output_bytes_total: Option<u64>,
+    /// Most MCP sessions one tenant may have open at once; past it, 429. Default: `[serve]
+    /// max_mcp_sessions_per_tenant`, else 256.
+    #[arg(long, env = "SESSIONBOX_MAX_MCP_SESSIONS_PER_TENANT", value_name = "N")]
+    max_mcp_sessions_per_tenant: Option<usize>,
 }
 
 /// Runs `sessionbox serve` until SIGINT or SIGTERM.
-pub(crate) async fn run(ctx: &App, args: ServeArgs, data_dir: &Path) -> anyhow::Result<ExitCode> {
+pub(crate) async fn run(
+    ctx: &App,
+    args: ServeArgs,
+    file: &ServeSection,
+    data_dir: &Path,
+) -> anyhow::Result<ExitCode> {
     // Held (shared) while this server runs, so that `restore` can refuse to replace the store
     // under it.
     let _serving = hold_serving(data_dir)?;
@@ -60,6 +83,19 @@ pub(crate) async fn run(ctx: &App, args: ServeArgs, data_dir: &Path) -> anyhow::
         max_queue: args.max_queue.max(1),
         max_open_sessions: args.max_open_sessions,
         open_tenant: loopback.then(|| ctx.tenant.clone()),
+        max_output_bytes_per_tenant: args
+            .max_output_bytes_per_tenant
+            .or(file.max_output_bytes_per_tenant)
+            .unwrap_or(sessionbox_server::DEFAULT_MAX_OUTPUT_BYTES_PER_TENANT),
+        max_output_bytes_total: args
+            .max_output_bytes_total
+            .or(file.max_output_bytes_total)
+            .unwrap_or(sessionbox_server::DEFAULT_MAX_OUTPUT_BYTES_TOTAL),
+        max_mcp_sessions_per_tenant: args
+            .max_mcp_sessions_per_tenant
+            .or(file.max_mcp_sessions_per_tenant)
+            .unwrap_or(sessionbox_server::DEFAULT_MAX_MCP_SESSIONS_PER_TENANT)
+            .max(1),
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

@@ -13,11 +13,17 @@
 //! with `isError` (text the model can read), not as protocol errors. Each call goes through the
 //! [`Manager`](sessionbox_manager::Manager) (audited per operation), waits for the
 //! conversation's turn like a REST call, and is audited once more as `mcp.TOOL` with the key id.
+//!
+//! An MCP session (`Mcp-Session-Id`) belongs to the tenant whose key opened it ([`owners`]):
+//! a request of another tenant naming it is answered 404, as for an unknown id, before rmcp
+//! sees it; a tenant has at most `max_mcp_sessions_per_tenant` sessions open (429 past it).
 
+mod owners;
 mod run;
 mod schema;
 
-use std::sync::Arc;
+pub(crate) use owners::Owners;
+
 use std::time::Instant;
 
 use axum::extract::{Request, State};
@@ -42,6 +48,8 @@ use crate::error::ApiError;
 
 /// The header that names the conversation of an MCP request.
 pub(crate) const CONVERSATION_HEADER: &str = "x-conversation-id";
+/// The header of the streamable HTTP transport that names the MCP session.
+const SESSION_HEADER: &str = "mcp-session-id";
 
 /// The `/mcp` route: authentication and the conversation header, then rmcp's service.
 pub(crate) fn route(state: AppState) -> MethodRouter<AppState> {
@@ -58,7 +66,7 @@ pub(crate) fn route(state: AppState) -> MethodRouter<AppState> {
                 fixed: None,
             })
         },
-        Arc::default(),
+        state.mcp_sessions.manager.clone(),
         config,
     );
     any_service(service).layer(axum::middleware::from_fn_with_state(state, admit))
@@ -142,6 +150,32 @@ async fn admit(State(s): State<AppState>, mut req: Request, next: Next) -> Respo
             return e.into_response();
         }
     };
+    // The session must be this tenant's: another tenant's id is answered as an unknown one.
+    let session = match parts.headers.get(SESSION_HEADER) {
+        None => None,
+        Some(v) => match v.to_str() {
+            Ok(id) if s.mcp_sessions.owned_by(id, &principal.tenant) => Some(id.to_owned()),
+            _ => {
+                return ApiError::new(
+                    axum::http::StatusCode::NOT_FOUND,
+                    "not_found",
+                    "no such MCP session (Mcp-Session-Id): it ended, or this key did not open                      it; start a new session with `initialize`",
+                )
+                .into_response();
+            }
+        },
+    };
+    // A request without a session may open one: it takes one of the tenant's places.
+    let opening = match &session {
+        Some(_) => None,
+        None if parts.method == axum::http::Method::POST => {
+            match s.mcp_sessions.open(&principal.tenant).await {
+                Ok(o) => Some(o),
+                Err(e) => return ApiError::from(e).into_response(),
+            }
+        }
+        None => None,
+    };
     let conversation = ConversationRef::new(principal.tenant.clone(), id);
     req = Request::from_parts(parts, body);
     req.extensions_mut().insert(Caller {
@@ -150,6 +184,25 @@ async fn admit(State(s): State<AppState>, mut req: Request, next: Next) -> Respo
     });
     let delete = req.method() == axum::http::Method::DELETE;
     let mut response = next.run(req).await;
+    match (session, opening) {
+        (Some(id), _) => {
+            // Ended by this DELETE, or unknown to rmcp (closed after its keep-alive).
+            let status = response.status();
+            if (delete && status.is_success()) || status == axum::http::StatusCode::NOT_FOUND {
+                s.mcp_sessions.forget(&id);
+            }
+        }
+        (None, Some(opening)) => {
+            if let Some(id) = response
+                .headers()
+                .get(SESSION_HEADER)
+                .and_then(|v| v.to_str().ok())
+            {
+                opening.bind(id);
+            }
+        }
+        (None, None) => {}
+    }
     // rmcp answers a session's termination with 202, which the specification does not name
     // and clients log as a failure (the Python SDK wants 200 or 204): the session is gone, so
     // say so with 204.

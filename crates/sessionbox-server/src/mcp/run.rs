@@ -156,6 +156,11 @@ impl Tools {
                 )));
             }
         };
+        // The output's budget, before anything is opened (only `bash` runs a command).
+        let _reservation = match &op {
+            Run::Bash(req) => Some(state.budget.reserve(&conv.tenant, req.output_limit)?),
+            _ => None,
+        };
         let operation = op.operation();
         // What the model sees when the conversation does not exist yet: an empty workspace
         // (nothing is created until bash or write).

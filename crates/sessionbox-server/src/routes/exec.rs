@@ -24,6 +24,7 @@ use tokio::sync::mpsc;
 use super::on_conversation;
 use crate::AppState;
 use crate::auth::Principal;
+use crate::budget::Reservation;
 use crate::commands::{self, CommandView};
 use crate::conversation::{Opened, notify_expired};
 use crate::error::ApiError;
@@ -86,9 +87,11 @@ pub(crate) struct ExecView {
 }
 
 impl ExecView {
-    fn of(result: &ExecResult, previous_expired_at: Option<DateTime<Utc>>) -> Self {
-        let stdout = OutputText::of(&result.stdout);
-        let stderr = OutputText::of(&result.stderr);
+    /// The view of `result`, which it consumes (its output is moved, not copied, when it is
+    /// text).
+    fn of(mut result: ExecResult, previous_expired_at: Option<DateTime<Utc>>) -> Self {
+        let stdout = OutputText::from_vec(std::mem::take(&mut result.stdout));
+        let stderr = OutputText::from_vec(std::mem::take(&mut result.stderr));
         ExecView {
             exit_code: result.shell_exit_code(),
             status: result.status.into(),
@@ -193,9 +196,9 @@ fn exec_request(
               (status = 403, description = "path outside the workspace", body = ErrorBody),
               (status = 404, description = "no such conversation or file", body = ErrorBody),
               (status = 409, description = "conflict", body = ErrorBody),
-              (status = 413, description = "body too large", body = ErrorBody),
+              (status = 413, description = "body too large, or output_limit so large that its output (2 × output_limit) is above an output budget", body = ErrorBody),
               (status = 422, description = "JSON of the wrong shape", body = ErrorBody),
-              (status = 429, description = "the conversation's queue is full, or too many background commands run in it", body = ErrorBody)))]
+              (status = 429, description = "the conversation's queue is full, too many background commands run in it, or the tenant's or the server's output budget is reserved (`[serve] max_output_bytes_per_tenant`, `max_output_bytes_total`; the message names the limit)", body = ErrorBody)))]
 pub(crate) async fn exec(
     State(state): State<AppState>,
     principal: Principal,
@@ -207,12 +210,14 @@ pub(crate) async fn exec(
     let stream = !background && wants_event_stream(&headers);
     on_conversation(&principal, "exec", &id, async |conv| {
         let request = exec_request(&state, &conv, body)?;
+        // The output's budget first: a refusal opens and creates nothing.
+        let reservation = state.budget.reserve(&conv.tenant, request.output_limit)?;
         if stream {
             let opened = state.open(&conv, Operation::Exec).await?;
             state.metrics.execs.with_label_values(&["stream"]).inc();
             let previous_expired_at = opened.previous_expired_at();
             return Ok(notify_expired(
-                event_stream(opened, request),
+                event_stream(opened, request, reservation),
                 previous_expired_at,
             ));
         }
@@ -237,11 +242,14 @@ pub(crate) async fn exec(
         let response = match ran {
             Ran::Background(command) => {
                 let command = command?;
-                commands::started(&state, &conv, &command);
+                commands::started(&state, &conv, &command, reservation);
                 (StatusCode::ACCEPTED, Json(CommandView::from(&command))).into_response()
             }
             Ran::Finished(result) => {
-                Json(ExecView::of(&result?, previous_expired_at)).into_response()
+                let response = Json(ExecView::of(result?, previous_expired_at)).into_response();
+                // The output is in the answer's body now, which the client is sent next.
+                drop(reservation);
+                response
             }
         };
         Ok(notify_expired(response, previous_expired_at))
@@ -305,11 +313,13 @@ pub(crate) fn error_event(error: Error) -> Option<Event> {
 }
 
 /// Runs the command of `opened` in a task that sends its output as server-sent events; the
-/// turn is held until the command ends. When the client goes away, the exec future is dropped,
+/// turn and `reservation` (the output's budget) are held until the command ends. When the client goes away, the exec future is dropped,
 /// which kills the command's process group.
-fn event_stream(opened: Opened, request: ExecRequest) -> Response {
+fn event_stream(opened: Opened, request: ExecRequest, reservation: Reservation) -> Response {
     let (sender, receiver) = mpsc::unbounded_channel::<Event>();
     tokio::spawn(async move {
+        // Held until the command has ended and its last event is queued.
+        let _reservation = reservation;
         let send = |sender: &mpsc::UnboundedSender<Event>, event: Option<Event>| {
             if let Some(event) = event {
                 let _ = sender.send(event);

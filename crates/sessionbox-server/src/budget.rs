@@ -1,0 +1,177 @@
+//! Output budgets: the bytes of command output this server lets requests and background commands
+//! make it (or the runtime) hold, counted per tenant and in total.
+//!
+//! A command's output is capped per stream by its `output_limit`, so a command may hold up to
+//! twice that (stdout and stderr). Before a command runs, that many bytes are reserved: a JSON
+//! or streamed exec (REST or the MCP `bash` tool) holds its reservation until its answer is
+//! built or its stream ends; a background command until it ends (its watcher sees the end, it
+//! is killed, or its conversation is destroyed). A reservation that would take a tenant past
+//! [`ServerConfig::max_output_bytes_per_tenant`](crate::ServerConfig::max_output_bytes_per_tenant),
+//! or the server past
+//! [`ServerConfig::max_output_bytes_total`](crate::ServerConfig::max_output_bytes_total), is
+//! refused at once with `busy` (429) naming the limit: the server refuses new work instead of
+//! growing. A command that could never fit (twice its `output_limit` above a limit) is
+//! `too_large` (413). Nothing is opened or created before the reservation is made.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use sessionbox_core::{Error, TenantId};
+
+/// The configuration key of the per-tenant limit, as the errors name it.
+const PER_TENANT_KEY: &str = "[serve] max_output_bytes_per_tenant";
+/// The configuration key of the server-wide limit, as the errors name it.
+const TOTAL_KEY: &str = "[serve] max_output_bytes_total";
+
+/// Reserved bytes per tenant and in total, against the two limits.
+#[derive(Debug)]
+pub(crate) struct OutputBudget {
+    per_tenant: u64,
+    total: u64,
+    used: Mutex<Used>,
+}
+
+#[derive(Debug, Default)]
+struct Used {
+    tenants: HashMap<TenantId, u64>,
+    total: u64,
+}
+
+/// Bytes reserved for one command; dropping it gives them back.
+#[derive(Debug)]
+pub(crate) struct Reservation {
+    budget: Arc<OutputBudget>,
+    tenant: TenantId,
+    bytes: u64,
+}
+
+impl OutputBudget {
+    /// A budget of `per_tenant` bytes for each tenant and `total` bytes for the server.
+    pub(crate) fn new(per_tenant: u64, total: u64) -> Self {
+        OutputBudget {
+            per_tenant,
+            total,
+            used: Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Used> {
+        self.used.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reserves the output of one command of `tenant` capped at `output_limit` bytes per
+    /// stream: `2 × output_limit` bytes.
+    ///
+    /// # Errors
+    /// [`Error::TooLarge`] when the command alone is above a limit (lower `output_limit`);
+    /// [`Error::Busy`] naming the limit that the reservation would pass (wait for a command to
+    /// end, kill one, or ask for less).
+    pub(crate) fn reserve(
+        self: &Arc<Self>,
+        tenant: &TenantId,
+        output_limit: usize,
+    ) -> Result<Reservation, Error> {
+        let bytes = u64::try_from(output_limit)
+            .unwrap_or(u64::MAX)
+            .saturating_mul(2);
+        for (limit, key) in [(self.per_tenant, PER_TENANT_KEY), (self.total, TOTAL_KEY)] {
+            if bytes > limit {
+                return Err(Error::TooLarge {
+                    what: format!(
+                        "the output of this command (output_limit {output_limit} for each of \
+                         stdout and stderr, {bytes} bytes) is above {key} = {limit} bytes; ask \
+                         for a smaller output_limit"
+                    ),
+                    limit: u64::MAX,
+                });
+            }
+        }
+        let mut used = self.lock();
+        let mine = used.tenants.get(tenant).copied().unwrap_or(0);
+        if mine + bytes > self.per_tenant {
+            return Err(Error::Busy(format!(
+                "{PER_TENANT_KEY} = {} bytes reached: this tenant's running commands and \
+                 requests already reserve {mine} bytes of output and this one needs {bytes} (2 × \
+                 output_limit); wait for one to end or kill a background command, or ask for a \
+                 smaller output_limit",
+                self.per_tenant
+            )));
+        }
+        if used.total + bytes > self.total {
+            return Err(Error::Busy(format!(
+                "{TOTAL_KEY} = {} bytes reached: the server's running commands and requests \
+                 already reserve {} bytes of output and this one needs {bytes} (2 × \
+                 output_limit); retry later, or ask for a smaller output_limit",
+                self.total, used.total
+            )));
+        }
+        *used.tenants.entry(tenant.clone()).or_default() += bytes;
+        used.total += bytes;
+        Ok(Reservation {
+            budget: self.clone(),
+            tenant: tenant.clone(),
+            bytes,
+        })
+    }
+
+    /// Bytes reserved now by `tenant`.
+    pub(crate) fn reserved_by(&self, tenant: &TenantId) -> u64 {
+        self.lock().tenants.get(tenant).copied().unwrap_or(0)
+    }
+
+    /// Bytes reserved now in the whole server.
+    pub(crate) fn reserved(&self) -> u64 {
+        self.lock().total
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut used = self.budget.lock();
+        used.total = used.total.saturating_sub(self.bytes);
+        if let Some(n) = used.tenants.get_mut(&self.tenant) {
+            *n = n.saturating_sub(self.bytes);
+            if *n == 0 {
+                used.tenants.remove(&self.tenant);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use sessionbox_core::TenantId;
+
+    use super::OutputBudget;
+
+    #[test]
+    fn reservations_count_per_tenant_and_in_total_and_come_back_when_dropped() {
+        let budget = Arc::new(OutputBudget::new(100, 150));
+        let (a, b) = (TenantId::new("a").unwrap(), TenantId::new("b").unwrap());
+        let a1 = budget.reserve(&a, 25).unwrap();
+        let a2 = budget.reserve(&a, 25).unwrap();
+        let e = budget.reserve(&a, 1).unwrap_err();
+        assert_eq!(e.code(), "busy");
+        assert!(
+            e.to_string().contains("max_output_bytes_per_tenant = 100"),
+            "{e}"
+        );
+        let b1 = budget.reserve(&b, 25).unwrap();
+        let e = budget.reserve(&b, 1).unwrap_err();
+        assert!(
+            e.to_string().contains("max_output_bytes_total = 150"),
+            "{e}"
+        );
+        assert_eq!((budget.reserved_by(&a), budget.reserved()), (100, 150));
+        drop(a1);
+        assert_eq!((budget.reserved_by(&a), budget.reserved()), (50, 100));
+        let e = budget.reserve(&b, 51).unwrap_err();
+        assert_eq!(e.code(), "too_large");
+        assert!(e.to_string().contains("smaller output_limit"), "{e}");
+        drop((a2, b1));
+        assert_eq!((budget.reserved_by(&a), budget.reserved()), (0, 0));
+        assert!(budget.reserve(&a, 50).is_ok());
+    }
+}
