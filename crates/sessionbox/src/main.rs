@@ -155,7 +155,8 @@ async fn doctor(globals: &Globals, settings: &Settings) -> anyhow::Result<ExitCo
         || std::env::var_os(runtime::AIO_URL_ENV).is_some_and(|v| !v.is_empty())
         || file.aio.endpoint.is_some();
     let aio = wants_aio.then(|| runtime::aio_runtime(endpoint, file));
-    Ok(doctor::run(kind, osb, aio, &file.isolated.sandbox_limits()).await)
+    let disk = file.isolated.disk_quota();
+    Ok(doctor::run(kind, osb, aio, &file.isolated.sandbox_limits(), disk).await)
 }
 
 /// The commands on the store alone.
@@ -202,7 +203,8 @@ async fn manager_command(
         ManagerCommand::Conversations { all_tenants, json } => {
             let tenant = (!all_tenants).then_some(&app.tenant);
             let records = app.manager.list(tenant).await?;
-            conversations::print_conversations(&records, json)?;
+            let disks = conversations::disk_usages(app.manager.runtime().as_ref(), &records).await;
+            conversations::print_conversations(&records, &disks, json)?;
             Ok(ExitCode::SUCCESS)
         }
         ManagerCommand::Gc {
