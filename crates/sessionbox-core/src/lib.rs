@@ -44,4 +44,4 @@ pub use ids::{ConversationId, ConversationKey, ConversationRef, IdKind, TenantId
 pub use open::{OpenMode, Operation};
 pub use path::{MAX_PATH_BYTES, WorkspacePath};
 pub use patterns::{check_glob, check_grep};
-pub use runtime::{DestroyReport, Runtime, RuntimeConversation, RuntimeInfo, Session};
+pub use runtime::{DestroyReport, DiskUsage, Runtime, RuntimeConversation, RuntimeInfo, Session};

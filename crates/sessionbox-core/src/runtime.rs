@@ -9,6 +9,20 @@ use crate::exec::{ExecRequest, ExecResult, ExecSink, OutputStream};
 use crate::files::{DirEntry, EditRequest, EditResult, FileStat, GrepMatch, GrepRequest};
 use crate::ids::{ConversationKey, ConversationRef};
 
+/// A conversation's disk usage against its quota, as the kernel counts it (the workspace's own
+/// file system: see the `isolated` runtime's disk quota).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskUsage {
+    /// Bytes in use (file data and the file system's blocks for directories and metadata).
+    pub bytes_used: u64,
+    /// Bytes the workspace may hold at most: a write past it fails with `ENOSPC`.
+    pub bytes_limit: u64,
+    /// Inodes in use (files, directories, links).
+    pub inodes_used: u64,
+    /// Inodes the workspace may hold at most.
+    pub inodes_limit: u64,
+}
+
 /// What a runtime says about itself, for reports and `doctor`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RuntimeInfo {
@@ -128,6 +142,18 @@ pub trait Runtime: Send + Sync {
     async fn can_stop_idle(&self, key: &ConversationKey) -> Result<bool> {
         let _ = key;
         Ok(false)
+    }
+
+    /// The conversation's disk usage against its quota, or `None` when the runtime keeps no
+    /// quota for it (the default; `isolated` without root or with the quota off; a
+    /// conversation whose workspace was never made). Cheap (one `statvfs`): front ends show it
+    /// with the conversation.
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`] when the backend cannot be asked.
+    async fn disk_usage(&self, key: &ConversationKey) -> Result<Option<DiskUsage>> {
+        let _ = key;
+        Ok(None)
     }
 }
 

@@ -72,6 +72,14 @@ pub(crate) fn io_error(e: Errno, op: &str, rel: &str) -> Error {
             path: rel.to_owned(),
             reason: "a component is longer than the file system allows".to_owned(),
         },
+        // The workspace's disk quota (its own file system full, bytes or inodes) or a full
+        // disk: the same typed refusal as a file over its size limit.
+        Errno::NOSPC | Errno::DQUOT => Error::TooLarge {
+            what: format!(
+                "cannot {op} {rel}: the workspace is full (no space or no inodes left under its disk quota); delete files to make room"
+            ),
+            limit: u64::MAX,
+        },
         Errno::ACCESS | Errno::PERM => {
             Error::Backend(format!("cannot {op} {rel}: permission denied"))
         }

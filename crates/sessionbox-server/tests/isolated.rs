@@ -161,6 +161,9 @@ impl Server {
                     exe: std::env::current_exe().unwrap(),
                     agent_args: vec!["agent".into()],
                     uids: base..base + 64,
+                    // The disk quota is tested in crates/sessionbox/tests/containment_disk.rs;
+                    // these workspaces stay plain directories of the temporary directory.
+                    disk: None,
                 },
                 Arc::new(StoreDirectory::new(store.clone())),
             )

@@ -332,9 +332,36 @@ pub struct IsolatedSection {
     pub cpu_secs: Option<u64>,
     /// Pseudo-terminals per conversation at once (its own devpts instance's `max`, default 16).
     pub ptys: Option<u64>,
+    /// Bytes each conversation's workspace may hold (default 1 GiB; at least 16 MiB; 0 turns
+    /// the disk quota off). Enforced by the kernel, as root: the workspace is a loop-mounted
+    /// ext4 volume of this size, and a write past it fails with `ENOSPC`.
+    pub disk_bytes: Option<u64>,
+    /// Files, directories and links each conversation's workspace may hold (default 100000;
+    /// at least 64, at most one per KiB of `disk_bytes`).
+    pub disk_inodes: Option<u64>,
 }
 
 impl IsolatedSection {
+    /// The disk quota these settings give: the defaults for what they leave out, `None` with
+    /// `disk_bytes = 0`.
+    ///
+    /// # Errors
+    /// When `disk_bytes` or `disk_inodes` is out of range (see [`DiskQuota::new`]).
+    ///
+    /// [`DiskQuota::new`]: sessionbox_local::isolated::DiskQuota::new
+    pub fn disk_quota(&self) -> anyhow::Result<Option<sessionbox_local::isolated::DiskQuota>> {
+        use sessionbox_local::isolated::DiskQuota;
+        if self.disk_bytes == Some(0) {
+            return Ok(None);
+        }
+        let quota = DiskQuota::new(
+            self.disk_bytes.unwrap_or(DiskQuota::DEFAULT_BYTES),
+            self.disk_inodes.unwrap_or(DiskQuota::DEFAULT_INODES),
+        )
+        .context("[isolated] disk_bytes, disk_inodes")?;
+        Ok(Some(quota))
+    }
+
     /// The sandbox limits these settings give (defaults for what they leave out).
     pub fn sandbox_limits(&self) -> sessionbox_sandbox::SandboxLimits {
         let mut sandbox = sessionbox_sandbox::SandboxLimits::default();
@@ -504,6 +531,31 @@ mod tests {
     fn an_unknown_key_in_limits_is_refused_like_everywhere_else() {
         let e = toml::from_str::<FileConfig>("[limits]\nbogus = 1\n").unwrap_err();
         assert!(e.to_string().contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn the_disk_quota_defaults_to_1_gib_and_100k_inodes_and_bad_values_are_refused() {
+        use sessionbox_local::isolated::DiskQuota;
+        let parse = |t: &str| {
+            toml::from_str::<FileConfig>(t)
+                .unwrap()
+                .isolated
+                .disk_quota()
+        };
+        assert_eq!(
+            parse("").unwrap(),
+            Some(DiskQuota::new(1 << 30, 100_000).unwrap())
+        );
+        assert_eq!(
+            parse("[isolated]\ndisk_bytes = 67108864\ndisk_inodes = 2000\n").unwrap(),
+            Some(DiskQuota::new(64 << 20, 2000).unwrap())
+        );
+        assert_eq!(parse("[isolated]\ndisk_bytes = 0\n").unwrap(), None);
+        let e = parse("[isolated]\ndisk_bytes = 1000\n").unwrap_err();
+        assert!(format!("{e:#}").contains("disk_bytes"), "{e:#}");
+        let e = parse("[isolated]\ndisk_bytes = 67108864\ndisk_inodes = 10000000\n").unwrap_err();
+        assert!(format!("{e:#}").contains("inodes"), "{e:#}");
+        assert!(toml::from_str::<FileConfig>("[isolated]\ndisk_byte = 1\n").is_err());
     }
 
     #[test]

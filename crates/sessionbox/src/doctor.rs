@@ -1,19 +1,21 @@
 //! `sessionbox doctor`: which sandbox layers this machine enforces, and what to do about a
 //! missing one; whether it runs as root, how conversations' uids are mapped, which limits hold
-//! and how to delegate a cgroup to a normal user. Never falls back silently: the `isolated`
+//! and how to delegate a cgroup to a normal user, and whether the disk quota holds (by making,
+//! filling and removing a small volume). Never falls back silently: the `isolated`
 //! runtime either runs with every layer reported here or fails naming the missing one.
 
 use std::path::Path;
 use std::process::ExitCode;
 
-use sessionbox_local::isolated::{IsolatedConfig, UID_REGISTRY, overlapping_claims};
+use sessionbox_local::isolated::{DiskQuota, IsolatedConfig, UID_REGISTRY, overlapping_claims};
 use sessionbox_sandbox::{self as sandbox, Decision, LayerState, UidMapping};
 
 use crate::config::{FileConfig, RuntimeKind};
 
 /// Prints the report; exit 0 only when `default` can run here. `opensandbox` is the
 /// OpenSandbox server to probe, when one is configured (or the default runtime needs one).
-/// `file` and `data_dir` give the `isolated` runtime's configured sandbox limits and uids.
+/// `file` and `data_dir` give the `isolated` runtime's configured sandbox limits, uids and
+/// disk quota.
 pub(crate) async fn run(
     default: RuntimeKind,
     opensandbox: Option<anyhow::Result<sessionbox_opensandbox::ClientConfig>>,
@@ -62,9 +64,10 @@ pub(crate) async fn run(
         "  terminals    at most {} per conversation ([isolated] ptys; its own devpts instance)",
         limits.ptys
     );
+    let disk_ok = print_disk(file.isolated.disk_quota());
     outln!();
     let refused = report.decision == Decision::Refuse;
-    let isolated_ok = missing == 0 && !refused;
+    let isolated_ok = missing == 0 && !refused && disk_ok;
     outln!(
         "isolated runtime: {}",
         if isolated_ok {
@@ -76,6 +79,8 @@ pub(crate) async fn run(
                     "cgroup limits"
                 }
             )
+        } else if !disk_ok {
+            "cannot run: its disk quota is invalid or cannot be made (above)".to_owned()
         } else if missing > 0 {
             format!("cannot run: {missing} layer(s) missing; see the fixes above")
         } else {
@@ -167,6 +172,45 @@ fn print_uids(file: &FileConfig, data_dir: &Path) {
             "  WARNING      overlaps the uids of the installation at {}: conversations of both would share per-uid kernel allowances; give each its own [isolated] uid_base",
             other.display()
         );
+    }
+}
+
+/// The disk quota: the mechanism and whether it holds here (a real volume is made, written
+/// past and removed). False when the settings are invalid or, as root, no volume can be made
+/// (sandboxes would not start); without root the runtime runs without a quota, and says so.
+fn print_disk(disk: anyhow::Result<Option<DiskQuota>>) -> bool {
+    match disk {
+        Err(e) => {
+            outln!("  disk quota   INVALID: {e:#}");
+            false
+        }
+        Ok(None) => {
+            outln!(
+                "  disk quota   off ([isolated] disk_bytes = 0): workspaces share the data directory's file system; only 1 GiB per file holds"
+            );
+            true
+        }
+        Ok(Some(q)) => {
+            let what = format!("{} bytes, {} inodes per conversation", q.bytes, q.inodes);
+            match sessionbox_local::isolated::probe_disk_quota(&std::env::temp_dir()) {
+                Ok(how) => {
+                    outln!("  disk quota   holds: {what}; {how}");
+                    true
+                }
+                Err(why) if !rustix::process::geteuid().is_root() => {
+                    outln!(
+                        "  disk quota   does NOT hold ({what} configured): {why}. The runtime runs without it; run as root for a quota"
+                    );
+                    true
+                }
+                Err(why) => {
+                    outln!(
+                        "  disk quota   does NOT hold ({what} configured): {why}. Sandboxes cannot start until it does: install e2fsprogs and util-linux, make loop devices available, or set [isolated] disk_bytes = 0"
+                    );
+                    false
+                }
+            }
+        }
     }
 }
 

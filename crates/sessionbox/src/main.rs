@@ -204,7 +204,8 @@ async fn manager_command(
         ManagerCommand::Conversations { all_tenants, json } => {
             let tenant = (!all_tenants).then_some(&app.tenant);
             let records = app.manager.list(tenant).await?;
-            conversations::print_conversations(&records, json)?;
+            let disks = conversations::disk_usages(app.manager.runtime().as_ref(), &records).await;
+            conversations::print_conversations(&records, &disks, json)?;
             Ok(ExitCode::SUCCESS)
         }
         ManagerCommand::Gc {

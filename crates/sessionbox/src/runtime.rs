@@ -103,7 +103,7 @@ pub fn isolated_runtime(
     data_dir: &Path,
     options: &BuildOptions<'_>,
 ) -> anyhow::Result<IsolatedRuntime> {
-    let mut config = isolated_config(file, data_dir, &options.exe);
+    let mut config = isolated_config(file, data_dir, &options.exe)?;
     if let Some(uids) = installation_uids(file, data_dir)? {
         config = config.with_uids(uids);
     }
@@ -140,16 +140,24 @@ pub fn installation_uids(
 /// the rest: uids from `uid_base`/`uid_count`, `exe` as the sandbox init and agent. (Each
 /// conversation's uid and own idle timeout come from the store, through the runtime's
 /// directory: see [`isolated_with`].)
-pub fn isolated_config(file: &FileConfig, data_dir: &Path, exe: &Path) -> IsolatedConfig {
+///
+/// # Errors
+/// When `disk_bytes` or `disk_inodes` is out of range.
+pub fn isolated_config(
+    file: &FileConfig,
+    data_dir: &Path,
+    exe: &Path,
+) -> anyhow::Result<IsolatedConfig> {
     let iso = &file.isolated;
     let mut config = IsolatedConfig::new(data_dir, exe)
         .with_uids(IsolatedConfig::uid_range(iso.uid_base, iso.uid_count))
         .with_limits(file.limits.unwrap_or_default())
-        .with_sandbox(iso.sandbox_limits());
+        .with_sandbox(iso.sandbox_limits())
+        .with_disk(iso.disk_quota()?);
     if let Some(secs) = iso.idle_timeout_secs {
         config = config.with_idle_timeout(Duration::from_secs(secs));
     }
-    config
+    Ok(config)
 }
 
 /// The `isolated` runtime with `config`, asking `store` about recorded conversations (through

@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 use sessionbox_core::Limits;
 use sessionbox_sandbox::{self as sandbox, SandboxLimits};
 
+use super::disk::DiskQuota;
+
 /// How the `isolated` runtime lets a conversation reach the network through the egress
 /// gateway. Without it (the default) no sandbox has a route anywhere.
 ///
@@ -66,6 +68,10 @@ pub struct IsolatedConfig {
     /// The host uids conversations run as when running as root, each given by
     /// [`sessionbox_core::Directory::sandbox_uid`] from this range.
     pub uids: Range<u32>,
+    /// The disk quota of every conversation's workspace (its own loop-mounted ext4 volume, see
+    /// [`DiskQuota`]), applied when running as root; `None`: no quota, workspaces share the
+    /// data directory's file system (only the per-file size limit holds).
+    pub disk: Option<DiskQuota>,
 }
 
 impl IsolatedConfig {
@@ -80,7 +86,8 @@ impl IsolatedConfig {
 
     /// The settings for `data_dir` and the `sessionbox` executable `exe`, with every default:
     /// default file and sandbox limits, [`Self::DEFAULT_IDLE_TIMEOUT`],
-    /// [`Self::DEFAULT_AGENT_ARGS`] and host uids from [`Self::uid_range`]`(None, None)`.
+    /// [`Self::DEFAULT_AGENT_ARGS`], host uids from [`Self::uid_range`]`(None, None)` and the
+    /// default [`DiskQuota`].
     ///
     /// ```
     /// # use std::time::Duration;
@@ -105,6 +112,7 @@ impl IsolatedConfig {
                 .map(|a| (*a).to_owned())
                 .collect(),
             uids: Self::uid_range(None, None),
+            disk: Some(DiskQuota::default()),
         }
     }
 
@@ -142,6 +150,13 @@ impl IsolatedConfig {
     #[must_use]
     pub fn with_agent_args(mut self, args: Vec<String>) -> Self {
         self.agent_args = args;
+        self
+    }
+
+    /// Sets the disk quota of each conversation (`None`: none).
+    #[must_use]
+    pub fn with_disk(mut self, disk: Option<DiskQuota>) -> Self {
+        self.disk = disk;
         self
     }
 

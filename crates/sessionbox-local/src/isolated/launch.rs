@@ -173,6 +173,9 @@ impl IsolatedRuntime {
     ) -> Result<Launch> {
         let uid = facts.uid;
         let workspace = self.workspace_dir(key);
+        if let Some(quota) = self.config.disk.filter(|_| self.disk_quota_applies()) {
+            super::disk::ensure_volume(&workspace, &self.disk_image(key), quota, uid)?;
+        }
         prepare_workspace(&workspace, uid)?;
         let socket = run_dir.socket();
         let _ = fs::remove_file(&socket);

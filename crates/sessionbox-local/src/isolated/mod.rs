@@ -10,6 +10,8 @@
 //!
 //! Layout beneath the data directory:
 //! - `workspaces/<key>`: the workspace, 0700, owned by the conversation's own host uid (as root).
+//!   With a disk quota (the default as root) it is the mount point of the conversation's own
+//!   ext4 volume `disks/<key>.img`, whose size and inode count are the quota (see `disk`).
 //! - `run/<key>/`: 0700, root's: `lock`, `agent.sock`, `sandbox.json` (cgroups, pids),
 //!   `agent.log` (the agent's stderr).
 //!
@@ -22,6 +24,7 @@
 //! over execd).
 
 mod config;
+mod disk;
 mod launch;
 mod session;
 mod uid_claim;
@@ -34,13 +37,14 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use sessionbox_core::{
-    ConversationKey, ConversationRef, DestroyReport, Directory, Error, Result, Runtime,
+    ConversationKey, ConversationRef, DestroyReport, Directory, DiskUsage, Error, Result, Runtime,
     RuntimeConversation, RuntimeInfo, Session,
 };
 use sessionbox_execd::ExecdClient;
 use sessionbox_sandbox as sandbox;
 
 pub use self::config::{EgressWiring, IsolatedConfig, SandboxInfo};
+pub use self::disk::{DiskQuota, probe as probe_disk_quota};
 use self::launch::{RunDir, STARTING_GRACE, agent_answers, kill_recorded, lock_file, read_record};
 use self::session::IsolatedSession;
 pub use self::uid_claim::{REGISTRY as UID_REGISTRY, overlapping_claims};
@@ -66,6 +70,8 @@ pub struct IsolatedRuntime {
     /// What it asks about recorded conversations (uid, idle timeout, skills, network).
     directory: Arc<dyn Directory>,
     workspaces: PathBuf,
+    /// The workspaces' disk images (`<key>.img`), with a disk quota.
+    disks: PathBuf,
     run: PathBuf,
     /// Distinguishes this data directory's cgroups from another's (cgroup names are global).
     instance: String,
@@ -90,7 +96,7 @@ impl fmt::Debug for IsolatedRuntime {
 
 impl IsolatedRuntime {
     /// The boundary this runtime gives, in one sentence.
-    pub const BOUNDARY: &'static str = "a Linux sandbox per conversation: own user, mount, PID, IPC, UTS, network and cgroup namespaces, its own host uid, read-only system directories, landlock, seccomp, cgroup limits, no network";
+    pub const BOUNDARY: &'static str = "a Linux sandbox per conversation: own user, mount, PID, IPC, UTS, network and cgroup namespaces, its own host uid, read-only system directories, landlock, seccomp, cgroup limits, a disk quota (its own file system), no network";
 
     /// The runtime with `config`, asking `directory` about recorded conversations (the
     /// manager's `StoreDirectory` over the store). Creates the data directory's `workspaces`
@@ -105,7 +111,11 @@ impl IsolatedRuntime {
         sandbox::check_limits(&config.sandbox)?;
         let workspaces = config.data_dir.join("workspaces");
         let run = config.data_dir.join("run");
+        let disks = config.data_dir.join("disks");
         create_private_dir_all(&workspaces)?;
+        if config.disk.is_some() && rustix::process::geteuid().is_root() {
+            create_private_dir_all(&disks)?;
+        }
         create_private_dir_all(&run)?;
         let canon = |p: &Path| {
             fs::canonicalize(p)
@@ -119,6 +129,7 @@ impl IsolatedRuntime {
         };
         Ok(IsolatedRuntime {
             workspaces: canon(&workspaces)?,
+            disks,
             run,
             instance,
             config,
@@ -156,6 +167,21 @@ impl IsolatedRuntime {
                 "the caller's own host uid (not root: one uid for every conversation)",
             );
         }
+        match self.config.disk {
+            None => {
+                b = b.replace(
+                    "a disk quota (its own file system)",
+                    "no disk quota (turned off: workspaces share the host's disk)",
+                );
+            }
+            Some(_) if !self.disk_quota_applies() => {
+                b = b.replace(
+                    "a disk quota (its own file system)",
+                    "no disk quota (not root: workspaces share the host's disk)",
+                );
+            }
+            Some(_) => {}
+        }
         if self.config.sandbox.mode == sandbox::LimitMode::Rlimit {
             b = b.replace(
                 "cgroup limits",
@@ -177,6 +203,17 @@ impl IsolatedRuntime {
     /// descriptor of the run directory.
     pub fn agent_socket(&self, key: &ConversationKey) -> PathBuf {
         self.run_dir(key).join("agent.sock")
+    }
+
+    /// True when workspaces get their disk quota: one is configured and this process is root
+    /// (mounting a volume needs it).
+    fn disk_quota_applies(&self) -> bool {
+        self.config.disk.is_some() && rustix::process::geteuid().is_root()
+    }
+
+    /// The disk image of `key`'s workspace.
+    fn disk_image(&self, key: &ConversationKey) -> PathBuf {
+        disk::image_path(&self.disks, key.as_str())
     }
 
     fn workspace_dir(&self, key: &ConversationKey) -> PathBuf {
@@ -285,6 +322,7 @@ impl Runtime for IsolatedRuntime {
     async fn destroy(&self, key: &ConversationKey) -> Result<DestroyReport> {
         let run = self.run_dir(key);
         let workspace = self.workspace_dir(key);
+        let image = self.disk_image(key);
         blocking(move || {
             let mut report = DestroyReport::default();
             // Held until the workspace is gone, so that a session held across this destroy
@@ -295,6 +333,11 @@ impl Runtime for IsolatedRuntime {
                 let had = read_record(&run).is_some();
                 report.processes_killed = kill_recorded(&run);
                 report.sandbox_removed = had;
+            }
+            // The volume first (a detached unmount: the files go with the image), then the
+            // mount point or a workspace without a volume.
+            if disk::remove_volume(&workspace, &image)? {
+                report.workspace_removed = true;
             }
             match fs::symlink_metadata(&workspace) {
                 Ok(_) => {
@@ -315,18 +358,38 @@ impl Runtime for IsolatedRuntime {
         .await
     }
 
+    async fn disk_usage(&self, key: &ConversationKey) -> Result<Option<DiskUsage>> {
+        if !self.disk_quota_applies() {
+            return Ok(None);
+        }
+        let workspace = self.workspace_dir(key);
+        blocking(move || Ok(disk::usage(&workspace))).await
+    }
+
     async fn list(&self) -> Result<Vec<RuntimeConversation>> {
         let workspaces = self.workspaces.clone();
         let run = self.run.clone();
+        let disks = self.disks.clone();
         blocking(move || {
             let mut keys = std::collections::BTreeSet::new();
-            for dir in [&workspaces, &run] {
-                let entries = fs::read_dir(dir)
-                    .map_err(|e| Error::Backend(format!("cannot list {}: {e}", dir.display())))?;
+            for dir in [&workspaces, &run, &disks] {
+                let entries = match fs::read_dir(dir) {
+                    Ok(entries) => entries,
+                    // No disk quota was ever used here.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound && dir == &disks => continue,
+                    Err(e) => {
+                        return Err(Error::Backend(format!(
+                            "cannot list {}: {e}",
+                            dir.display()
+                        )));
+                    }
+                };
                 for entry in entries.flatten() {
+                    // A disk image left by a destroy that did not finish counts too.
                     if let Some(k) = entry
                         .file_name()
                         .to_str()
+                        .map(|n| n.strip_suffix(".img").unwrap_or(n))
                         .and_then(|n| ConversationKey::parse(n).ok())
                     {
                         keys.insert(k);
@@ -439,6 +502,21 @@ mod tests {
             IsolatedConfig::uid_range(Some(u32::MAX - 1), None),
             u32::MAX - 1..u32::MAX
         );
+    }
+
+    #[test]
+    fn a_disk_quota_is_on_by_default_and_out_of_range_values_are_refused() {
+        let config = IsolatedConfig::new("/d", "/e");
+        assert_eq!(config.disk, Some(DiskQuota::default()));
+        assert_eq!(
+            DiskQuota::default(),
+            DiskQuota::new(1 << 30, 100_000).unwrap()
+        );
+        for (bytes, inodes) in [(1 << 20, 100), (64 << 20, 10), (64 << 20, 1 << 20)] {
+            let e = DiskQuota::new(bytes, inodes).unwrap_err();
+            assert_eq!(e.code(), "invalid_request", "{e}");
+        }
+        assert!(DiskQuota::new(DiskQuota::MIN_BYTES, DiskQuota::MIN_INODES).is_ok());
     }
 
     #[tokio::test]

@@ -37,6 +37,27 @@ pub(crate) struct ConversationView {
     /// only; absent in lists).
     #[serde(skip_serializing_if = "Option::is_none")]
     usage: Option<UsageView>,
+    /// The workspace's disk usage against its quota, as the kernel counts it
+    /// (`GET /v1/conversations/{id}` only; absent in lists, and for a conversation without a
+    /// disk quota: a runtime other than `isolated`, a server not running as root, the quota
+    /// turned off, or a workspace not made yet).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    disk: Option<DiskView>,
+}
+
+/// A workspace's disk usage against its quota.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = DiskUsage)]
+pub(crate) struct DiskView {
+    /// Bytes in use (file data, directories and file-system metadata).
+    bytes_used: u64,
+    /// Bytes the workspace may hold: a write past it fails (`ENOSPC` inside the sandbox,
+    /// `too_large` through the file API).
+    bytes_limit: u64,
+    /// Files, directories and links in use.
+    inodes_used: u64,
+    /// Files, directories and links the workspace may hold.
+    inodes_limit: u64,
 }
 
 /// Operations run on a conversation since its creation, from the audit log.
@@ -61,6 +82,7 @@ impl From<ConversationRecord> for ConversationView {
             last_used_at: record.last_used_at,
             expires_at: record.expires_at,
             usage: None,
+            disk: None,
         }
     }
 }
@@ -146,6 +168,11 @@ pub(crate) async fn get(
             return Err(conversation_not_found(&conv).into());
         };
         let (key, since) = (conv.key.clone(), record.created_at);
+        let runtime = state.manager.runtime();
+        let disk = match record.runtime == runtime.info().name {
+            true => runtime.disk_usage(&key).await?,
+            false => None,
+        };
         let counts = state
             .manager
             .store()
@@ -157,6 +184,12 @@ pub(crate) async fn get(
             operations: by_operation.values().sum(),
             execs: by_operation.get("exec").copied().unwrap_or(0),
             by_operation,
+        });
+        view.disk = disk.map(|d| DiskView {
+            bytes_used: d.bytes_used,
+            bytes_limit: d.bytes_limit,
+            inodes_used: d.inodes_used,
+            inodes_limit: d.inodes_limit,
         });
         Ok(Json(view).into_response())
     })

@@ -90,6 +90,8 @@ pub struct Env {
     pub uids: Range<u32>,
     pub idle_secs: u64,
     pub limits: SandboxLimits,
+    /// `[isolated] disk_bytes` and `disk_inodes`, when the test sets them.
+    pub disk: Option<(u64, u64)>,
     pub manager: Manager,
     pub runtime: Arc<IsolatedRuntime>,
 }
@@ -100,16 +102,22 @@ impl Env {
     }
 
     pub fn with_limits(idle_secs: u64, limits: SandboxLimits) -> Env {
+        Env::with_disk(idle_secs, limits, None)
+    }
+
+    /// With `[isolated] disk_bytes` and `disk_inodes` set to `disk`.
+    pub fn with_disk(idle_secs: u64, limits: SandboxLimits, disk: Option<(u64, u64)>) -> Env {
         let dir = tempfile::tempdir().expect("tempdir");
         let data = dir.path().join("data");
         let uids = uid_range();
-        let (manager, runtime) = build(&data, uids.clone(), idle_secs, limits.clone());
+        let (manager, runtime) = build(&data, uids.clone(), idle_secs, limits.clone(), disk);
         Env {
             _dir: dir,
             data,
             uids,
             idle_secs,
             limits,
+            disk,
             manager,
             runtime,
         }
@@ -123,6 +131,7 @@ impl Env {
             self.uids.clone(),
             self.idle_secs,
             self.limits.clone(),
+            self.disk,
         )
     }
 
@@ -192,15 +201,27 @@ impl Env {
         let path = self.data.join("sessionbox.toml");
         if !path.exists() {
             std::fs::create_dir_all(&self.data).unwrap();
-            std::fs::write(&path, config_toml(&self.uids, self.idle_secs, &self.limits)).unwrap();
+            std::fs::write(
+                &path,
+                config_toml(&self.uids, self.idle_secs, &self.limits, self.disk),
+            )
+            .unwrap();
         }
     }
 }
 
-/// The `sessionbox.toml` giving this idle timeout, uid range and limits.
-fn config_toml(uids: &Range<u32>, idle_secs: u64, limits: &SandboxLimits) -> String {
+/// The `sessionbox.toml` giving this idle timeout, uid range, limits and disk quota.
+fn config_toml(
+    uids: &Range<u32>,
+    idle_secs: u64,
+    limits: &SandboxLimits,
+    disk: Option<(u64, u64)>,
+) -> String {
+    let disk = disk.map_or_else(String::new, |(bytes, inodes)| {
+        format!("disk_bytes = {bytes}\ndisk_inodes = {inodes}\n")
+    });
     format!(
-        "[isolated]\nidle_timeout_secs = {}\nuid_base = {}\nuid_count = {}\npids = {}\nmemory_bytes = {}\ncpu = {}\n",
+        "[isolated]\nidle_timeout_secs = {}\nuid_base = {}\nuid_count = {}\npids = {}\nmemory_bytes = {}\ncpu = {}\n{disk}",
         idle_secs,
         uids.start,
         uids.len(),
@@ -218,12 +239,15 @@ fn build(
     uids: Range<u32>,
     idle_secs: u64,
     sandbox: SandboxLimits,
+    disk: Option<(u64, u64)>,
 ) -> (Manager, Arc<IsolatedRuntime>) {
     let store = Store::open(&data.join("sessionbox.db")).expect("store");
-    let file: FileConfig =
-        toml::from_str(&config_toml(&uids, idle_secs, &sandbox)).expect("a valid configuration");
+    let file: FileConfig = toml::from_str(&config_toml(&uids, idle_secs, &sandbox, disk))
+        .expect("a valid configuration");
     let options = BuildOptions::new(PathBuf::from(EXE));
-    let config = runtime::isolated_config(&file, data, &options.exe).with_sandbox(sandbox);
+    let config = runtime::isolated_config(&file, data, &options.exe)
+        .unwrap()
+        .with_sandbox(sandbox);
     let runtime =
         Arc::new(runtime::isolated_with(config, &store, data, &options).expect("runtime"));
     (Manager::new(store, runtime.clone()), runtime)
@@ -239,6 +263,7 @@ impl Drop for Env {
                 }
             }
         }
+        unmount_workspaces(&self.data);
     }
 }
 
@@ -463,6 +488,9 @@ pub fn tree(dir: &Path) -> BTreeMap<PathBuf, String> {
             } else if m.is_dir() {
                 stack.push(p.clone());
                 "dir".to_owned()
+            } else if m.len() > 1 << 20 {
+                // A large file (a workspace's disk image: 1 GiB, sparse) by its size only.
+                format!("file nlink={} {} bytes", m.nlink(), m.len())
             } else {
                 let data = std::fs::read(&p).unwrap_or_default();
                 format!("file nlink={} {:?}", m.nlink(), text(&data))
@@ -471,4 +499,25 @@ pub fn tree(dir: &Path) -> BTreeMap<PathBuf, String> {
         }
     }
     out
+}
+
+/// Detaches every workspace volume (disk quota) mounted beneath `data`'s `workspaces`, so that a
+/// test's temporary directory leaves no mount behind (destroy unmounts them too; this is the
+/// safety net, for conversations a test did not destroy).
+pub fn unmount_workspaces(data: &Path) {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let workspaces = data.join("workspaces");
+    let Ok(workspaces) = std::fs::canonicalize(&workspaces) else {
+        return;
+    };
+    for line in mounts.lines() {
+        // Field 5 is the mount point (spaces escaped as \040; ours have none).
+        if let Some(point) = line.split(' ').nth(4).map(Path::new)
+            && point.parent() == Some(workspaces.as_path())
+        {
+            let _ = rustix::mount::unmount(point, rustix::mount::UnmountFlags::DETACH);
+        }
+    }
 }
