@@ -65,6 +65,10 @@ pub struct IsolatedConfig {
     /// The host uids conversations run as when running as root, each given by
     /// [`sessionbox_core::Directory::sandbox_uid`] from this range.
     pub uids: Range<u32>,
+    /// Bytes at which the host's `agent.log` and `egress.log` of a conversation are rotated
+    /// to `.1` (one kept) by their [`log_relay`](crate::log_relay): each takes at most twice
+    /// this on the host. At least [`log_relay::MIN_MAX_BYTES`](crate::log_relay::MIN_MAX_BYTES).
+    pub log_max_bytes: u64,
 }
 
 impl IsolatedConfig {
@@ -74,6 +78,9 @@ impl IsolatedConfig {
     pub const DEFAULT_UID_COUNT: u32 = 65_536;
     /// How long an agent waits for a request before it stops, by default.
     pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+    /// Bytes at which a conversation's host logs are rotated, by default (`[isolated]
+    /// log_max_bytes`): 8 MiB.
+    pub const DEFAULT_LOG_MAX_BYTES: u64 = 8 * 1024 * 1024;
     /// The arguments that make the `sessionbox` executable the agent.
     pub const DEFAULT_AGENT_ARGS: &'static [&'static str] = &["agent"];
 
@@ -104,6 +111,7 @@ impl IsolatedConfig {
                 .map(|a| (*a).to_owned())
                 .collect(),
             uids: Self::uid_range(None, None),
+            log_max_bytes: Self::DEFAULT_LOG_MAX_BYTES,
         }
     }
 

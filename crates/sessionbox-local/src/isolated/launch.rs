@@ -24,6 +24,7 @@ use super::{
     AGENT_EXE, EGRESS_DIR, EGRESS_PROXY, IsolatedRuntime, SandboxInfo, WORKSPACE, blocking,
 };
 use crate::host::create_private_dir_all;
+use crate::log_relay;
 
 /// A sandbox launched less than this long ago is starting, not hung: it is given time to answer
 /// rather than replaced.
@@ -226,15 +227,16 @@ impl IsolatedRuntime {
                 .into_iter()
                 .map(|a| a.to_string_lossy().into_owned()),
         );
-        let log = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(run.join("agent.log"))
-            .map_err(|e| Error::Backend(format!("cannot open the agent log: {e}")))?;
+        // The agent's stderr goes through a relay that rotates `agent.log` at its cap.
+        let log = log_relay::spawn(
+            &self.config.exe,
+            &run.join("agent.log"),
+            self.config.log_max_bytes,
+        )?;
         let stdio = SandboxStdio {
             stdin: Stdio::null(),
             stdout: Stdio::null(),
-            stderr: Stdio::from(log),
+            stderr: log,
             passed_fd: Some(OwnedFd::from(listener)),
         };
         Ok(Launch {
@@ -260,6 +262,7 @@ impl IsolatedRuntime {
                     key,
                     handle.monitor_pid(),
                     run,
+                    self.config.log_max_bytes,
                 ) {
                     Ok(pid) => Some(pid),
                     Err(e) => {
@@ -399,7 +402,7 @@ fn bind_gateway_socket(dir: &Path, run_dir: &RunDir, uid: u32) -> Result<UnixLis
 
 /// Starts the conversation's gateway outside the sandbox, in a session of its own, with the
 /// listening socket as descriptor 3; it exits when the sandbox's monitor does. Its stderr goes
-/// to `run/<key>/egress.log`.
+/// to `run/<key>/egress.log` through a [`log_relay`] rotating it at `log_max_bytes`.
 fn spawn_gateway(
     exe: &Path,
     args: &[String],
@@ -408,6 +411,7 @@ fn spawn_gateway(
     key: &ConversationKey,
     monitor_pid: u32,
     run: &Path,
+    log_max_bytes: u64,
 ) -> Result<u32> {
     use std::os::fd::AsRawFd;
     use std::os::unix::process::CommandExt;
@@ -415,11 +419,7 @@ fn spawn_gateway(
     let fd = rustix::io::fcntl_dupfd_cloexec(&listener, 10)
         .map_err(|e| Error::Backend(format!("cannot pass the egress socket: {e}")))?;
     let raw = fd.as_raw_fd();
-    let log = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(run.join("egress.log"))
-        .map_err(|e| Error::Backend(format!("cannot open the egress log: {e}")))?;
+    let log = log_relay::spawn(exe, &run.join("egress.log"), log_max_bytes)?;
     let gateway = GatewayArgs::conversation(3, key.as_str(), i32::try_from(monitor_pid).ok());
     let mut cmd = std::process::Command::new(exe);
     cmd.args(args)
@@ -431,7 +431,7 @@ fn spawn_gateway(
         )
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::from(log));
+        .stderr(log);
     cmd.envs(env.iter().map(|(k, v)| (k, v)));
     // SAFETY: runs in the forked child before exec: only async-signal-safe calls (setsid,
     // dup2) on integers captured by value; `fd` stays open in the parent until spawn returns.
