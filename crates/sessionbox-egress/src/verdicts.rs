@@ -287,7 +287,7 @@ mod tests {
         let windows = got.lock().unwrap().clone();
         assert_eq!(windows.len(), 2);
         let rows = &windows[1];
-        let of = |c: &str| rows.iter().filter(|r| r.entry.conversation == c);
+        let of = |c: &'static str| rows.iter().filter(move |r| r.entry.conversation == c);
         // a: x:443 and four distinct targets itemized, the rest in one overflow row.
         assert_eq!(of("a").count(), 6, "{rows:?}");
         assert_eq!(of("a").map(|r| r.count).sum::<u64>(), 20_000);
