@@ -141,8 +141,7 @@ impl Aggregator {
             loop {
                 task.wake.notified().await;
                 let last = *task.writing.lock().await;
-                if let Some(wait) = last.and_then(|t| task.config.window.checked_sub(t.elapsed()))
-                {
+                if let Some(wait) = last.and_then(|t| task.config.window.checked_sub(t.elapsed())) {
                     tokio::time::sleep(wait).await;
                 }
                 flush(&task).await;
@@ -293,7 +292,12 @@ mod tests {
         assert_eq!(of("a").map(|r| r.count).sum::<u64>(), 20_000);
         let over: Vec<_> = of("a").filter(|r| r.entry.rule == OVERFLOW_RULE).collect();
         assert_eq!((over.len(), over[0].count), (1, 10_000 - 4));
-        assert_eq!(of("b").map(|r| (r.count, r.entry.target.as_str())).collect::<Vec<_>>(), [(10_000, "y:443")]);
+        assert_eq!(
+            of("b")
+                .map(|r| (r.count, r.entry.target.as_str()))
+                .collect::<Vec<_>>(),
+            [(10_000, "y:443")]
+        );
         assert_eq!(agg.verdicts(), 30_001);
     }
 

@@ -137,6 +137,7 @@ impl Server {
                     idle_timeout: Duration::from_secs(30),
                     exe: std::env::current_exe().unwrap(),
                     agent_args: vec!["agent".into()],
+                    log_max_bytes: IsolatedConfig::DEFAULT_LOG_MAX_BYTES,
                     uids: base..base + 64,
                 },
                 Arc::new(StoreDirectory::new(store.clone())),

@@ -116,10 +116,11 @@ fn gateway_config(section: &EgressSection) -> GatewayConfig {
 /// conversation per second.
 fn verdict_config(section: &EgressSection) -> sessionbox_egress::AggregatorConfig {
     sessionbox_egress::AggregatorConfig {
-        max_rows: section.log_rows_per_sec.map_or(
-            sessionbox_egress::AggregatorConfig::DEFAULT_MAX_ROWS,
-            |n| usize::try_from(n.max(1)).unwrap_or(usize::MAX),
-        ),
+        max_rows: section
+            .log_rows_per_sec
+            .map_or(sessionbox_egress::AggregatorConfig::DEFAULT_MAX_ROWS, |n| {
+                usize::try_from(n.max(1)).unwrap_or(usize::MAX)
+            }),
         ..Default::default()
     }
 }

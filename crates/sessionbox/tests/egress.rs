@@ -1214,17 +1214,27 @@ async fn a_flood_of_refused_connects_is_a_few_counted_rows_and_host_logs_stay_ca
     let (code, out) = attack.await.unwrap();
     let flood_secs = started.elapsed().as_secs_f64();
     assert_eq!(code, 0, "{out}");
-    assert_eq!(out.trim(), format!("[('403', {N})]"), "every CONNECT refused");
+    assert_eq!(
+        out.trim(),
+        format!("[('403', {N})]"),
+        "every CONNECT refused"
+    );
 
     let entries = data.verdicts_until(flood, N as u64);
     let total: u64 = entries.iter().map(|e| e["count"].as_u64().unwrap()).sum();
-    assert_eq!(total, N as u64, "the counts add up to every refused CONNECT");
+    assert_eq!(
+        total, N as u64,
+        "the counts add up to every refused CONNECT"
+    );
     assert!(entries.iter().all(|e| e["verdict"] == "denied"));
     // Per window (at least a second apart): at most 20 itemized rows and one overflow row; the
     // repeated name is one row per window.
     let rows = entries.len() as f64;
     let bound = (flood_secs.ceil() + 2.0) * 21.0;
-    assert!(rows <= bound, "{rows} rows for {N} CONNECTs in {flood_secs:.1} s");
+    assert!(
+        rows <= bound,
+        "{rows} rows for {N} CONNECTs in {flood_secs:.1} s"
+    );
     assert!(rows * 10.0 < N as f64, "{rows} rows for {N} CONNECTs");
     let bytes_after = db_bytes(&data);
     during.sort();
@@ -1286,7 +1296,10 @@ async fn a_flood_of_refused_connects_is_a_few_counted_rows_and_host_logs_stay_ca
     // gc cuts the tenant's log to its cap (10 rows), the newest kept; destroy removes the rest.
     let gc = data.ok(&["gc", "--json"]);
     let report: serde_json::Value = serde_json::from_str(&gc).unwrap();
-    assert!(report["logs_pruned"]["egress_over_cap"].as_u64().unwrap() > 0, "{gc}");
+    assert!(
+        report["logs_pruned"]["egress_over_cap"].as_u64().unwrap() > 0,
+        "{gc}"
+    );
     let left = data.ok(&["egress-log", "--json", "--limit", "1000000"]);
     let left: Vec<serde_json::Value> = serde_json::from_str(&left).unwrap();
     assert!(left.len() <= 10 && !left.is_empty(), "{} rows", left.len());

@@ -261,8 +261,11 @@ impl IsolatedRuntime {
                     listener,
                     key,
                     handle.monitor_pid(),
-                    run,
-                    self.config.log_max_bytes,
+                    log_relay::spawn(
+                        &self.config.exe,
+                        &run.join("egress.log"),
+                        self.config.log_max_bytes,
+                    )?,
                 ) {
                     Ok(pid) => Some(pid),
                     Err(e) => {
@@ -402,7 +405,7 @@ fn bind_gateway_socket(dir: &Path, run_dir: &RunDir, uid: u32) -> Result<UnixLis
 
 /// Starts the conversation's gateway outside the sandbox, in a session of its own, with the
 /// listening socket as descriptor 3; it exits when the sandbox's monitor does. Its stderr goes
-/// to `run/<key>/egress.log` through a [`log_relay`] rotating it at `log_max_bytes`.
+/// to `log`: the [`log_relay`] of `run/<key>/egress.log`, which rotates it at its cap.
 fn spawn_gateway(
     exe: &Path,
     args: &[String],
@@ -410,8 +413,7 @@ fn spawn_gateway(
     listener: UnixListener,
     key: &ConversationKey,
     monitor_pid: u32,
-    run: &Path,
-    log_max_bytes: u64,
+    log: Stdio,
 ) -> Result<u32> {
     use std::os::fd::AsRawFd;
     use std::os::unix::process::CommandExt;
@@ -419,7 +421,6 @@ fn spawn_gateway(
     let fd = rustix::io::fcntl_dupfd_cloexec(&listener, 10)
         .map_err(|e| Error::Backend(format!("cannot pass the egress socket: {e}")))?;
     let raw = fd.as_raw_fd();
-    let log = log_relay::spawn(exe, &run.join("egress.log"), log_max_bytes)?;
     let gateway = GatewayArgs::conversation(3, key.as_str(), i32::try_from(monitor_pid).ok());
     let mut cmd = std::process::Command::new(exe);
     cmd.args(args)

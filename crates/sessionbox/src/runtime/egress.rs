@@ -73,7 +73,10 @@ impl StoreControl {
     /// aggregator's writer on the current Tokio runtime.
     pub fn new(store: Store, config: AggregatorConfig) -> StoreControl {
         let s = store.clone();
-        let verdicts = Aggregator::start(config, Arc::new(move |rows: Vec<VerdictRow>| write_rows(&s, rows)));
+        let verdicts = Aggregator::start(
+            config,
+            Arc::new(move |rows: Vec<VerdictRow>| write_rows(&s, rows)),
+        );
         StoreControl { store, verdicts }
     }
 
