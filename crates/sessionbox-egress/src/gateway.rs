@@ -119,7 +119,8 @@ pub trait Control: Send + Sync + 'static {
     /// # Errors
     /// A message (logged; the request gets 503).
     fn policy(&self, conversation: &str) -> Result<Policy, String>;
-    /// Records a verdict. Must not block for long (it runs on the gateway's tasks).
+    /// Records a verdict. Must not block for long (it runs on the gateway's tasks): a host
+    /// that writes verdicts to a store aggregates them first ([`crate::verdicts::Aggregator`]).
     fn record(&self, entry: LogEntry);
 }
 

@@ -4,6 +4,8 @@
 //!   before DNS, then every address).
 //! - [`target`]: what a request asks to reach, parsed as a connection would.
 //! - [`gateway`]: the proxy (CONNECT and absolute-form HTTP on hyper).
+//! - [`verdicts`]: verdicts aggregated per conversation before they are written (a flood
+//!   becomes one row with a count; a cap on rows per conversation per second).
 //! - [`token`]: signed, short-lived proxy tokens for remote runtimes.
 //! - [`opensandbox`]: the policy as an OpenSandbox `networkPolicy`.
 //! - `args` (feature `args`, on by default): the gateway's command line, `GatewayArgs`.
@@ -18,8 +20,10 @@ pub mod policy;
 pub mod ranges;
 pub mod target;
 pub mod token;
+pub mod verdicts;
 
 #[cfg(feature = "args")]
 pub use args::GatewayArgs;
 pub use gateway::{Auth, Control, Gateway, GatewayConfig, LogEntry};
 pub use policy::{Policy, PolicyError, Rule, Verdict};
+pub use verdicts::{Aggregator, AggregatorConfig, VerdictRow};

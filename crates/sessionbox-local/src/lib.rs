@@ -4,4 +4,5 @@
 
 pub mod host;
 pub mod isolated;
+pub mod log_relay;
 pub mod supervise;

@@ -14,6 +14,10 @@
 //! - **dangling**: an `active` record the runtime holds nothing for (its workspace vanished),
 //!   unused for the grace period. It points at nothing: claimed, and deleted.
 //!
+//! And the logs: egress verdicts and audit records past the manager's retention or beyond a
+//! tenant's row cap ([`Manager::with_log_retention`]) are pruned, oldest first, in bounded
+//! batches ([`Store::prune_logs`]), reported in [`GcReport::logs_pruned`] (not in a dry run).
+//!
 //! And one kind that is not garbage:
 //!
 //! - **idle**: an `active`, unexpired record with an idle timeout (non-zero) whose last use is
@@ -109,6 +113,8 @@ pub struct GcReport {
     /// garbage: the workspace and the record stay, and the next open starts the sandbox
     /// again. An item's `removed` says whether its sandbox was stopped by this collection.
     pub idle_stopped: Vec<GcItem>,
+    /// Log rows pruned (past retention or beyond a tenant's cap); zero in a dry run.
+    pub logs_pruned: sessionbox_store::LogsPruned,
 }
 
 impl GcReport {
@@ -257,6 +263,13 @@ impl Manager {
                 .await
             {
                 tracing::warn!(error = %e, "garbage collection could not prune expired notices");
+            }
+            let logs = self.logs;
+            match self.store.run(move |s| s.prune_logs(&logs, now)).await {
+                Ok(p) => report.logs_pruned = p,
+                Err(e) => {
+                    tracing::warn!(error = %e, "garbage collection could not prune the logs");
+                }
             }
         }
         Ok(report)

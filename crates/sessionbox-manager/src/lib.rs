@@ -57,6 +57,7 @@ pub struct Manager {
     runtime: Arc<dyn Runtime>,
     lifecycle: Arc<LifecyclePolicy>,
     skills: Arc<Skills>,
+    logs: sessionbox_store::LogRetention,
 }
 
 impl std::fmt::Debug for Manager {
@@ -97,7 +98,15 @@ impl Manager {
             runtime,
             lifecycle: Arc::default(),
             skills: Arc::default(),
+            logs: sessionbox_store::LogRetention::default(),
         }
+    }
+
+    /// How long and how much the egress and audit logs keep: what garbage collection prunes
+    /// to (the default: [`sessionbox_store::LogRetention::default`]).
+    pub fn with_log_retention(mut self, logs: sessionbox_store::LogRetention) -> Self {
+        self.logs = logs;
+        self
     }
 
     /// The same, creating conversations with `policy`'s lifecycle for their tenant.

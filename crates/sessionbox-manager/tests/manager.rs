@@ -168,6 +168,7 @@ async fn destroy_removes_the_conversations_policy_and_egress_log() {
             bytes_down: 1,
             duration_ms: 1,
             end: None,
+            count: 1,
         })
         .unwrap();
     m.destroy(&conv).await.unwrap();

@@ -134,6 +134,10 @@ pub(crate) struct VerdictView {
     pub duration_ms: u64,
     /// How an allowed connection ended (`closed`, `idle timeout`, `connect failed: ...`).
     pub end: Option<String>,
+    /// How many identical verdicts this entry stands for (at least 1): the gateway logs a
+    /// flood of one verdict as one entry, `at` the first one's time, bytes summed,
+    /// `duration_ms` the longest.
+    pub count: u64,
 }
 
 /// Verdicts, newest first.
@@ -262,6 +266,7 @@ pub(crate) async fn verdicts(
                 bytes_down: e.bytes_down,
                 duration_ms: e.duration_ms,
                 end: e.end,
+                count: e.count,
             }
         })
         .collect())

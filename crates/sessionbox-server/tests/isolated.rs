@@ -31,6 +31,10 @@ fn main() -> ExitCode {
     if sessionbox_sandbox::is_init_invocation() {
         sessionbox_sandbox::init_main();
     }
+    // The agent's host log goes through a relay, a re-execution of this binary.
+    if sessionbox_local::log_relay::is_log_relay_invocation() {
+        sessionbox_local::log_relay::log_relay_main();
+    }
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if args.get(1).is_some_and(|a| a == "agent") {
         let argv = std::iter::once(std::ffi::OsString::from("sessionbox agent"))
@@ -160,6 +164,7 @@ impl Server {
                     idle_timeout: Duration::from_secs(30),
                     exe: std::env::current_exe().unwrap(),
                     agent_args: vec!["agent".into()],
+                    log_max_bytes: IsolatedConfig::DEFAULT_LOG_MAX_BYTES,
                     uids: base..base + 64,
                     // The disk quota is tested in crates/sessionbox/tests/containment_disk.rs;
                     // these workspaces stay plain directories of the temporary directory.

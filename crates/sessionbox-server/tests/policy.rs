@@ -131,6 +131,7 @@ fn log(store: &Store, c: &ConversationRef, allowed: bool, target: &str, rule: &s
             bytes_down: if allowed { 4096 } else { 0 },
             duration_ms: 15,
             end: allowed.then(|| "closed".into()),
+            count: 1,
         })
         .unwrap();
 }

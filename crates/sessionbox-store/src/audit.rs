@@ -1,10 +1,13 @@
 //! The audit log: one entry per operation on a conversation (operation and outcome; never file
-//! contents, commands or secrets).
+//! contents, commands or secrets). Every text field is cut to
+//! [`MAX_LOG_TEXT`](crate::MAX_LOG_TEXT) characters as it is written, so no record carries
+//! unbounded input; [`Store::prune_logs`] bounds the log by age and rows per tenant.
 
 use chrono::{DateTime, Utc};
 use sessionbox_core::{ConversationKey, Result, TenantId};
 
 use crate::db::{Db, Row};
+use crate::retention::capped;
 use crate::{AuditEntry, AuditFilter, AuditRecord, Store, TxLock, time};
 
 impl Store {
@@ -95,9 +98,9 @@ fn insert_audit(db: &mut dyn Db, entry: &AuditEntry) -> Result<()> {
                 .as_ref()
                 .map(ConversationKey::as_str)
                 .into(),
-            entry.operation.as_str().into(),
-            entry.outcome.as_str().into(),
-            entry.detail.clone().into(),
+            capped(&entry.operation).into(),
+            capped(&entry.outcome).into(),
+            entry.detail.as_deref().map(capped).into(),
         ],
     )
     .map(drop)

@@ -10,7 +10,8 @@
 use chrono::{DateTime, Utc};
 use sessionbox_core::{ConversationKey, ConversationRef, Error, Result, TenantId};
 
-use crate::db::Row;
+use crate::db::{Db, Row};
+use crate::retention::capped;
 use crate::{Store, TxLock, time};
 
 /// Whose policy.
@@ -73,6 +74,10 @@ pub struct EgressLogEntry {
     pub duration_ms: u64,
     /// How it ended.
     pub end: Option<String>,
+    /// How many identical verdicts this row stands for (at least 1): the gateway writes a
+    /// flood of one verdict as one row. `at` is the first one's time; `bytes_up` and
+    /// `bytes_down` are their sums, `duration_ms` the longest.
+    pub count: u64,
 }
 
 /// A logged verdict with its sequence number.
@@ -212,35 +217,27 @@ impl Store {
         })
     }
 
-    /// Appends a verdict to the egress log.
+    /// Appends a verdict to the egress log. Text fields are cut to
+    /// [`MAX_LOG_TEXT`](crate::MAX_LOG_TEXT) characters; a `count` of 0 is stored as 1.
     ///
     /// # Errors
     /// [`Error::Backend`] when the database fails.
     pub fn log_egress(&self, e: &EgressLogEntry) -> Result<()> {
-        let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        self.read(|db| {
-            db.execute(
-                "append to the egress log",
-                "INSERT INTO egress_log (at, tenant, conversation_key, allowed, method, target,
-                   address, rule, bytes_up, bytes_down, duration_ms, end_reason)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-                &[
-                    e.at.timestamp_millis().into(),
-                    e.tenant.as_str().into(),
-                    e.conversation_key.as_str().into(),
-                    i64::from(e.allowed).into(),
-                    e.method.as_str().into(),
-                    e.target.as_str().into(),
-                    e.address.as_deref().into(),
-                    e.rule.as_str().into(),
-                    n(e.bytes_up).into(),
-                    n(e.bytes_down).into(),
-                    n(e.duration_ms).into(),
-                    e.end.as_deref().into(),
-                ],
-            )
-        })?;
-        Ok(())
+        self.read(|db| insert_verdict(db, e))
+    }
+
+    /// Appends `entries` to the egress log in one transaction: all or none (one commit for a
+    /// whole window of a gateway's verdicts).
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when the database fails.
+    pub fn log_egress_many(&self, entries: &[EgressLogEntry]) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        self.write("append to the egress log", TxLock::None, |db| {
+            entries.iter().try_for_each(|e| insert_verdict(db, e))
+        })
     }
 
     /// Verdicts matching `filter`, newest first.
@@ -255,7 +252,7 @@ impl Store {
             db.query(
                 "read the egress log",
                 "SELECT id, at, tenant, conversation_key, allowed, method, target, address, rule,
-                        bytes_up, bytes_down, duration_ms, end_reason
+                        bytes_up, bytes_down, duration_ms, end_reason, count
                  FROM egress_log
                  WHERE (CAST($1 AS TEXT) IS NULL OR tenant = $1)
                    AND (CAST($2 AS TEXT) IS NULL OR conversation_key = $2)
@@ -322,6 +319,32 @@ impl Store {
     }
 }
 
+fn insert_verdict(db: &mut dyn Db, e: &EgressLogEntry) -> Result<()> {
+    let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    db.execute(
+        "append to the egress log",
+        "INSERT INTO egress_log (at, tenant, conversation_key, allowed, method, target,
+           address, rule, bytes_up, bytes_down, duration_ms, end_reason, count)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+        &[
+            e.at.timestamp_millis().into(),
+            e.tenant.as_str().into(),
+            e.conversation_key.as_str().into(),
+            i64::from(e.allowed).into(),
+            capped(&e.method).into(),
+            capped(&e.target).into(),
+            e.address.as_deref().map(capped).into(),
+            capped(&e.rule).into(),
+            n(e.bytes_up).into(),
+            n(e.bytes_down).into(),
+            n(e.duration_ms).into(),
+            e.end.as_deref().map(capped).into(),
+            n(e.count.max(1)).into(),
+        ],
+    )
+    .map(drop)
+}
+
 fn log_record(r: &Row) -> Result<EgressLogRecord> {
     let u = |i: usize| r.int(i).map(|v| v.max(0) as u64);
     Ok(EgressLogRecord {
@@ -339,6 +362,7 @@ fn log_record(r: &Row) -> Result<EgressLogRecord> {
             bytes_down: u(10)?,
             duration_ms: u(11)?,
             end: r.opt_text(12)?,
+            count: u(13)?.max(1),
         },
     })
 }

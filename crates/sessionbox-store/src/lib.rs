@@ -45,6 +45,7 @@ mod keys;
 mod locks;
 mod pg;
 mod remote;
+mod retention;
 mod schema;
 mod types;
 mod uids;
@@ -69,6 +70,7 @@ pub use egress::{EgressLogEntry, EgressLogFilter, EgressLogRecord, PolicyScope, 
 pub use expired::ExpiredNotice;
 pub use keys::{API_KEY_PREFIX, ApiKeyRecord, NewApiKey};
 pub use locks::ConversationLock;
+pub use retention::{LogRetention, LogsPruned, MAX_LOG_TEXT, PRUNE_BATCH};
 pub use schema::SCHEMA_VERSION;
 /// A conversation's remote sandbox, as recorded (core's type, so runtimes see it without the store).
 pub use sessionbox_core::RemoteSandbox;

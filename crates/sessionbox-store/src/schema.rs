@@ -248,6 +248,18 @@ const MIGRATIONS: &[Step] = &[
     );
     CREATE INDEX expired_conversations_by_time ON expired_conversations (destroyed_at);",
     },
+    // 9: bounded logs. An egress log row stands for `count` identical verdicts (the gateway
+    // aggregates a flood); both logs get an index on their time, for pruning by age.
+    Step {
+        sqlite:
+            "ALTER TABLE egress_log ADD COLUMN count INTEGER NOT NULL DEFAULT 1 CHECK (count >= 1);
+    CREATE INDEX egress_log_by_at ON egress_log (at);
+    CREATE INDEX audit_by_at ON audit (at);",
+        postgres:
+            "ALTER TABLE egress_log ADD COLUMN count BIGINT NOT NULL DEFAULT 1 CHECK (count >= 1);
+    CREATE INDEX egress_log_by_at ON egress_log (at);
+    CREATE INDEX audit_by_at ON audit (at);",
+    },
 ];
 
 /// The schema version this build writes: the number of migrations.

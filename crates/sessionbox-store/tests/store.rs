@@ -559,6 +559,7 @@ both! {
                 bytes_down: u64::MAX,
                 duration_ms: 1,
                 end: None,
+                count: 1,
             })
             .unwrap();
         }
@@ -597,6 +598,7 @@ both! {
                 bytes_down: 0,
                 duration_ms: 0,
                 end: None,
+                count: 1,
             })
             .unwrap();
         }

@@ -130,6 +130,7 @@ impl App {
         Ok(App {
             manager: Manager::new(store, runtime)
                 .with_lifecycle(lifecycle)
+                .with_log_retention(settings.file.log_retention())
                 .with_skills(skills),
             tenant: settings.tenant.clone(),
             runtime_name: kind.name(),

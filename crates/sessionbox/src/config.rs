@@ -69,6 +69,9 @@ pub struct FileConfig {
     /// Egress gateway settings.
     #[serde(default)]
     pub egress: EgressSection,
+    /// Audit log retention.
+    #[serde(default)]
+    pub audit: AuditSection,
     /// Agent Skills: directories per tenant, limits.
     #[serde(default)]
     pub skills: SkillsSection,
@@ -166,6 +169,30 @@ impl FileConfig {
         Ok(policy)
     }
 
+    /// How long and how much the egress and audit logs keep: `[egress] log_retention_days`,
+    /// `log_max_rows`, `[audit] retention_days`, `max_rows`, defaults for the rest.
+    pub fn log_retention(&self) -> sessionbox_store::LogRetention {
+        use sessionbox_store::LogRetention;
+        let days = |d: Option<u64>, default: u64| {
+            std::time::Duration::from_secs(d.unwrap_or(default).saturating_mul(86_400))
+        };
+        LogRetention {
+            egress_max_age: days(
+                self.egress.log_retention_days,
+                LogRetention::DEFAULT_EGRESS_DAYS,
+            ),
+            egress_max_rows: self
+                .egress
+                .log_max_rows
+                .unwrap_or(LogRetention::DEFAULT_EGRESS_ROWS),
+            audit_max_age: days(self.audit.retention_days, LogRetention::DEFAULT_AUDIT_DAYS),
+            audit_max_rows: self
+                .audit
+                .max_rows
+                .unwrap_or(LogRetention::DEFAULT_AUDIT_ROWS),
+        }
+    }
+
     /// The store URL: `SESSIONBOX_STORE_URL`, else `[store] url`.
     pub fn store_url(&self) -> Option<String> {
         std::env::var(sessionbox_store::STORE_URL_ENV)
@@ -197,6 +224,24 @@ pub struct EgressSection {
     /// Most connections one conversation's gateway serves at once (default 256, at least 1);
     /// over it a new connection is answered 503 (`--max-connections` of `egress-gateway` wins).
     pub max_connections: Option<std::num::NonZeroU32>,
+    /// Most itemized log rows per conversation per second (default 20); identical verdicts
+    /// within a second are one row with a count, and verdicts past this are counted in one
+    /// row per kind (allowed, denied).
+    pub log_rows_per_sec: Option<u64>,
+    /// Days verdicts are kept; `gc` removes older ones (default 30).
+    pub log_retention_days: Option<u64>,
+    /// Most verdict rows kept per tenant; `gc` removes the oldest beyond (default 100000).
+    pub log_max_rows: Option<u64>,
+}
+
+/// `[audit]` settings: how long and how much of the audit log is kept (`gc` prunes it).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditSection {
+    /// Days audit records are kept (default 90).
+    pub retention_days: Option<u64>,
+    /// Most audit records kept per tenant, the oldest removed first (default 1000000).
+    pub max_rows: Option<u64>,
 }
 
 /// `[skills]` settings: `[skills.tenants]` maps a tenant to its skills directories (absolute
@@ -339,6 +384,9 @@ pub struct IsolatedSection {
     /// Files, directories and links each conversation's workspace may hold (default 100000;
     /// at least 64, at most one per KiB of `disk_bytes`).
     pub disk_inodes: Option<u64>,
+    /// Bytes at which a conversation's `agent.log` and `egress.log` on the host are rotated
+    /// (to `.1`, one kept), so each takes at most twice this (default 8 MiB, at least 64 KiB).
+    pub log_max_bytes: Option<u64>,
 }
 
 impl IsolatedSection {

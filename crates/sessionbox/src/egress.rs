@@ -120,6 +120,19 @@ fn gateway_config(section: &EgressSection, args: &GatewayArgs) -> GatewayConfig 
     c
 }
 
+/// How the gateway aggregates its verdicts: `[egress] log_rows_per_sec` itemized rows per
+/// conversation per second.
+fn verdict_config(section: &EgressSection) -> sessionbox_egress::AggregatorConfig {
+    sessionbox_egress::AggregatorConfig {
+        max_rows: section
+            .log_rows_per_sec
+            .map_or(sessionbox_egress::AggregatorConfig::DEFAULT_MAX_ROWS, |n| {
+                usize::try_from(n.max(1)).unwrap_or(usize::MAX)
+            }),
+        ..Default::default()
+    }
+}
+
 /// `sessionbox egress-gateway`.
 pub(crate) async fn gateway(
     args: &GatewayArgs,
@@ -130,21 +143,24 @@ pub(crate) async fn gateway(
     let (url, db) = (store_url.map(str::to_owned), data_dir.join("sessionbox.db"));
     let store =
         tokio::task::spawn_blocking(move || Store::open_configured(url.as_deref(), &db)).await??;
-    let control = Arc::new(StoreControl { store });
+    let control = Arc::new(StoreControl::new(store, verdict_config(section)));
     let mut config = gateway_config(section, args);
     config.max_connections = limit_descriptors(config.max_connections);
     if let Some(addr) = args.listen {
         let key = TokenKey::load_or_create(&key_path(data_dir))
             .context("cannot read or create the egress token key")?;
-        let gw = Gateway::new(config, control, Auth::Token(key))?;
+        let gw = Gateway::new(config, control.clone(), Auth::Token(key))?;
         let l = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         outln!("sessionbox egress gateway listening on {}", l.local_addr()?);
-        tokio::select! {
-            r = gw.serve_tcp(l) => r?,
-            _ = sessionbox_agent::termination_signal() => {}
-        }
+        let served = tokio::select! {
+            r = gw.serve_tcp(l) => r,
+            _ = sessionbox_agent::termination_signal() => Ok(()),
+        };
+        // Nothing logged is lost on a normal stop.
+        control.flush().await;
+        served?;
         return Ok(ExitCode::SUCCESS);
     }
     let fd = args
@@ -169,18 +185,21 @@ pub(crate) async fn gateway(
     let std_listener = std::os::unix::net::UnixListener::from(owned);
     std_listener.set_nonblocking(true)?;
     let listener = tokio::net::UnixListener::from_std(std_listener)?;
-    let gw = Gateway::new(config, control, Auth::Conversation(key))?;
+    let gw = Gateway::new(config, control.clone(), Auth::Conversation(key))?;
     let watched = async {
         match args.watch_pid {
             Some(pid) => watch(pid).await,
             None => std::future::pending().await,
         }
     };
-    tokio::select! {
-        r = gw.serve_unix(listener) => r?,
-        () = watched => {}
-        _ = sessionbox_agent::termination_signal() => {}
-    }
+    let served = tokio::select! {
+        r = gw.serve_unix(listener) => r,
+        () = watched => Ok(()),
+        _ = sessionbox_agent::termination_signal() => Ok(()),
+    };
+    // Nothing logged is lost on a normal stop (the sandbox ended, or a termination signal).
+    control.flush().await;
+    served?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -385,7 +404,7 @@ pub(crate) fn log(
                     "verdict": if e.allowed { "allowed" } else { "denied" },
                     "method": e.method, "target": e.target, "address": e.address,
                     "rule": e.rule, "bytes_up": e.bytes_up, "bytes_down": e.bytes_down,
-                    "duration_ms": e.duration_ms, "end": e.end,
+                    "duration_ms": e.duration_ms, "end": e.end, "count": e.count,
                 })
             })
             .collect();
@@ -393,9 +412,10 @@ pub(crate) fn log(
         return Ok(ExitCode::SUCCESS);
     }
     outln!(
-        "{:<20} {:<8} {:<8} {:<32} {:>10} {:>10}  RULE / REASON",
+        "{:<20} {:<8} {:>7} {:<8} {:<32} {:>10} {:>10}  RULE / REASON",
         "AT",
         "VERDICT",
+        "COUNT",
         "METHOD",
         "TARGET",
         "UP",
@@ -408,9 +428,10 @@ pub(crate) fn log(
             why.push_str(&format!(" [{end}]"));
         }
         outln!(
-            "{:<20} {:<8} {:<8} {:<32} {:>10} {:>10}  {}",
+            "{:<20} {:<8} {:>7} {:<8} {:<32} {:>10} {:>10}  {}",
             e.at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             if e.allowed { "allowed" } else { "denied" },
+            e.count,
             e.method,
             e.target,
             e.bytes_up,

@@ -33,6 +33,17 @@ pub(crate) fn print_gc(report: &sessionbox_manager::GcReport, json: bool) -> any
             if report.dry_run { "to stop" } else { "stopped" },
         );
     }
+    let p = &report.logs_pruned;
+    if p.total() > 0 {
+        outln!(
+            "logs pruned: {} egress verdict row(s) past retention, {} over a tenant's cap; {} \
+             audit record(s) past retention, {} over a tenant's cap",
+            p.egress_expired,
+            p.egress_over_cap,
+            p.audit_expired,
+            p.audit_over_cap
+        );
+    }
     for (kind, items) in [
         ("expired", &report.expired),
         ("stuck", &report.stuck),

@@ -157,6 +157,9 @@ pub fn isolated_config(
     if let Some(secs) = iso.idle_timeout_secs {
         config = config.with_idle_timeout(Duration::from_secs(secs));
     }
+    if let Some(bytes) = iso.log_max_bytes {
+        config.log_max_bytes = bytes;
+    }
     Ok(config)
 }
 
@@ -342,7 +345,8 @@ fn default_instance(data_dir: &Path) -> anyhow::Result<String> {
 
 /// Becomes what the local runtimes start this executable as, when this process was started so:
 /// the sandbox init (which must start in a fresh single-threaded process, so call this first
-/// thing in `main`) or a host background command's supervisor. Neither returns; otherwise this
+/// thing in `main`), a host background command's supervisor, or the log relay of a sandbox's
+/// host log (`sessionbox_local::log_relay`). None returns; otherwise this
 /// returns at once.
 pub fn become_helper_if_started_as_one() {
     if sessionbox_sandbox::is_init_invocation() {
@@ -350,6 +354,9 @@ pub fn become_helper_if_started_as_one() {
     }
     if sessionbox_local::supervise::is_supervisor_invocation() {
         sessionbox_local::supervise::supervisor_main();
+    }
+    if sessionbox_local::log_relay::is_log_relay_invocation() {
+        sessionbox_local::log_relay::log_relay_main();
     }
 }
 

@@ -204,6 +204,11 @@ struct Data {
 
 impl Data {
     fn new(dns: SocketAddr) -> Data {
+        Data::with_config(dns, "", "")
+    }
+
+    /// With lines added to `[isolated]` and `[egress]`.
+    fn with_config(dns: SocketAddr, isolated: &str, egress: &str) -> Data {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("data");
         std::fs::create_dir_all(&path).unwrap();
@@ -211,8 +216,8 @@ impl Data {
         std::fs::write(
             path.join("sessionbox.toml"),
             format!(
-                "[isolated]\nidle_timeout_secs = 60\nuid_base = {base}\nuid_count = 64\n\
-                 [egress]\nnameservers = [\"{dns}\"]\nidle_timeout_secs = 30\n"
+                "[isolated]\nidle_timeout_secs = 60\nuid_base = {base}\nuid_count = 64\n{isolated}\
+                 [egress]\nnameservers = [\"{dns}\"]\nidle_timeout_secs = 30\n{egress}"
             ),
         )
         .unwrap();
@@ -268,6 +273,22 @@ impl Data {
         })
         .await
         .unwrap()
+    }
+
+    /// The conversation's verdicts (`egress-log --json`), read again for up to 10 s until
+    /// their counts add up to at least `want`: the gateway writes its verdicts at most once a
+    /// second per window.
+    fn verdicts_until(&self, conv: &str, want: u64) -> Vec<serde_json::Value> {
+        let started = std::time::Instant::now();
+        loop {
+            let log = self.ok(&["egress-log", "-c", conv, "--json", "--limit", "1000000"]);
+            let entries: Vec<serde_json::Value> = serde_json::from_str(&log).unwrap();
+            let n: u64 = entries.iter().map(|e| e["count"].as_u64().unwrap()).sum();
+            if n >= want || started.elapsed() > std::time::Duration::from_secs(10) {
+                return entries;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
     }
 
     fn gateways(&self) -> usize {
@@ -505,12 +526,17 @@ async fn an_isolated_sandbox_reaches_allowed_targets_only_through_the_gateway() 
             .all(|n| n != "denied.test" && n != "blocked.allowed.test")
     );
 
-    // The log, per conversation, queryable.
-    let log = data.ok(&["egress-log", "-c", conv, "--json"]);
-    let entries: Vec<serde_json::Value> = serde_json::from_str(&log).unwrap();
-    let allowed = entries.iter().filter(|e| e["verdict"] == "allowed").count();
-    let denied = entries.iter().filter(|e| e["verdict"] == "denied").count();
-    assert_eq!((allowed, denied), (3, 8), "{log}");
+    // The log, per conversation, queryable; a row counts the identical verdicts it stands for.
+    let entries = data.verdicts_until(conv, 11);
+    let log = serde_json::to_string(&entries).unwrap();
+    let counted = |v: &str| -> u64 {
+        entries
+            .iter()
+            .filter(|e| e["verdict"] == v)
+            .map(|e| e["count"].as_u64().unwrap())
+            .sum()
+    };
+    assert_eq!((counted("allowed"), counted("denied")), (3, 8), "{log}");
     assert!(!log.contains("SECRET"), "a query string reached the log");
     assert!(
         entries
@@ -736,15 +762,25 @@ async fn a_policy_set_over_rest_applies_to_the_next_connection_of_a_warm_convers
     assert_eq!(accepts.load(Ordering::SeqCst), 1);
     assert_eq!(data.gateways(), 1);
 
-    // The verdicts over REST, newest first, without the query string.
-    let r = http
-        .get(format!("{base}/egress-log"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
-    let log = json_of(r).await;
+    // The verdicts over REST, newest first, without the query string (read again for up to
+    // 10 s: the gateway writes its verdicts at most once a second).
+    let started = std::time::Instant::now();
+    let log = loop {
+        let r = http
+            .get(format!("{base}/egress-log"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
+        let log = json_of(r).await;
+        let n = log["entries"].as_array().unwrap().len();
+        if n >= 2 || started.elapsed() > std::time::Duration::from_secs(10) {
+            break log;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
     let entries = log["entries"].as_array().unwrap();
+    assert!(entries.iter().all(|e| e["count"] == 1), "{log}");
     let verdicts: Vec<&str> = entries
         .iter()
         .map(|e| e["verdict"].as_str().unwrap())
@@ -976,16 +1012,17 @@ async fn an_opensandbox_sandbox_reaches_allowed_targets_through_the_token_gatewa
     assert_eq!(allowed_accepts.load(Ordering::SeqCst), 2);
     assert!(!dns.asked.lock().unwrap().iter().any(|n| n == "denied.test"));
 
-    // The verdicts, in the store's log.
-    let log = data.ok(&["egress-log", "-c", conv, "--json"]);
-    let entries: Vec<serde_json::Value> = serde_json::from_str(&log).unwrap();
+    // The verdicts, in the store's log (a row stands for `count` identical ones).
+    let entries = data.verdicts_until(conv, 4);
+    let log = serde_json::to_string(&entries).unwrap();
     let verdicts: Vec<(&str, &str)> = entries
         .iter()
-        .map(|e| {
-            (
+        .flat_map(|e| {
+            let v = (
                 e["verdict"].as_str().unwrap(),
                 e["target"].as_str().unwrap(),
-            )
+            );
+            std::iter::repeat_n(v, e["count"].as_u64().unwrap() as usize)
         })
         .collect();
     let (a, d) = (format!("{bridge}:{ap}"), format!("{bridge}:{dp}"));
@@ -1095,4 +1132,214 @@ async fn a_policy_set_with_the_cli_applies_to_the_next_request_of_a_warm_convers
         .unwrap();
     assert_eq!(exec("env | grep -ci _proxy; true".into()).await, "0\n");
     assert_eq!(accepts.load(Ordering::SeqCst), 1);
+}
+
+/// The flood, from inside the sandbox: `n` CONNECTs to the agent's proxy, each on a new
+/// connection, half to one denied name and half to a distinct denied name each; prints how many
+/// got each status (`none` when the connection ended without an answer).
+fn connect_flood(n: usize) -> String {
+    format!(
+        "python3 -c '
+import socket, collections
+codes = collections.Counter()
+for i in range({n}):
+    host = \"denied.test\" if i % 2 == 0 else \"d%d.denied.test\" % i
+    s = socket.create_connection((\"127.0.0.1\", 3128), timeout=10)
+    try:
+        s.sendall((\"CONNECT %s:443 HTTP/1.1\\r\\nHost: %s:443\\r\\n\\r\\n\" % (host, host)).encode())
+        r = s.recv(64).split(b\" \")
+        codes[r[1].decode() if len(r) > 1 else \"none\"] += 1
+    except OSError:
+        codes[\"none\"] += 1
+    s.close()
+print(sorted(codes.items()))
+'"
+    )
+}
+
+fn db_bytes(data: &Data) -> u64 {
+    ["sessionbox.db", "sessionbox.db-wal"]
+        .iter()
+        .filter_map(|f| std::fs::metadata(data.path.join(f)).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// Attack: a conversation with an allowlist floods its gateway with refused CONNECTs (4000 from
+/// a loop in its sandbox, half to one denied name, half to a new denied name each time). Before,
+/// every verdict was a store insert (another conversation's exec on the same store went from
+/// 37 ms to 2.2 s; the log grew about 0.85 GB an hour, never pruned). Now the gateway aggregates:
+/// the flood is a few rows a second whose counts add up to every CONNECT, and a second
+/// conversation's exec stays under 2 s (each, the worst of them) while it runs. `gc` then cuts
+/// the tenant's log to `log_max_rows`, and destroy removes the rest.
+///
+/// Attack on the host's disk: with its gateway gone (killed), the same flood makes the agent log
+/// one warning per connection on the host. `agent.log` stays under `log_max_bytes` (64 KiB
+/// here), rotated to `agent.log.1`, whatever the conversation makes it write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flood_of_refused_connects_is_a_few_counted_rows_and_host_logs_stay_capped() {
+    const N: usize = 4000;
+    const CAP: u64 = 64 * 1024;
+    let dns = dns(HashMap::new()).await;
+    let data = Arc::new(Data::with_config(
+        dns.addr,
+        &format!("log_max_bytes = {CAP}\n"),
+        "log_max_rows = 10\n",
+    ));
+    let (flood, calm) = ("flood", "calm");
+    data.ok(&["policy", "set", "-c", flood, "--allow", "allowed.test"]);
+    for c in [flood, calm] {
+        assert_eq!(data.sh(c, "true").await.0, 0);
+    }
+    let mut before = Vec::new();
+    for _ in 0..5 {
+        let t = std::time::Instant::now();
+        assert_eq!(data.sh(calm, "true").await.0, 0);
+        before.push(t.elapsed());
+    }
+    let bytes_before = db_bytes(&data);
+
+    let started = std::time::Instant::now();
+    let attack = {
+        let data = data.clone();
+        tokio::spawn(async move { data.sh(flood, &connect_flood(N)).await })
+    };
+    let mut during = Vec::new();
+    while !attack.is_finished() {
+        let t = std::time::Instant::now();
+        let (code, out) = data.sh(calm, "true").await;
+        assert_eq!(code, 0, "{out}");
+        during.push(t.elapsed());
+    }
+    let (code, out) = attack.await.unwrap();
+    let flood_secs = started.elapsed().as_secs_f64();
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        out.trim(),
+        format!("[('403', {N})]"),
+        "every CONNECT refused"
+    );
+
+    let entries = data.verdicts_until(flood, N as u64);
+    let total: u64 = entries.iter().map(|e| e["count"].as_u64().unwrap()).sum();
+    assert_eq!(
+        total, N as u64,
+        "the counts add up to every refused CONNECT"
+    );
+    assert!(entries.iter().all(|e| e["verdict"] == "denied"));
+    // Per window (at least a second apart): at most 20 itemized rows and one overflow row; the
+    // repeated name is one row per window.
+    let rows = entries.len() as f64;
+    let bound = (flood_secs.ceil() + 2.0) * 21.0;
+    assert!(
+        rows <= bound,
+        "{rows} rows for {N} CONNECTs in {flood_secs:.1} s"
+    );
+    // The repeated name: one row per window at most.
+    let repeated = entries
+        .iter()
+        .filter(|e| e["target"] == "denied.test:443")
+        .count() as f64;
+    assert!(
+        repeated <= flood_secs.ceil() + 2.0,
+        "{repeated} rows for one name"
+    );
+    let bytes_after = db_bytes(&data);
+    during.sort();
+    before.sort();
+    let ms = |d: &std::time::Duration| d.as_millis();
+    eprintln!(
+        "flood: {N} refused CONNECTs in {flood_secs:.1} s -> {rows} rows ({:.1} per 1000), store \
+         grew {} bytes ({:.0} per 1000); second conversation's exec before p50 {} ms, during p50 \
+         {} ms max {} ms ({} execs)",
+        rows * 1000.0 / N as f64,
+        bytes_after.saturating_sub(bytes_before),
+        bytes_after.saturating_sub(bytes_before) as f64 * 1000.0 / N as f64,
+        ms(&before[before.len() / 2]),
+        ms(&during[during.len() / 2]),
+        ms(during.last().unwrap()),
+        during.len()
+    );
+    assert!(!during.is_empty());
+    assert!(
+        *during.last().unwrap() < std::time::Duration::from_secs(2),
+        "the second conversation's exec took {:?} during the flood",
+        during.last().unwrap()
+    );
+
+    // A normal stop loses nothing: a burst, then SIGTERM to the gateway at once; once it is
+    // gone, the log (read once, no waiting) counts every CONNECT of the burst too.
+    let key = sessionbox_core::ConversationKey::derive(
+        &sessionbox_core::TenantId::new(sessionbox_core::TenantId::DEFAULT).unwrap(),
+        &sessionbox_core::ConversationId::new(flood).unwrap(),
+    );
+    let run = data.path.join("run").join(key.as_str());
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("sandbox.json")).unwrap()).unwrap();
+    let gateway = record["gateway_pid"].as_i64().unwrap();
+    let (code, out) = data.sh(flood, &connect_flood(200)).await;
+    assert_eq!((code, out.trim()), (0, "[('403', 200)]"));
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &gateway.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    while data.gateways() > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let log = data.ok(&["egress-log", "-c", flood, "--json", "--limit", "1000000"]);
+    let entries: Vec<serde_json::Value> = serde_json::from_str(&log).unwrap();
+    let total: u64 = entries.iter().map(|e| e["count"].as_u64().unwrap()).sum();
+    assert_eq!(
+        total,
+        N as u64 + 200,
+        "verdicts lost when the gateway stopped"
+    );
+
+    // The agent's host log: with the gateway gone (the open after a stopped gateway may start
+    // another: that one is killed), flood again; every connection is a warning.
+    assert_eq!(data.sh(flood, "true").await.0, 0);
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("sandbox.json")).unwrap()).unwrap();
+    if let Some(pid) = record["gateway_pid"]
+        .as_i64()
+        .filter(|_| data.gateways() > 0)
+    {
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+    while data.gateways() > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let (code, out) = data.sh(flood, &connect_flood(N)).await;
+    assert_eq!((code, out.trim()), (0, format!("[('none', {N})]").as_str()));
+    // The relay writes what the agent wrote; give it a moment.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let log = std::fs::read_to_string(run.join("agent.log")).unwrap();
+    let old = std::fs::read_to_string(run.join("agent.log.1")).unwrap();
+    eprintln!(
+        "agent log: {} + {} bytes on the host after {N} warnings (cap {CAP})",
+        log.len(),
+        old.len()
+    );
+    assert!(log.len() as u64 <= CAP && old.len() as u64 <= CAP);
+    assert!(old.contains("the egress gateway is unreachable"), "{old}");
+    assert!(old.len() as u64 > CAP / 2, "rotated when full, not before");
+
+    // gc cuts the tenant's log to its cap (10 rows), the newest kept; destroy removes the rest.
+    let gc = data.ok(&["gc", "--json"]);
+    let report: serde_json::Value = serde_json::from_str(&gc).unwrap();
+    assert!(
+        report["logs_pruned"]["egress_over_cap"].as_u64().unwrap() > 0,
+        "{gc}"
+    );
+    let left = data.ok(&["egress-log", "--json", "--limit", "1000000"]);
+    let left: Vec<serde_json::Value> = serde_json::from_str(&left).unwrap();
+    assert!(left.len() <= 10 && !left.is_empty(), "{} rows", left.len());
+    data.ok(&["destroy", "-c", flood]);
+    let gone = data.ok(&["egress-log", "--json"]);
+    assert_eq!(gone.trim(), "[]");
 }

@@ -72,6 +72,10 @@ pub struct IsolatedConfig {
     /// [`DiskQuota`]), applied when running as root; `None`: no quota, workspaces share the
     /// data directory's file system (only the per-file size limit holds).
     pub disk: Option<DiskQuota>,
+    /// Bytes at which the host's `agent.log` and `egress.log` of a conversation are rotated
+    /// to `.1` (one kept) by their [`log_relay`](crate::log_relay): each takes at most twice
+    /// this on the host. At least [`log_relay::MIN_MAX_BYTES`](crate::log_relay::MIN_MAX_BYTES).
+    pub log_max_bytes: u64,
 }
 
 impl IsolatedConfig {
@@ -81,6 +85,9 @@ impl IsolatedConfig {
     pub const DEFAULT_UID_COUNT: u32 = 65_536;
     /// How long an agent waits for a request before it stops, by default.
     pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+    /// Bytes at which a conversation's host logs are rotated, by default (`[isolated]
+    /// log_max_bytes`): 8 MiB.
+    pub const DEFAULT_LOG_MAX_BYTES: u64 = 8 * 1024 * 1024;
     /// The arguments that make the `sessionbox` executable the agent.
     pub const DEFAULT_AGENT_ARGS: &'static [&'static str] = &["agent"];
 
@@ -113,6 +120,7 @@ impl IsolatedConfig {
                 .collect(),
             uids: Self::uid_range(None, None),
             disk: Some(DiskQuota::default()),
+            log_max_bytes: Self::DEFAULT_LOG_MAX_BYTES,
         }
     }
 

@@ -24,6 +24,7 @@ use super::{
     AGENT_EXE, EGRESS_DIR, EGRESS_PROXY, IsolatedRuntime, SandboxInfo, WORKSPACE, blocking,
 };
 use crate::host::create_private_dir_all;
+use crate::log_relay;
 
 /// A sandbox launched less than this long ago is starting, not hung: it is given time to answer
 /// rather than replaced.
@@ -229,15 +230,16 @@ impl IsolatedRuntime {
                 .into_iter()
                 .map(|a| a.to_string_lossy().into_owned()),
         );
-        let log = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(run.join("agent.log"))
-            .map_err(|e| Error::Backend(format!("cannot open the agent log: {e}")))?;
+        // The agent's stderr goes through a relay that rotates `agent.log` at its cap.
+        let log = log_relay::spawn(
+            &self.config.exe,
+            &run.join("agent.log"),
+            self.config.log_max_bytes,
+        )?;
         let stdio = SandboxStdio {
             stdin: Stdio::null(),
             stdout: Stdio::null(),
-            stderr: Stdio::from(log),
+            stderr: log,
             passed_fd: Some(OwnedFd::from(listener)),
         };
         Ok(Launch {
@@ -262,7 +264,11 @@ impl IsolatedRuntime {
                     listener,
                     key,
                     handle.monitor_pid(),
-                    run,
+                    log_relay::spawn(
+                        &self.config.exe,
+                        &run.join("egress.log"),
+                        self.config.log_max_bytes,
+                    )?,
                     &handle.cgroup_paths(),
                 ) {
                     Ok(pid) => Some(pid),
@@ -418,7 +424,8 @@ fn cgroup_join_file(dir: &Path) -> std::ffi::CString {
 
 /// Starts the conversation's gateway outside the sandbox's namespaces, in a session of its
 /// own, with the listening socket as descriptor 3; it exits when the sandbox's monitor does.
-/// Its stderr goes to `run/<key>/egress.log`.
+/// Its stderr goes to `log`: the [`log_relay`] of `run/<key>/egress.log`, which rotates it at
+/// its cap.
 ///
 /// It runs in the sandbox's own `cgroups` (joined before it executes, so everything it ever
 /// allocates is charged there): its memory counts against the sandbox's `memory_bytes`, its
@@ -433,7 +440,7 @@ fn spawn_gateway(
     listener: UnixListener,
     key: &ConversationKey,
     monitor_pid: u32,
-    run: &Path,
+    log: Stdio,
     cgroups: &[PathBuf],
 ) -> Result<u32> {
     use std::os::fd::AsRawFd;
@@ -448,11 +455,6 @@ fn spawn_gateway(
     let fd = rustix::io::fcntl_dupfd_cloexec(&listener, 10)
         .map_err(|e| Error::Backend(format!("cannot pass the egress socket: {e}")))?;
     let raw = fd.as_raw_fd();
-    let log = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(run.join("egress.log"))
-        .map_err(|e| Error::Backend(format!("cannot open the egress log: {e}")))?;
     let gateway = GatewayArgs::conversation(3, key.as_str(), i32::try_from(monitor_pid).ok());
     let mut cmd = std::process::Command::new(exe);
     cmd.args(args)
@@ -464,7 +466,7 @@ fn spawn_gateway(
         )
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::from(log));
+        .stderr(log);
     cmd.envs(env.iter().map(|(k, v)| (k, v)));
     // SAFETY: runs in the forked child before exec: only async-signal-safe calls (setsid,
     // dup2, open, write, close) on integers and on C strings built before the fork, read

@@ -13,7 +13,8 @@
 //!   With a disk quota (the default as root) it is the mount point of the conversation's own
 //!   ext4 volume `disks/<key>.img`, whose size and inode count are the quota (see `disk`).
 //! - `run/<key>/`: 0700, root's: `lock`, `agent.sock`, `sandbox.json` (cgroups, pids),
-//!   `agent.log` (the agent's stderr).
+//!   `agent.log` (the agent's stderr, rotated to `agent.log.1` at `log_max_bytes` by a
+//!   [`log_relay`](crate::log_relay)), `egress.log` likewise for the gateway.
 //!
 //! What the runtime needs to know about a recorded conversation (its host uid, idle timeout,
 //! skills and network policy) it asks the [`Directory`] it is given, from async code before it

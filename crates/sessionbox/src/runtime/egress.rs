@@ -1,38 +1,94 @@
 //! The network side of the runtimes: the store-backed [`Control`] an egress gateway runs with,
 //! the `isolated` runtime's egress wiring, and what a remote runtime's proxy tokens need.
 
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Context;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use sessionbox_core::{ConversationKey, ConversationRef};
 use sessionbox_egress::token::TokenKey;
-use sessionbox_egress::{Control, LogEntry, Policy};
+use sessionbox_egress::{Aggregator, AggregatorConfig, Control, LogEntry, Policy, VerdictRow};
 use sessionbox_local::isolated::EgressWiring;
 use sessionbox_manager::decode_policy;
 use sessionbox_store::Store;
 
-/// The store behind a gateway: the policy in force, read per request, and the verdict log.
+/// The store behind a gateway: the policy in force, read per request, and the verdict log,
+/// written through an [`Aggregator`] (a flood of one verdict is one row with a count, at most
+/// `max_rows` itemized rows per conversation per second, one transaction per window).
 #[derive(Debug)]
 pub struct StoreControl {
     /// The store the policies are read from and the verdicts written to.
     pub store: Store,
+    verdicts: Aggregator,
+}
+
+/// The conversation `key` names, if it is recorded.
+fn conversation(store: &Store, key: &str) -> Result<Option<ConversationRef>, String> {
+    let key = ConversationKey::parse(key).map_err(|e| e.to_string())?;
+    let Some(rec) = store.get(&key).map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    Ok(Some(ConversationRef::new(rec.tenant, rec.conversation_id)))
+}
+
+/// Writes one window of verdicts in one transaction. Verdicts of a conversation that is no
+/// longer recorded (destroyed meanwhile) are dropped: destroy removed its log.
+fn write_rows(store: &Store, rows: Vec<VerdictRow>) {
+    let mut tenants: HashMap<String, Option<ConversationRef>> = HashMap::new();
+    let mut entries = Vec::with_capacity(rows.len());
+    for row in rows {
+        let conv = tenants
+            .entry(row.entry.conversation.clone())
+            .or_insert_with(|| conversation(store, &row.entry.conversation).ok().flatten());
+        let Some(conv) = conv else {
+            continue;
+        };
+        let e = row.entry;
+        entries.push(sessionbox_store::EgressLogEntry {
+            at: DateTime::<Utc>::from(row.first),
+            tenant: conv.tenant.clone(),
+            conversation_key: conv.key.clone(),
+            allowed: e.allowed,
+            method: e.method,
+            target: e.target,
+            address: e.address,
+            rule: e.rule,
+            bytes_up: e.bytes_up,
+            bytes_down: e.bytes_down,
+            duration_ms: e.duration_ms,
+            end: e.end,
+            count: row.count,
+        });
+    }
+    if let Err(err) = store.log_egress_many(&entries) {
+        tracing::error!(rows = entries.len(), "cannot log egress verdicts: {err}");
+    }
 }
 
 impl StoreControl {
-    fn conversation(&self, key: &str) -> Result<Option<ConversationRef>, String> {
-        let key = ConversationKey::parse(key).map_err(|e| e.to_string())?;
-        let Some(rec) = self.store.get(&key).map_err(|e| e.to_string())? else {
-            return Ok(None);
-        };
-        Ok(Some(ConversationRef::new(rec.tenant, rec.conversation_id)))
+    /// The control over `store`, its verdicts aggregated as `config` says. Starts the
+    /// aggregator's writer on the current Tokio runtime.
+    pub fn new(store: Store, config: AggregatorConfig) -> StoreControl {
+        let s = store.clone();
+        let verdicts = Aggregator::start(
+            config,
+            Arc::new(move |rows: Vec<VerdictRow>| write_rows(&s, rows)),
+        );
+        StoreControl { store, verdicts }
+    }
+
+    /// Writes the verdicts not written yet, and waits for them (the gateway is stopping).
+    pub async fn flush(&self) {
+        self.verdicts.close().await;
     }
 }
 
 impl Control for StoreControl {
-    fn policy(&self, conversation: &str) -> Result<Policy, String> {
-        match self.conversation(conversation)? {
+    fn policy(&self, key: &str) -> Result<Policy, String> {
+        match conversation(&self.store, key)? {
             // A conversation that no longer exists has no network.
             None => Ok(Policy::None),
             Some(conv) => decode_policy(
@@ -46,27 +102,7 @@ impl Control for StoreControl {
     }
 
     fn record(&self, e: LogEntry) {
-        let Ok(Some(conv)) = self.conversation(&e.conversation) else {
-            tracing::warn!("egress verdict for an unknown conversation: {}", e.target);
-            return;
-        };
-        let entry = sessionbox_store::EgressLogEntry {
-            at: Utc::now(),
-            tenant: conv.tenant,
-            conversation_key: conv.key,
-            allowed: e.allowed,
-            method: e.method,
-            target: e.target,
-            address: e.address,
-            rule: e.rule,
-            bytes_up: e.bytes_up,
-            bytes_down: e.bytes_down,
-            duration_ms: e.duration_ms,
-            end: e.end,
-        };
-        if let Err(err) = self.store.log_egress(&entry) {
-            tracing::error!("cannot log an egress verdict: {err}");
-        }
+        self.verdicts.add(e);
     }
 }
 
