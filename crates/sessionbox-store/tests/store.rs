@@ -940,8 +940,9 @@ fn a_backup_taken_while_another_connection_writes_restores_every_committed_recor
     }
     // A writer on its own connection keeps committing while the backup runs.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let committed = Arc::new(std::sync::atomic::AtomicI64::new(0));
     let writer = {
-        let (path, stop) = (path.clone(), stop.clone());
+        let (path, stop, committed) = (path.clone(), stop.clone(), committed.clone());
         thread::spawn(move || {
             let w = Store::open(&path).unwrap();
             let mut n = 0;
@@ -949,11 +950,16 @@ fn a_backup_taken_while_another_connection_writes_restores_every_committed_recor
                 w.get_or_create(&conv("acme", &format!("w{n}")), "host", t(n))
                     .unwrap();
                 n += 1;
+                committed.store(n, std::sync::atomic::Ordering::SeqCst);
             }
             n
         })
     };
-    thread::sleep(Duration::from_millis(50));
+    // The backup starts once the writer is committing (on a loaded machine its first commit
+    // can take longer than any fixed pause).
+    while committed.load(std::sync::atomic::Ordering::SeqCst) < 1 {
+        thread::sleep(Duration::from_millis(5));
+    }
     let backup = dir.path().join("backup.db");
     store.backup(&backup).unwrap();
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
