@@ -57,6 +57,10 @@ pub(crate) async fn run(
     }
     outln!();
     print_limits(&report);
+    // A section of its own: the delegation steps above end at a blank line (scripts/test
+    // reads them up to it).
+    outln!();
+    outln!("what one conversation may take of the host (isolated runtime):");
     if report.mapping == UidMapping::PerConversation {
         print_uids(file, data_dir);
     }
