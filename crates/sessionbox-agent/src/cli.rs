@@ -144,10 +144,22 @@ pub fn run_cli(args: impl IntoIterator<Item = OsString>) -> ExitCode {
                 && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
         )
         .try_init();
+    let confinement = crate::confine::Confinement {
+        user: cli.args.user,
+        writable: cli.args.writable.clone(),
+    };
     let config = match cli.into_config() {
         Ok(c) => c,
         Err(e) => return fail(&e),
     };
+    // Still one thread: the confinement's system calls act on the calling thread only, and
+    // every thread and command started from here inherits them.
+    if confinement.user.is_some() || !confinement.writable.is_empty() {
+        match crate::confine::apply(&confinement) {
+            Ok(line) => tracing::info!("confined: {line}"),
+            Err(e) => return fail(&e),
+        }
+    }
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(

@@ -45,7 +45,9 @@
 mod background;
 mod cli;
 mod commands;
+mod confine;
 mod egress_relay;
+pub mod egress_sidecar;
 mod files;
 mod framing;
 mod fs_ext;

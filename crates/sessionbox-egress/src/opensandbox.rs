@@ -4,19 +4,22 @@
 //! Two ways to use it, in order of preference:
 //!
 //! 1. **Only the gateway** ([`gateway_only`]): `defaultAction: deny` and one `allow` rule for the
-//!    gateway's host name. The sandbox gets `HTTPS_PROXY=http://sessionbox:TOKEN@GATEWAY:PORT`
+//!    gateway, `HOST:PORT` (sessionbox's own sidecar enforces the address and that port alone;
+//!    upstream's, which matches bare names, matches nothing and so fails closed). The sandbox gets `HTTPS_PROXY=http://sessionbox:TOKEN@GATEWAY:PORT`
 //!    with a short-lived token ([`crate::token`]), and every decision (names before DNS, every
 //!    answer, the permanently blocked set, CIDRs, ports, the log) is the gateway's.
 //! 2. **Direct mapping** ([`direct`]): the policy's domain rules as sidecar rules (deny rules
 //!    first: the sidecar evaluates in order). What the sidecar cannot express is returned in
 //!    [`Mapping::not_expressible`] so the caller can refuse or warn.
 //!
-//! The limit, stated plainly: the sidecar's `networkPolicy` targets are FQDNs and `*.` wildcards
-//! only (IP/CIDR "not yet supported"), it has no ports, and in its default `dns` enforcement mode
-//! it filters DNS answers, not connections: a program that connects to an IP literal is not
-//! stopped unless the sidecar runs in `dns+nft` mode. The gateway's own host must therefore be a
-//! name. Its sidecar image is not available here, so this mapping is tested for shape only, not
-//! against a live sidecar.
+//! The limit of upstream's own sidecar, stated plainly: its `networkPolicy` targets are FQDNs and
+//! `*.` wildcards only (IP/CIDR "not yet supported"), it has no ports, and in its default `dns`
+//! enforcement mode it filters DNS answers, not connections: a program that connects to an IP
+//! literal is not stopped unless it runs in `dns+nft` mode. sessionbox builds its own sidecar
+//! (`sessionbox-agent egress-sidecar`, image `sessionbox/egress:local` from
+//! `scripts/opensandbox-up`), which installs an nftables table in the sandbox's network
+//! namespace before the sandbox starts: addresses, CIDR blocks and names resolved at start, the
+//! gateway's port only, IPv4 and IPv6, default deny. It is tested against the real server.
 
 use serde_json::{Value, json};
 
@@ -37,13 +40,14 @@ pub fn deny_all() -> Value {
     json!({"defaultAction": "deny", "egress": []})
 }
 
-/// Deny everything but the gateway at `gateway_host` (a host name: the sidecar matches names
-/// only). `Policy::None` gives deny-all with no rule.
+/// Deny everything but the gateway at `gateway` (`HOST:PORT`, IPv6 in brackets), as one rule
+/// whose target is that address (the server accepts any target text; sessionbox's sidecar
+/// reads the port as a restriction to it). `Policy::None` gives deny-all with no rule.
 ///
 /// # Errors
-/// When `gateway_host` is not a bare host name.
-pub fn gateway_only(policy: &Policy, gateway_host: &str) -> Result<Value, crate::PolicyError> {
-    let host = crate::policy::normalize_domain(gateway_host)?;
+/// When `gateway` is not `HOST:PORT`.
+pub fn gateway_only(policy: &Policy, gateway: &str) -> Result<Value, crate::PolicyError> {
+    let host = crate::target::parse_authority(gateway)?.to_string();
     Ok(match policy {
         Policy::None => deny_all(),
         Policy::Allowlist { .. } => json!({
@@ -89,19 +93,26 @@ mod tests {
     fn gateway_only_allows_just_the_gateway() {
         let p = Policy::allowlist(&["*.pypi.org"], &[]).unwrap();
         assert_eq!(
-            gateway_only(&p, "egress.internal.example").unwrap(),
-            json!({"defaultAction": "deny", "egress": [{"action": "allow", "target": "egress.internal.example"}]})
+            gateway_only(&p, "egress.internal.example:3128").unwrap(),
+            json!({"defaultAction": "deny", "egress": [{"action": "allow", "target": "egress.internal.example:3128"}]})
         );
         assert_eq!(
-            gateway_only(&Policy::None, "egress.internal.example").unwrap(),
+            gateway_only(&Policy::None, "egress.internal.example:3128").unwrap(),
             deny_all()
         );
         assert_eq!(deny_all()["egress"], json!([]));
         assert_eq!(deny_all()["defaultAction"], "deny");
-        assert!(
-            gateway_only(&p, "10.0.0.1").is_err(),
-            "the sidecar matches names only"
+        assert_eq!(
+            gateway_only(&p, "10.0.0.1:3128").unwrap()["egress"][0]["target"],
+            "10.0.0.1:3128",
+            "sessionbox's sidecar enforces addresses and ports"
         );
+        assert_eq!(
+            gateway_only(&p, "[2001:db8::1]:3128").unwrap()["egress"][0]["target"],
+            "[2001:db8::1]:3128"
+        );
+        assert!(gateway_only(&p, "not a host").is_err());
+        assert!(gateway_only(&p, "10.0.0.1").is_err(), "the port is needed");
     }
 
     #[test]

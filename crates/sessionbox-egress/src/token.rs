@@ -205,6 +205,20 @@ impl GatewayAccess {
         .to_string()
     }
 
+    /// The gateway's host as a `networkPolicy` target names it: the name, or the address
+    /// without brackets.
+    pub fn host(&self) -> String {
+        match &self.host {
+            crate::target::Host::Name(n) => n.clone(),
+            crate::target::Host::Ip(ip) => ip.to_string(),
+        }
+    }
+
+    /// The gateway's TCP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// The gateway's host name; `None` for an address.
     pub fn host_name(&self) -> Option<&str> {
         match &self.host {

@@ -71,6 +71,18 @@ pub struct AgentArgs {
     /// The egress gateway's Unix socket (see --egress-listen).
     #[arg(long, value_name = "PATH", requires = "egress_listen")]
     pub egress_socket: Option<PathBuf>,
+    /// Started as root, become this user before serving (`UID:GID`, both numbers, neither 0):
+    /// no supplementary groups, every capability dropped (the bounding set too) and
+    /// `no_new_privs` set, so the agent and every command it runs hold no privilege. For a
+    /// container whose runtime starts the agent as root (OpenSandbox's bootstrap).
+    #[arg(long, value_name = "UID:GID", value_parser = parse_user)]
+    pub user: Option<(u32, u32)>,
+    /// With at least one: before serving, the agent confines itself and every command it runs
+    /// with Landlock to reading and executing anywhere but writing only beneath these
+    /// directories (and to the usual character devices and terminals in `/dev`). A kernel
+    /// without Landlock makes the agent exit rather than serve unconfined.
+    #[arg(long, value_name = "DIR")]
+    pub writable: Vec<PathBuf>,
 }
 
 impl Default for AgentArgs {
@@ -85,6 +97,8 @@ impl Default for AgentArgs {
             limits: None,
             egress_listen: None,
             egress_socket: None,
+            user: None,
+            writable: Vec::new(),
         }
     }
 }
@@ -121,11 +135,33 @@ impl AgentArgs {
         if let Some(path) = &self.egress_socket {
             opt("--egress-socket", path.clone().into());
         }
+        if let Some((uid, gid)) = self.user {
+            opt("--user", format!("{uid}:{gid}").into());
+        }
+        for dir in &self.writable {
+            opt("--writable", dir.clone().into());
+        }
         if self.insecure_no_token {
             argv.push("--insecure-no-token".into());
         }
         argv
     }
+}
+
+/// `UID:GID`, two decimal numbers, neither 0 (the point is to stop being root).
+fn parse_user(s: &str) -> Result<(u32, u32), String> {
+    let (u, g) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?}: expected UID:GID, e.g. 1000:1000"))?;
+    let num = |x: &str| {
+        x.parse::<u32>()
+            .map_err(|_| format!("{s:?}: {x:?} is not a number (expected UID:GID, e.g. 1000:1000)"))
+    };
+    let (uid, gid) = (num(u)?, num(g)?);
+    if uid == 0 || gid == 0 {
+        return Err(format!("{s:?}: the user and group must not be root (0)"));
+    }
+    Ok((uid, gid))
 }
 
 fn parse_limits(json: &str) -> Result<Limits, String> {
@@ -163,8 +199,16 @@ mod tests {
             }),
             egress_listen: Some("127.0.0.1:3128".parse().unwrap()),
             egress_socket: Some("/.sessionbox/egress/gateway.sock".into()),
+            user: Some((1000, 1001)),
+            writable: vec!["/workspace".into(), "/tmp".into()],
         };
         assert_eq!(parse(full.to_argv()).unwrap(), full);
+        for bad in ["0:0", "1000:0", "0:1000", "1000", "a:b", "1000:"] {
+            assert!(
+                parse(vec!["--user".into(), bad.into()]).is_err(),
+                "--user {bad} was accepted"
+            );
+        }
         let tcp = AgentArgs {
             listen: "tcp:127.0.0.1:0".into(),
             root: "/w".into(),

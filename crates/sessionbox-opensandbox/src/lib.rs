@@ -43,4 +43,6 @@ pub use lifecycle::{
     OpenSandboxClient, Sandbox, SandboxState, SandboxStatus,
 };
 pub use metadata::{MAX_VALUE_LEN, Metadata, is_valid_key, is_valid_value};
-pub use runtime::{EgressOptions, GatewayAccess, OpenSandboxConfig, OpenSandboxRuntime};
+pub use runtime::{
+    EgressOptions, GatewayAccess, LABEL_NETWORK, OpenSandboxConfig, OpenSandboxRuntime,
+};

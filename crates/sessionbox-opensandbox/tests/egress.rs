@@ -12,9 +12,7 @@ use common::*;
 use sessionbox_core::{ExecRequest, Runtime, Session};
 use sessionbox_egress::Policy;
 use sessionbox_egress::token::TokenKey;
-use sessionbox_opensandbox::{
-    CreateSandbox, GatewayAccess, ListFilter, Metadata, OpenSandboxError, OpenSandboxRuntime,
-};
+use sessionbox_opensandbox::GatewayAccess;
 use sessionbox_store::{PolicyScope, Store};
 
 async fn sh(s: &dyn Session, request: ExecRequest) -> String {
@@ -40,93 +38,83 @@ fn set_policy(store: &Store, conv: &sessionbox_core::ConversationRef, p: &Policy
         .unwrap();
 }
 
-/// The exact answer of this server (no egress sidecar image configured, as
-/// scripts/opensandbox-up sets it up) to a create that carries a `networkPolicy`, whatever the
-/// policy; and the typed error the runtime turns it into, with nothing left behind.
+/// The server as scripts/opensandbox-up sets it up runs sessionbox's egress sidecar for a
+/// sandbox created with a `networkPolicy`. A conversation under `none` (the default profile)
+/// with `network_policy` on gets a deny-all policy, labelled `none`: a command reaches nothing,
+/// not a listener on the Docker bridge this test starts (which sees no connection), not a
+/// public address; the sandbox's own agent still answers (its port is published through the
+/// sidecar). Destroying the conversation removes the sidecar too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_server_without_the_egress_sidecar_refuses_a_network_policy_and_the_runtime_says_what_to_do()
- {
+async fn under_none_a_sandbox_with_the_sidecar_reaches_nothing() {
     let Some((domain, key)) = server() else {
         return;
     };
-    let name = instance("netpol");
-    let client = client(&domain, key.clone());
-    let mut metadata = Metadata::new();
-    metadata.insert("sessionbox.instance", &name).unwrap();
-    let allowlist = Policy::allowlist(&["*.pypi.org:443"], &[]).unwrap();
-    for policy in [
-        sessionbox_egress::opensandbox::gateway_only(&allowlist, "egress.sessionbox.test").unwrap(),
-        sessionbox_egress::opensandbox::deny_all(),
-    ] {
-        let mut req = CreateSandbox::new(
-            "sessionbox/sandbox:local",
-            vec!["tail".into(), "-f".into(), "/dev/null".into()],
-        );
-        req.timeout = Some(Duration::from_secs(120));
-        req.metadata = metadata.clone();
-        req.resource_limits.insert("cpu".into(), "1".into());
-        req.resource_limits.insert("memory".into(), "256Mi".into());
-        req.network_policy = Some(policy.clone());
-        match client.create(&req).await {
-            Err(OpenSandboxError::NetworkPolicyUnsupported {
-                status,
-                code,
-                message,
-            }) => {
-                assert_eq!(status, 400, "{policy}");
-                assert_eq!(code, "SANDBOX::INVALID_PARAMETER");
-                assert_eq!(
-                    message,
-                    "egress.image must be configured when networkPolicy is provided."
-                );
-            }
-            other => panic!("{policy}: {other:?}"),
-        }
-    }
-    let filter = ListFilter {
-        metadata,
-        states: Vec::new(),
-    };
-    assert!(client.list(&filter).await.unwrap().is_empty());
-
-    // The runtime with the option on: a typed error naming the way out, no sandbox, no record.
-    let (rt, store) = runtime_with(&domain, key.clone(), "netpol-rt", |c| {
+    let bridge = bridge_address();
+    let listener = std::net::TcpListener::bind((bridge, 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    let (rt, _store) = runtime_with(&domain, key, "netpol-none", |c| {
         c.egress.network_policy = true;
-        c.egress.gateway = Some(
-            GatewayAccess::new("egress.sessionbox.test:3128", TokenKey::from_bytes([9; 32]))
-                .unwrap(),
-        );
     });
-    let conv = conv("netpol");
-    set_policy(&store, &conv, &allowlist);
-    let e = match rt.open(&conv).await {
-        Err(e) => e,
-        Ok(_) => panic!("a sandbox opened without the network policy it needs"),
-    };
-    assert_eq!(e.code(), "runtime_unavailable", "{e}");
-    let text = e.to_string();
-    for says in [
-        "egress.image must be configured when networkPolicy is provided.",
-        "network_policy setting",
-        "egress sidecar image",
-    ] {
-        assert!(text.contains(says), "{says}: {text}");
-    }
-    assert!(rt.sandbox_id(&conv.key).await.unwrap().is_none());
-    assert_nothing_left(&rt).await;
-
-    // The sidecar matches names only: an address for the gateway is refused up front.
-    let mut config = sessionbox_opensandbox::OpenSandboxConfig::new(
-        client_config(&domain, key),
-        instance("netpol-ip"),
+    let conv = conv("netpol-none");
+    let s = rt.open(&conv).await.unwrap();
+    let id = rt.sandbox_id(&conv.key).await.unwrap().unwrap();
+    let sandbox = rt.client().get(&id).await.unwrap();
+    assert_eq!(
+        sandbox
+            .metadata
+            .get(sessionbox_opensandbox::LABEL_NETWORK)
+            .map(String::as_str),
+        Some("none")
     );
-    config.egress.network_policy = true;
-    config.egress.gateway =
-        Some(GatewayAccess::new("172.17.0.1:3128", TokenKey::from_bytes([9; 32])).unwrap());
-    let e =
-        OpenSandboxRuntime::new(config, directory(Store::open_in_memory().unwrap())).unwrap_err();
-    assert_eq!(e.code(), "invalid_request");
-    assert!(e.to_string().contains("host name"), "{e}");
+    let out = sh(
+        &*s,
+        ExecRequest::new(format!(
+            "nc -w 3 {bridge} {port} </dev/null; echo bridge=$?; \
+             nc -w 3 1.1.1.1 443 </dev/null; echo public=$?; echo alive"
+        )),
+    )
+    .await;
+    assert!(
+        out.contains("bridge=1") && out.contains("public=1") && out.ends_with("alive\n"),
+        "{out}"
+    );
+    assert!(
+        listener.accept().is_err(),
+        "the bridge listener saw a connection"
+    );
+    drop(s);
+    rt.destroy(&conv.key).await.unwrap();
+    assert_nothing_left(&rt).await;
+    let sidecars = std::process::Command::new("docker")
+        .args([
+            "ps",
+            "-a",
+            "-q",
+            "--filter",
+            &format!("name=sandbox-egress-{id}"),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&sidecars.stdout).trim().is_empty(),
+        "the sidecar outlived its sandbox"
+    );
+}
+
+/// The Docker bridge's address on this host (`docker0`), which containers reach.
+fn bridge_address() -> std::net::Ipv4Addr {
+    let out = std::process::Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "docker0"])
+        .output()
+        .expect("run ip");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)
+        .and_then(|a| a.split('/').next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no docker0 address (is dockerd running?): {text}"))
 }
 
 /// With a gateway, each command of an allowlisted conversation gets the proxy variables with

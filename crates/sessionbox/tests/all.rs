@@ -25,6 +25,7 @@ mod cli;
 mod cli_containment;
 mod cli_manners;
 mod egress;
+mod egress_sidecar;
 mod isolated_gc;
 mod isolated_lifecycle;
 mod mcp_stdio;

@@ -31,14 +31,14 @@ fn ip(args: &[&str]) {
 }
 
 /// A network namespace joined to this one by a veth pair (a /30 of 10.212.0.0/16).
-struct TestNet {
+pub(crate) struct TestNet {
     name: String,
-    peer: Ipv4Addr,
+    pub(crate) peer: Ipv4Addr,
     cidr: String,
 }
 
 impl TestNet {
-    fn new(n: usize) -> TestNet {
+    pub(crate) fn new(n: usize) -> TestNet {
         let pid = std::process::id();
         let v = ((pid as usize) * 8 + n) % 16384;
         let (a, b) = ((v >> 6) as u8, ((v & 63) << 2) as u8);
@@ -77,7 +77,7 @@ impl TestNet {
         net
     }
 
-    fn listen(&self) -> tokio::net::TcpListener {
+    pub(crate) fn listen(&self) -> tokio::net::TcpListener {
         let addr = SocketAddr::from((self.peer, 0));
         tokio::net::TcpListener::from_std(bind_in_netns(&self.name, addr)).unwrap()
     }
@@ -125,7 +125,7 @@ where
     });
 }
 
-fn http_on(l: tokio::net::TcpListener) -> Arc<AtomicUsize> {
+pub(crate) fn http_on(l: tokio::net::TcpListener) -> Arc<AtomicUsize> {
     let accepts = Arc::new(AtomicUsize::new(0));
     let a = accepts.clone();
     tokio::spawn(async move {
@@ -138,9 +138,9 @@ fn http_on(l: tokio::net::TcpListener) -> Arc<AtomicUsize> {
 
 /// A tiny DNS server on 127.0.0.1 (UDP): A questions for names in its table get their address,
 /// everything else an empty answer; every question is counted by name.
-struct Dns {
+pub(crate) struct Dns {
     addr: SocketAddr,
-    asked: Arc<Mutex<Vec<String>>>,
+    pub(crate) asked: Arc<Mutex<Vec<String>>>,
 }
 
 fn dns_name(msg: &[u8]) -> Option<(String, usize)> {
@@ -159,7 +159,12 @@ fn dns_name(msg: &[u8]) -> Option<(String, usize)> {
 }
 
 async fn dns(table: HashMap<String, Ipv4Addr>) -> Dns {
-    let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    dns_on(SocketAddr::from(([127, 0, 0, 1], 0)), table).await
+}
+
+/// [`dns`] on `addr`.
+pub(crate) async fn dns_on(addr: SocketAddr, table: HashMap<String, Ipv4Addr>) -> Dns {
+    let sock = tokio::net::UdpSocket::bind(addr).await.unwrap();
     let addr = sock.local_addr().unwrap();
     let asked = Arc::new(Mutex::new(Vec::new()));
     let a = asked.clone();
@@ -196,14 +201,14 @@ async fn dns(table: HashMap<String, Ipv4Addr>) -> Dns {
 }
 
 /// A data directory whose configuration gives this test its own uid range and DNS server.
-struct Data {
+pub(crate) struct Data {
     _dir: tempfile::TempDir,
-    path: PathBuf,
+    pub(crate) path: PathBuf,
     conversations: Mutex<Vec<String>>,
 }
 
 impl Data {
-    fn new(dns: SocketAddr) -> Data {
+    pub(crate) fn new(dns: SocketAddr) -> Data {
         Data::with_config(dns, "", "")
     }
 
@@ -228,7 +233,7 @@ impl Data {
         }
     }
 
-    fn cli(&self, args: &[&str]) -> Output {
+    pub(crate) fn cli(&self, args: &[&str]) -> Output {
         if let Some(i) = args.iter().position(|a| *a == "-c") {
             self.conversations
                 .lock()
@@ -246,7 +251,7 @@ impl Data {
             .unwrap()
     }
 
-    fn ok(&self, args: &[&str]) -> String {
+    pub(crate) fn ok(&self, args: &[&str]) -> String {
         let out = self.cli(args);
         assert!(
             out.status.success(),
@@ -278,7 +283,7 @@ impl Data {
     /// The conversation's verdicts (`egress-log --json`), read again for up to 10 s until
     /// their counts add up to at least `want`: the gateway writes its verdicts at most once a
     /// second per window.
-    fn verdicts_until(&self, conv: &str, want: u64) -> Vec<serde_json::Value> {
+    pub(crate) fn verdicts_until(&self, conv: &str, want: u64) -> Vec<serde_json::Value> {
         let started = std::time::Instant::now();
         loop {
             let log = self.ok(&["egress-log", "-c", conv, "--json", "--limit", "1000000"]);
@@ -825,7 +830,7 @@ async fn a_policy_set_over_rest_applies_to_the_next_connection_of_a_warm_convers
 }
 
 /// The address of the Docker bridge on this host, which containers reach.
-fn docker_bridge() -> Ipv4Addr {
+pub(crate) fn docker_bridge() -> Ipv4Addr {
     let out = Command::new("ip")
         .args(["-4", "-o", "addr", "show", "docker0"])
         .output()
@@ -841,7 +846,7 @@ fn docker_bridge() -> Ipv4Addr {
 
 /// The OpenSandbox server from the environment (scripts/opensandbox-up); `None` (skip) without
 /// one, except under CI, where these tests must run.
-fn opensandbox_server() -> bool {
+pub(crate) fn opensandbox_server() -> bool {
     let set = |k: &str| std::env::var(k).is_ok_and(|v| !v.is_empty());
     if set("OPEN_SANDBOX_DOMAIN") && set("OPEN_SANDBOX_API_KEY") {
         return true;
@@ -857,14 +862,14 @@ fn opensandbox_server() -> bool {
 }
 
 /// A `sessionbox egress-gateway --listen` process, killed when dropped; its stderr is kept.
-struct GatewayProcess {
+pub(crate) struct GatewayProcess {
     child: std::process::Child,
-    addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
     stderr: PathBuf,
 }
 
 impl GatewayProcess {
-    fn start(data: &Data, listen: SocketAddr) -> GatewayProcess {
+    pub(crate) fn start(data: &Data, listen: SocketAddr) -> GatewayProcess {
         use std::io::BufRead;
         let stderr = data.path.join("gateway.stderr");
         let mut child = Command::new(EXE)

@@ -99,10 +99,12 @@ pub const TOKEN_MARGIN: Duration = Duration::from_secs(60);
 #[derive(Debug, Clone, Default)]
 pub struct EgressOptions {
     /// Create each sandbox with a `networkPolicy` from the conversation's policy in force:
-    /// only the gateway's host for an allowlist (the gateway must then be named by a host
-    /// name: the sidecar matches names), nothing for `none` or without a gateway. Needs a
-    /// server with OpenSandbox's egress sidecar; one without it refuses the create, which
-    /// fails with [`Error::RuntimeUnavailable`].
+    /// only the gateway (its `HOST:PORT`) for an allowlist, nothing for
+    /// `none` or without a gateway. Needs a server with an egress sidecar image: sessionbox's
+    /// own (`sessionbox/egress:local`, built by `scripts/opensandbox-up`) enforces it on
+    /// connections; upstream's matches bare names only and so blocks the gateway too. A server
+    /// without a sidecar image refuses the create, which fails with
+    /// [`Error::RuntimeUnavailable`].
     pub network_policy: bool,
     /// The egress gateway: with it, commands of a conversation whose policy is an allowlist
     /// get the proxy variables with a fresh token.

@@ -29,16 +29,6 @@ impl OpenSandboxRuntime {
                 crate::lifecycle::MIN_TIMEOUT_SECS
             )));
         }
-        if let (true, Some(g)) = (config.egress.network_policy, &config.egress.gateway)
-            && g.host_name().is_none()
-        {
-            return Err(Error::InvalidRequest(format!(
-                "network_policy needs the egress gateway named by a host name, not the \
-                 address {}: OpenSandbox's egress sidecar matches names only; give the \
-                 gateway a name the sandboxes resolve, or turn off the network_policy setting",
-                g.address()
-            )));
-        }
         Ok(OpenSandboxRuntime {
             client,
             directory,
@@ -118,10 +108,10 @@ impl OpenSandboxRuntime {
             .egress
             .gateway
             .as_ref()
-            .and_then(GatewayAccess::host_name);
+            .map(GatewayAccess::address);
         Ok(Some(match gateway {
             Some(host) if !policy.is_none() => (
-                sessionbox_egress::opensandbox::gateway_only(&policy, host)
+                sessionbox_egress::opensandbox::gateway_only(&policy, &host)
                     .map_err(|e| Error::InvalidRequest(e.to_string()))?,
                 "gateway",
             ),
