@@ -1,7 +1,9 @@
 //! The agent confining itself, for containers that start it as root (OpenSandbox's docker
 //! runtime runs the bootstrap, and so the agent, as the image's user, root): `--user` drops to
-//! an unprivileged user with no capability and `no_new_privs`; `--writable` applies a Landlock
-//! ruleset that lets the agent and its commands write only beneath the given directories.
+//! an unprivileged user with `no_new_privs`, an empty bounding set, and only the file-owner
+//! capabilities its file API needs (see [`kept`]), which its commands lose when they `exec`;
+//! `--writable` applies a Landlock ruleset that lets the agent and its commands write only
+//! beneath the given directories.
 //!
 //! Both run in the main thread before any other thread exists: the raw `setresuid` family and
 //! `landlock_restrict_self` act on the calling thread only, and every thread and process
@@ -50,7 +52,11 @@ pub(crate) fn apply(c: &Confinement) -> Result<String> {
     }
     if let Some((uid, gid)) = c.user {
         drop_to(uid, gid)?;
-        done.push(format!("uid {uid} gid {gid}, no capabilities"));
+        done.push(format!(
+            "uid {uid} gid {gid}, empty bounding set, keeping at most {:?} for file operations \
+             (commands hold none)",
+            kept()
+        ));
     }
     Ok(done.join("; "))
 }
@@ -120,8 +126,24 @@ fn landlock(writable: &[PathBuf]) -> Result<String> {
     }
 }
 
-/// Becomes `uid`/`gid` with no supplementary group and no capability in any set.
+/// The capabilities the agent keeps as `uid` for its own file operations (upstream's file API
+/// sets owners, groups and modes, and reaches files of other owners beneath the workspace).
+/// Commands never hold them: a process of a non-root user that `exec`s a file without file
+/// capabilities (and `no_new_privs` makes the kernel ignore any) keeps nothing, and the ambient
+/// set is empty.
+/// Of these, the agent keeps those it holds when it starts (Docker's default set has no
+/// `DAC_READ_SEARCH`, for one).
+fn kept() -> CapabilitySet {
+    CapabilitySet::CHOWN | CapabilitySet::FOWNER | CapabilitySet::DAC_OVERRIDE
+}
+
+/// Becomes `uid`/`gid` with no supplementary group, an empty bounding set and ambient set, and
+/// only [`kept`] in the permitted and effective sets.
 fn drop_to(uid: u32, gid: u32) -> Result<()> {
+    let held = rustix::thread::capabilities(None)
+        .map_err(|e| fail("capget", e))?
+        .permitted;
+    let keep = kept() & held;
     let last: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
         .and_then(|s| s.trim().parse().ok())
@@ -142,22 +164,27 @@ fn drop_to(uid: u32, gid: u32) -> Result<()> {
     );
     rustix::thread::set_thread_groups(&[]).map_err(|e| fail("setgroups", e))?;
     rustix::thread::set_thread_res_gid(g, g, g).map_err(|e| fail("setresgid", e))?;
+    // Keep the permitted set across the change of uid, then cut it down to `kept`.
+    rustix::thread::set_keep_capabilities(true).map_err(|e| fail("keepcaps", e))?;
     rustix::thread::set_thread_res_uid(u, u, u).map_err(|e| fail("setresuid", e))?;
+    rustix::thread::set_keep_capabilities(false).map_err(|e| fail("keepcaps", e))?;
     rustix::thread::clear_ambient_capability_set().map_err(|e| fail("ambient set", e))?;
-    let none = CapabilitySet::empty();
     rustix::thread::set_capabilities(
         None,
         CapabilitySets {
-            effective: none,
-            permitted: none,
-            inheritable: none,
+            effective: keep,
+            permitted: keep,
+            inheritable: CapabilitySet::empty(),
         },
     )
     .map_err(|e| fail("capset", e))?;
-    // Check rather than trust: a kernel that kept anything is a failure.
+    // Check rather than trust: a kernel that kept more is a failure.
     let have = rustix::thread::capabilities(None).map_err(|e| fail("capget", e))?;
-    if !have.permitted.is_empty() || !have.effective.is_empty() {
-        return Err(fail("capabilities", "some capability survived the drop"));
+    if have.permitted != keep || have.effective != keep || !have.inheritable.is_empty() {
+        return Err(fail(
+            "capabilities",
+            format!("the sets are {have:?} after the drop, not just the file capabilities"),
+        ));
     }
     if rustix::thread::capability_is_in_bounding_set(CapabilitySet::SYS_ADMIN).unwrap_or(true) {
         return Err(fail(

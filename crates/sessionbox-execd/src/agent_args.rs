@@ -72,9 +72,11 @@ pub struct AgentArgs {
     #[arg(long, value_name = "PATH", requires = "egress_listen")]
     pub egress_socket: Option<PathBuf>,
     /// Started as root, become this user before serving (`UID:GID`, both numbers, neither 0):
-    /// no supplementary groups, every capability dropped (the bounding set too) and
-    /// `no_new_privs` set, so the agent and every command it runs hold no privilege. For a
-    /// container whose runtime starts the agent as root (OpenSandbox's bootstrap).
+    /// no supplementary groups, an empty bounding set, `no_new_privs`, and of the capabilities
+    /// only those of file ownership it holds (`CHOWN`, `FOWNER`, `DAC_OVERRIDE`) for
+    /// the agent's own file API, which every command loses when it `exec`s: commands hold no
+    /// privilege. For a container whose runtime starts the agent as root (OpenSandbox's
+    /// bootstrap).
     #[arg(long, value_name = "UID:GID", value_parser = parse_user)]
     pub user: Option<(u32, u32)>,
     /// With at least one: before serving, the agent confines itself and every command it runs
