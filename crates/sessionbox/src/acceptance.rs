@@ -11,9 +11,10 @@
 //! conversation is garbage, and says "not measured" otherwise. Every conversation it opened is
 //! destroyed at the end.
 
+mod limits;
 mod probes;
+mod report;
 
-use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -135,12 +136,9 @@ impl Claims {
                     hidden_secrets: true,
                 }
             }
-            // One shared container: the caller's environment stays on the caller's side.
-            RuntimeKind::Aio => Claims {
-                hidden_secrets: true,
-                ..Claims::default()
-            },
-            RuntimeKind::Host => Claims::default(),
+            // Commands run as the caller (host) or in one shared container (aio): nothing is
+            // claimed; a row still passes where a probe sees the control hold.
+            RuntimeKind::Host | RuntimeKind::Aio => Claims::default(),
         })
     }
 }
@@ -270,7 +268,7 @@ pub(crate) async fn run(
         "runtime_info": info,
         "claims": claims,
         "rows": rows,
-        "conclusions": conclusions(&rows),
+        "conclusions": report::conclusions(&rows),
         "tenant": app.tenant.as_str(),
         "run_id": opened.run_id,
         "started": started.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
@@ -281,7 +279,7 @@ pub(crate) async fn run(
         std::fs::write(p, serde_json::to_vec_pretty(&report)?)
             .with_context(|| format!("cannot write {}", p.display()))?;
     }
-    let md = markdown(&report, &rows);
+    let md = report::markdown(&report, &rows);
     if let Some(p) = &args.report_md {
         std::fs::write(p, &md).with_context(|| format!("cannot write {}", p.display()))?;
     }
@@ -312,10 +310,10 @@ async fn probe_all(
     rows.push(timeout(a).await?);
     rows.push(network(a, claims.no_direct_network).await?);
     rows.push(other_conversation(opened, a, claims.separate_conversations).await?);
-    rows.push(cpu(a, claims.cpu).await?);
-    rows.push(disk(a, claims.disk_bytes, &opened.run_id).await?);
-    rows.push(pids(a, claims.pids).await?);
-    rows.push(memory(a, claims.memory_bytes).await?);
+    rows.push(limits::cpu(a, claims.cpu).await?);
+    rows.push(limits::disk(a, claims.disk_bytes, &opened.run_id).await?);
+    rows.push(limits::pids(a, claims.pids).await?);
+    rows.push(limits::memory(a, claims.memory_bytes).await?);
     rows.push(ttl(opened).await?);
     Ok(())
 }
@@ -395,6 +393,8 @@ async fn root_fs(
     Ok(())
 }
 
+const SECRETS_CONTROL: &str = "the caller's secrets are not visible (environment, /proc/*/environ)";
+
 async fn secrets(s: &dyn Session, claimed: bool) -> anyhow::Result<Row> {
     let present: Vec<(&str, String)> = CREDENTIAL_ENVS
         .iter()
@@ -403,7 +403,18 @@ async fn secrets(s: &dyn Session, claimed: bool) -> anyhow::Result<Row> {
     let names: Vec<&str> = present.iter().map(|(n, _)| *n).collect();
     let r = sh(s, &probes::secrets_script(&names), 20, 1 << 20).await?;
     let out = text(&r.stdout);
-    let (env, environ) = out.split_once("--environ--").unwrap_or((&out, ""));
+    let Some((env, environ)) = out.split_once("--environ--") else {
+        return Ok(Row {
+            name: "caller_secrets",
+            control: SECRETS_CONTROL,
+            verdict: Verdict::NotMeasured,
+            claimed,
+            detail: format!(
+                "the probe did not run to the end (exit {})",
+                r.shell_exit_code()
+            ),
+        });
+    };
     let mut seen: Vec<String> = Vec::new();
     for (n, v) in &present {
         if env.contains(v.as_str()) || env.lines().any(|l| l.starts_with(&format!("{n}="))) {
@@ -424,7 +435,7 @@ async fn secrets(s: &dyn Session, claimed: bool) -> anyhow::Result<Row> {
     let holds = seen.is_empty() && !present.is_empty();
     Ok(Row {
         name: "caller_secrets",
-        control: "the caller's secrets are not visible (environment, /proc/*/environ)",
+        control: SECRETS_CONTROL,
         verdict: Verdict::of(holds, claimed),
         claimed,
         detail: if seen.is_empty() {
@@ -536,11 +547,12 @@ async fn other_conversation(
     )
     .await?;
     let leaked = text(&r.stdout).contains(&token);
+    let ran = text(&r.stdout).contains("probe-ran");
     b.close().await?;
     Ok(Row {
         name: "other_conversation",
         control: "another conversation's files are not reachable from a command",
-        verdict: if own != token {
+        verdict: if own != token || !(ran || leaked) {
             Verdict::NotMeasured
         } else {
             Verdict::of(!leaked, claimed)
@@ -549,163 +561,6 @@ async fn other_conversation(
         detail: format!(
             "A wrote a marker; B looked at A's host location {location}, ../*, /proc/*/root, /proc/*/cwd: {}",
             if leaked { "B read it" } else { "not found" }
-        ),
-    })
-}
-
-/// The row of a limit the runtime does not claim: not probed (the probe would load the
-/// machine with nothing to stop it).
-fn unclaimed(name: &'static str, control: &'static str) -> Row {
-    Row {
-        name,
-        control,
-        verdict: Verdict::NotEnforced,
-        claimed: false,
-        detail: "no such limit is configured for this runtime; not probed (nothing would bound the probe)".into(),
-    }
-}
-
-async fn cpu(s: &dyn Session, limit: Option<f64>) -> anyhow::Result<Row> {
-    const CONTROL: &str = "CPU use held to the configured CPUs (measured with busy loops)";
-    let Some(limit) = limit else {
-        return Ok(unclaimed("cpu", CONTROL));
-    };
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-    let loops = (limit.ceil() + 1.0).min(cores);
-    if loops <= limit {
-        return Ok(Row {
-            name: "cpu",
-            control: CONTROL,
-            verdict: Verdict::NotMeasured,
-            claimed: true,
-            detail: format!("limit {limit} CPUs is not below this host's {cores} cores"),
-        });
-    }
-    let r = sh(s, &probes::cpu_script(loops as u32), 30, 64 << 10).await?;
-    let (used, max) = probes::parse_cpu(&text(&r.stdout));
-    // CPU seconds over the two seconds the loops ran at least: an upper bound of the CPUs used.
-    let used_cpus = used.map(|u| u / 2.0);
-    let holds = used_cpus.is_some_and(|u| u <= limit * 1.15 + 0.1);
-    Ok(Row {
-        name: "cpu",
-        control: CONTROL,
-        verdict: Verdict::of(holds, true),
-        claimed: true,
-        detail: format!(
-            "{loops} busy loops for 2 s used {} CPUs (limit {limit}); cgroup cpu.max {}",
-            used_cpus.map_or("an unreadable number of".to_owned(), |u| format!("{u:.2}")),
-            max.as_deref().unwrap_or("not readable")
-        ),
-    })
-}
-
-async fn disk(s: &dyn Session, limit: Option<u64>, run_id: &str) -> anyhow::Result<Row> {
-    const CONTROL: &str = "writes past the workspace's disk quota are refused";
-    let Some(limit) = limit else {
-        return Ok(unclaimed("disk", CONTROL));
-    };
-    let chunks = limit / probes::DISK_CHUNK + 2;
-    let r = sh(s, &probes::disk_script(run_id, chunks), 300, 64 << 10).await?;
-    let (refused, full) = probes::parse_disk(&text(&r.stdout), &text(&r.stderr));
-    let cleaned = text(&r.stdout).contains("cleaned");
-    let alive = answers(s).await;
-    let within = refused.is_some_and(|n| n * probes::DISK_CHUNK <= limit);
-    Ok(Row {
-        name: "disk",
-        control: CONTROL,
-        verdict: Verdict::of(within && full && alive && cleaned, true),
-        claimed: true,
-        detail: format!(
-            "limit {} MiB; {}; the sandbox {}",
-            limit >> 20,
-            match refused {
-                Some(n) => format!(
-                    "refused after {} MiB ({})",
-                    n * probes::DISK_CHUNK >> 20,
-                    if full {
-                        "no space / quota exceeded"
-                    } else {
-                        "another error"
-                    }
-                ),
-                None => format!(
-                    "{} MiB written, none refused",
-                    chunks * probes::DISK_CHUNK >> 20
-                ),
-            },
-            if alive {
-                "still answers"
-            } else {
-                "no longer answers"
-            }
-        ),
-    })
-}
-
-async fn pids(s: &dyn Session, limit: Option<u64>) -> anyhow::Result<Row> {
-    const CONTROL: &str = "processes held to the configured number (a bounded fork bomb)";
-    let Some(limit) = limit else {
-        return Ok(unclaimed("pids", CONTROL));
-    };
-    let tried = limit + 32;
-    let r = sh(s, &probes::pids_script(tried), 60, 1 << 20).await;
-    let (most, all) = match &r {
-        Ok(r) => probes::parse_pids(&text(&r.stdout)),
-        Err(_) => (0, false),
-    };
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let alive = answers(s).await;
-    Ok(Row {
-        name: "pids",
-        control: CONTROL,
-        verdict: Verdict::of(!all && most <= limit && alive && r.is_ok(), true),
-        claimed: true,
-        detail: format!(
-            "limit {limit}; tried {tried}, {most} started{}; the sandbox {}",
-            match &r {
-                Err(e) => format!(" (exec: {e})"),
-                Ok(_) => String::new(),
-            },
-            if alive {
-                "still answers"
-            } else {
-                "no longer answers"
-            }
-        ),
-    })
-}
-
-async fn memory(s: &dyn Session, limit: Option<u64>) -> anyhow::Result<Row> {
-    const CONTROL: &str = "memory held to the configured bytes (an allocation past it is killed)";
-    let Some(limit) = limit else {
-        return Ok(unclaimed("memory", CONTROL));
-    };
-    let tried = limit + limit / 4 + (16 << 20);
-    let r = sh(s, &probes::memory_script(tried), 120, 4096).await;
-    let survived = match &r {
-        Ok(r) => text(&r.stdout).contains(&format!("survived {tried}")),
-        Err(_) => false,
-    };
-    let how = match &r {
-        Ok(r) if survived => "it was held in full".to_owned(),
-        Ok(r) => format!("it ended with {}", r.shell_exit_code()),
-        Err(e) => format!("the command failed: {e}"),
-    };
-    let alive = answers(s).await;
-    Ok(Row {
-        name: "memory",
-        control: CONTROL,
-        verdict: Verdict::of(!survived && alive, true),
-        claimed: true,
-        detail: format!(
-            "limit {} MiB; held {} MiB in a shell variable: {how}; the sandbox {}",
-            limit >> 20,
-            tried >> 20,
-            if alive {
-                "still answers"
-            } else {
-                "no longer answers"
-            }
         ),
     })
 }
@@ -791,107 +646,83 @@ async fn ttl(opened: &mut Opened<'_>) -> anyhow::Result<Row> {
     ))
 }
 
-/// The closing section: what a passing checklist lets one conclude, and what it does not.
-fn conclusions(rows: &[Row]) -> serde_json::Value {
-    let names = |v: Verdict| -> Vec<&str> {
-        rows.iter()
-            .filter(|r| r.verdict == v)
-            .map(|r| r.name)
-            .collect()
-    };
-    let (failed, unenforced, unmeasured) = (
-        names(Verdict::Fail),
-        names(Verdict::NotEnforced),
-        names(Verdict::NotMeasured),
-    );
-    let mut conclude = vec![
-        "Each passing row is a control observed holding, from inside a real conversation, on this host, kernel and configuration, at the time of this run.".to_owned(),
-    ];
-    if failed.is_empty() && unenforced.is_empty() && unmeasured.is_empty() {
-        conclude.push("Every control was observed: a command that stays within the kernel's and the runtime's documented behaviour cannot reach another conversation, the host's network directly, or the caller's secrets, nor exceed its limits.".to_owned());
-    }
-    let mut not = vec![
-        "Nothing about a kernel bug: a probe uses the kernel's interfaces as documented; an exploit of the kernel (or of the container runtime) escapes every row at once.".to_owned(),
-        "Nothing about a malicious image or root file system: the probes run the tools the sandbox has and trust what they print.".to_owned(),
-        "Nothing about a compromised server or host: whoever controls the sessionbox process, the OpenSandbox or AIO server, or the host, controls every conversation.".to_owned(),
-        "Nothing about side channels (timing, cache, shared CPU), denial of service by a neighbour below the limits, or egress allowed by a policy.".to_owned(),
-        "Limits were measured with bounded probes at the configured values; other settings, a heavier load or another host need their own run.".to_owned(),
-    ];
-    if !failed.is_empty() {
-        not.insert(
-            0,
-            format!(
-                "The runtime claims, but did not show: {}.",
-                failed.join(", ")
-            ),
-        );
-    }
-    if !unenforced.is_empty() {
-        not.insert(0, format!("This runtime does not enforce: {}; treat commands as able to do what those rows describe.", unenforced.join(", ")));
-    }
-    if !unmeasured.is_empty() {
-        not.push(format!(
-            "Not measured in this run: {}.",
-            unmeasured.join(", ")
-        ));
-    }
-    json!({"lets_you_conclude": conclude, "does_not": not})
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn markdown(r: &serde_json::Value, rows: &[Row]) -> String {
-    use std::fmt::Write;
-    let mut s = String::new();
-    let e = &r["environment"];
-    let _ = writeln!(
-        s,
-        "# sessionbox verify --acceptance: {}\n",
-        if r["ok"] == true { "PASS" } else { "FAIL" }
-    );
-    let _ = writeln!(
-        s,
-        "- runtime `{}`: {}\n- started {} ({} ms); sessionbox {}; kernel {} ({} cores)\n",
-        r["runtime"].as_str().unwrap_or(""),
-        r["runtime_info"]["boundary"].as_str().unwrap_or(""),
-        r["started"].as_str().unwrap_or(""),
-        r["duration_ms"],
-        e["sessionbox_version"].as_str().unwrap_or(""),
-        e["kernel"].as_str().unwrap_or(""),
-        e["cores"]
-    );
-    let _ = writeln!(s, "| row | control | result | measured |");
-    let _ = writeln!(s, "|---|---|---|---|");
-    for row in rows {
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} |",
-            row.name,
-            row.control,
-            row.verdict.phrase(),
-            row.detail.replace('|', "\\|")
+    fn claims(kind: RuntimeKind, toml_text: &str) -> Claims {
+        let file: FileConfig = toml::from_str(toml_text).expect("valid settings");
+        Claims::of(kind, &file).expect("claims")
+    }
+
+    #[test]
+    fn claims_follow_the_runtime_and_its_settings() {
+        let iso = claims(RuntimeKind::Isolated, "[isolated]\npids = 48\ncpu = 0.5\n");
+        assert!(iso.confinement && iso.no_direct_network && iso.hidden_secrets);
+        assert_eq!(iso.pids, Some(48));
+        assert_eq!(iso.cpu, Some(0.5));
+        assert_eq!(iso.disk_bytes, Some(1 << 30));
+        // No disk quota, and rlimits only: those limits are not claimed; PIDs still are.
+        let bare = claims(
+            RuntimeKind::Isolated,
+            "[isolated]\ndisk_bytes = 0\nlimits = \"rlimit\"\n",
         );
-    }
-    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-    for row in rows {
-        *counts.entry(row.verdict.phrase()).or_default() += 1;
-    }
-    let _ = writeln!(
-        s,
-        "\n{}\n",
-        counts
-            .iter()
-            .map(|(k, v)| format!("{v} {k}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    for (title, key) in [
-        ("What this lets you conclude", "lets_you_conclude"),
-        ("What it does not", "does_not"),
-    ] {
-        let _ = writeln!(s, "## {title}\n");
-        for line in r["conclusions"][key].as_array().into_iter().flatten() {
-            let _ = writeln!(s, "- {}", line.as_str().unwrap_or(""));
+        assert_eq!(
+            (bare.disk_bytes, bare.memory_bytes, bare.cpu),
+            (None, None, None)
+        );
+        assert_eq!(bare.pids, Some(512));
+        // OpenSandbox: the runtime's own resource defaults unless the file sets them.
+        let osb = claims(RuntimeKind::Opensandbox, "");
+        assert_eq!(osb.memory_bytes, Some(2 << 30));
+        assert_eq!(osb.cpu, Some(1.0));
+        assert!(!osb.no_direct_network);
+        let osb = claims(
+            RuntimeKind::Opensandbox,
+            "[opensandbox]\nmemory = \"512Mi\"\ncpu = \"500m\"\nnetwork_policy = true\n",
+        );
+        assert_eq!(osb.memory_bytes, Some(512 << 20));
+        assert_eq!(osb.cpu, Some(0.5));
+        assert!(osb.no_direct_network);
+        for kind in [RuntimeKind::Host, RuntimeKind::Aio] {
+            let c = claims(kind, "");
+            assert!(!c.confinement && !c.hidden_secrets && !c.separate_conversations);
+            assert_eq!((c.pids, c.memory_bytes, c.disk_bytes), (None, None, None));
         }
-        let _ = writeln!(s);
     }
-    s
+
+    #[test]
+    fn the_closing_section_names_the_rows_that_failed_or_are_not_enforced() {
+        let row = |name, verdict| Row {
+            name,
+            control: "",
+            verdict,
+            claimed: verdict == Verdict::Fail,
+            detail: String::new(),
+        };
+        let all_pass = report::conclusions(&[row("user", Verdict::Pass)]);
+        assert_eq!(
+            all_pass["lets_you_conclude"].as_array().map(Vec::len),
+            Some(2)
+        );
+        let mixed = report::conclusions(&[
+            row("user", Verdict::Fail),
+            row("pids", Verdict::NotEnforced),
+            row("ttl_reclaim", Verdict::NotMeasured),
+        ]);
+        let not: Vec<&str> = mixed["does_not"]
+            .as_array()
+            .expect("a list")
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
+        assert!(not.iter().any(|l| l.contains("does not enforce: pids")));
+        assert!(not.iter().any(|l| l.contains("did not show: user")));
+        assert!(
+            not.iter()
+                .any(|l| l.contains("Not measured in this run: ttl_reclaim"))
+        );
+        assert!(not.iter().any(|l| l.contains("kernel bug")));
+        assert_eq!(mixed["lets_you_conclude"].as_array().map(Vec::len), Some(1));
+    }
 }

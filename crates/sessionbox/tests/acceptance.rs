@@ -201,3 +201,32 @@ fn host_says_what_it_does_not_enforce_and_finds_the_callers_secret() {
     assert!(not.starts_with("This runtime does not enforce:"), "{not}");
     assert_eq!(conversations_left(d.path()), 0);
 }
+
+#[test]
+fn isolated_with_rlimits_only_and_no_quota_says_which_limits_it_no_longer_enforces() {
+    if !is_root() {
+        eprintln!("SKIPPED: the isolated runtime's uid per conversation needs root");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let config =
+        "[isolated]\nidle_timeout_secs = 30\nlimits = \"rlimit\"\npids = 40\ndisk_bytes = 0\n";
+    let (out, report) = acceptance(d.path(), config, "isolated");
+    assert!(out.status.success(), "{report:#}");
+    for name in ["cpu", "memory", "disk"] {
+        assert_eq!(
+            verdict(&report, name),
+            "not_enforced",
+            "{:#}",
+            row(&report, name)
+        );
+    }
+    // The PIDs limit is still in force (RLIMIT_NPROC of the conversation's own uid), and
+    // measured against the value configured here.
+    assert_eq!(verdict(&report, "pids"), "pass");
+    let pids = row(&report, "pids")["detail"].as_str().unwrap();
+    assert!(pids.starts_with("limit 40; tried 72,"), "{pids}");
+    let not = report["conclusions"]["does_not"][0].as_str().unwrap();
+    assert!(not.contains("cpu, disk"), "{not}");
+    assert_eq!(conversations_left(d.path()), 0);
+}

@@ -257,7 +257,7 @@ pub(crate) fn other_conversation_script(a_location: &str, name: &str) -> String 
         "for p in '{a_location}/{name}' \"$PWD\"/../*/{name} /workspace/../*/{name} \
          /proc/[0-9]*/root/workspace/{name} /proc/[0-9]*/root'{a_location}/{name}' \
          /proc/[0-9]*/cwd/{name}; do cat \"$p\" 2>/dev/null; done; \
-         ls /workspace/.. 2>/dev/null | head -c 4096; true"
+         ls /workspace/.. 2>/dev/null | head -c 4096; echo probe-ran"
     )
 }
 
