@@ -8,6 +8,7 @@
 #[macro_use]
 extern crate sessionbox;
 
+mod acceptance;
 mod app;
 mod audit;
 mod backup;
@@ -55,6 +56,12 @@ fn main() -> ExitCode {
         Command::Agent { args } => return runtime::run_agent(args),
         Command::Run(command) => command,
     };
+    // The acceptance check runs with a stand-in secret in its initial environment.
+    if matches!(&command, RunCommand::Manager(ManagerCommand::Verify(a)) if a.acceptance)
+        && let Some(code) = acceptance::with_planted_secret()
+    {
+        return code;
+    }
     // A command's stderr is the command's own, byte for byte: the warning about a skill left
     // out goes to `serve`'s log, the audit and `sessionbox skills`, not into every command.
     let default_filter = match &command {
@@ -194,6 +201,9 @@ async fn manager_command(
     command: ManagerCommand,
 ) -> anyhow::Result<ExitCode> {
     match command {
+        ManagerCommand::Verify(args) if args.acceptance => {
+            acceptance::run(app, settings, args).await
+        }
         ManagerCommand::Verify(args) => {
             verify::run(&verify::Target::Local(app), &app.tenant, args).await
         }

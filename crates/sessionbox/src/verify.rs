@@ -40,10 +40,19 @@ pub(crate) struct VerifyArgs {
     rounds: u32,
     /// Write the experiment record as JSON here.
     #[arg(long, value_name = "PATH")]
-    report_json: Option<PathBuf>,
+    pub report_json: Option<PathBuf>,
     /// Write the experiment record as Markdown here.
     #[arg(long, value_name = "PATH")]
-    report_md: Option<PathBuf>,
+    pub report_md: Option<PathBuf>,
+    /// Run the acceptance checklist instead: probes inside real conversations (user,
+    /// capabilities, seccomp, no_new_privs, read-only root, the PIDs, memory, CPU, disk and
+    /// timeout limits, direct network, another conversation's files, the caller's secrets, TTL
+    /// reclaim), each row pass, fail or not enforced by this runtime. Exit 1 when a row fails.
+    #[arg(long, conflicts_with = "via")]
+    pub acceptance: bool,
+    /// With --acceptance: print the record as JSON instead of the Markdown table.
+    #[arg(long, requires = "acceptance")]
+    pub json: bool,
     /// Run the experiment through a sessionbox server's HTTP API at this URL
     /// (`http://127.0.0.1:7070`) instead of the runtime in this process. The API key, if the
     /// server needs one, comes from SESSIONBOX_API_KEY (never the command line). Repeat it to
