@@ -127,11 +127,13 @@ impl Claims {
                 };
                 Claims {
                     confinement: true,
-                    pids: None,
+                    pids: s.server_pids_limit,
                     memory_bytes: q(&s.memory, "memory").map(|b| b as u64),
                     cpu: q(&s.cpu, "cpu"),
                     disk_bytes: None,
-                    no_direct_network: s.network_policy == Some(true) || s.egress_gateway.is_some(),
+                    // The gateway alone is a proxy commands may ignore: only the sidecar's
+                    // firewall (network_policy) stops a direct connection.
+                    no_direct_network: s.network_policy == Some(true),
                     separate_conversations: true,
                     hidden_secrets: true,
                 }
@@ -677,12 +679,20 @@ mod tests {
         assert_eq!(osb.memory_bytes, Some(2 << 30));
         assert_eq!(osb.cpu, Some(1.0));
         assert!(!osb.no_direct_network);
+        assert_eq!(osb.pids, None);
         let osb = claims(
             RuntimeKind::Opensandbox,
-            "[opensandbox]\nmemory = \"512Mi\"\ncpu = \"500m\"\nnetwork_policy = true\n",
+            "[opensandbox]\negress_gateway = \"172.17.0.1:3128\"\n",
+        );
+        assert!(!osb.no_direct_network, "a proxy alone does not stop a direct connection");
+        let osb = claims(
+            RuntimeKind::Opensandbox,
+            "[opensandbox]\nmemory = \"512Mi\"\ncpu = \"500m\"\nnetwork_policy = true\n\
+             server_pids_limit = 512\n",
         );
         assert_eq!(osb.memory_bytes, Some(512 << 20));
         assert_eq!(osb.cpu, Some(0.5));
+        assert_eq!(osb.pids, Some(512));
         assert!(osb.no_direct_network);
         for kind in [RuntimeKind::Host, RuntimeKind::Aio] {
             let c = claims(kind, "");

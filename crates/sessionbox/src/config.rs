@@ -350,6 +350,11 @@ pub struct OpenSandboxSection {
     /// data directory's `egress.key`): commands of allowlisted conversations get it as their
     /// proxy, with a token per command.
     pub egress_gateway: Option<String>,
+    /// The PIDs limit the server puts on each sandbox (its `[docker] pids_limit`; the 1.1.1
+    /// create request has no field for one, so sessionbox cannot send it): what
+    /// `verify --acceptance` holds the sandboxes to. Unset: the check says the limit is not
+    /// known to be enforced.
+    pub server_pids_limit: Option<u64>,
 }
 
 /// `[isolated]` settings.
