@@ -39,10 +39,11 @@ pub mod runtime;
 
 pub use error::OpenSandboxError;
 pub use lifecycle::{
-    API_KEY_HEADER, ApiKey, ClientConfig, CreateSandbox, EXECD_PORT, Health, ListFilter,
-    OpenSandboxClient, Sandbox, SandboxState, SandboxStatus,
+    API_KEY_HEADER, ApiKey, ClientConfig, CreateSandbox, EXECD_PORT, Health, HostVolume,
+    ListFilter, OpenSandboxClient, Sandbox, SandboxState, SandboxStatus,
 };
 pub use metadata::{MAX_VALUE_LEN, Metadata, is_valid_key, is_valid_value};
 pub use runtime::{
     EgressOptions, GatewayAccess, LABEL_NETWORK, OpenSandboxConfig, OpenSandboxRuntime,
+    WorkspaceVolumes,
 };

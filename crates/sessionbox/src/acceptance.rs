@@ -130,7 +130,7 @@ impl Claims {
                     pids: s.server_pids_limit,
                     memory_bytes: q(&s.memory, "memory").map(|b| b as u64),
                     cpu: q(&s.cpu, "cpu"),
-                    disk_bytes: None,
+                    disk_bytes: s.disk_bytes.filter(|b| *b > 0),
                     // The gateway alone is a proxy commands may ignore: only the sidecar's
                     // firewall (network_policy) stops a direct connection.
                     no_direct_network: s.network_policy == Some(true),
@@ -684,7 +684,10 @@ mod tests {
             RuntimeKind::Opensandbox,
             "[opensandbox]\negress_gateway = \"172.17.0.1:3128\"\n",
         );
-        assert!(!osb.no_direct_network, "a proxy alone does not stop a direct connection");
+        assert!(
+            !osb.no_direct_network,
+            "a proxy alone does not stop a direct connection"
+        );
         let osb = claims(
             RuntimeKind::Opensandbox,
             "[opensandbox]\nmemory = \"512Mi\"\ncpu = \"500m\"\nnetwork_policy = true\n\
@@ -694,6 +697,12 @@ mod tests {
         assert_eq!(osb.cpu, Some(0.5));
         assert_eq!(osb.pids, Some(512));
         assert!(osb.no_direct_network);
+        assert_eq!(osb.disk_bytes, None);
+        let osb = claims(
+            RuntimeKind::Opensandbox,
+            "[opensandbox]\ndisk_bytes = 33554432\n",
+        );
+        assert_eq!(osb.disk_bytes, Some(32 << 20));
         for kind in [RuntimeKind::Host, RuntimeKind::Aio] {
             let c = claims(kind, "");
             assert!(!c.confinement && !c.hidden_secrets && !c.separate_conversations);

@@ -355,6 +355,16 @@ pub struct OpenSandboxSection {
     /// `verify --acceptance` holds the sandboxes to. Unset: the check says the limit is not
     /// known to be enforced.
     pub server_pids_limit: Option<u64>,
+    /// The disk quota of each sandbox's `/workspace` and `/tmp` together, in bytes (unset or
+    /// 0: no quota, the container's layer is unlimited). Needs sessionbox running as root on
+    /// the host of the server's Docker engine, and `volumes_dir` allowed by the server
+    /// (`[storage] allowed_host_paths`).
+    pub disk_bytes: Option<u64>,
+    /// Inodes of that quota (default 100 000, or one per KiB of a smaller `disk_bytes`).
+    pub disk_inodes: Option<u64>,
+    /// Where the volumes live on this host (default `<data dir>/opensandbox-volumes`); the
+    /// server must allow it.
+    pub volumes_dir: Option<std::path::PathBuf>,
 }
 
 /// `[isolated]` settings.

@@ -319,10 +319,53 @@ fn opensandbox_runtime(
             egress::gateway_access(address, data_dir).context("[opensandbox] egress_gateway")?,
         );
     }
+    if let Some(bytes) = section.disk_bytes.filter(|b| *b > 0) {
+        use sessionbox_local::isolated::DiskQuota;
+        let quota = DiskQuota::new(
+            bytes,
+            // Unset: the default, or one per KiB of a smaller volume.
+            section
+                .disk_inodes
+                .unwrap_or(DiskQuota::DEFAULT_INODES.min(bytes / 1024)),
+        )
+        .context("[opensandbox] disk_bytes, disk_inodes")?;
+        let dir = match &section.volumes_dir {
+            Some(d) => d.clone(),
+            None => data_dir.join("opensandbox-volumes"),
+        };
+        let volumes = sessionbox_local::host_volumes::HostVolumes::new(dir, quota, SANDBOX_UID)
+            .context("[opensandbox] volumes_dir")?;
+        config.volumes = Some(Arc::new(Volumes(volumes)));
+    }
     Ok(OpenSandboxRuntime::new(
         config,
         Arc::new(StoreDirectory::new(store)),
     )?)
+}
+
+/// The uid commands run as in an `opensandbox` sandbox (`scripts/opensandbox/bootstrap.sh`'s
+/// default `SESSIONBOX_SANDBOX_USER`): the owner of a volume's `workspace/`.
+const SANDBOX_UID: u32 = 1000;
+
+/// This host's volumes as the `opensandbox` runtime asks for them.
+#[derive(Debug)]
+struct Volumes(sessionbox_local::host_volumes::HostVolumes);
+
+impl sessionbox_opensandbox::WorkspaceVolumes for Volumes {
+    fn prepare(
+        &self,
+        key: &sessionbox_core::ConversationKey,
+    ) -> sessionbox_core::Result<(std::path::PathBuf, std::path::PathBuf)> {
+        self.0.prepare(key).map(|p| (p.workspace, p.tmp))
+    }
+
+    fn remove(&self, key: &sessionbox_core::ConversationKey) -> sessionbox_core::Result<bool> {
+        self.0.remove(key)
+    }
+
+    fn usage(&self, key: &sessionbox_core::ConversationKey) -> Option<sessionbox_core::DiskUsage> {
+        self.0.usage(key)
+    }
 }
 
 /// `sb-` and 12 hex digits of the SHA-256 of the data directory's canonical path: one instance

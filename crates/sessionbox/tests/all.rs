@@ -29,6 +29,7 @@ mod egress_sidecar;
 mod isolated_gc;
 mod isolated_lifecycle;
 mod mcp_stdio;
+mod opensandbox_hardened;
 mod replicas;
 mod serve;
 mod skills;

@@ -95,7 +95,7 @@ impl Default for DiskQuota {
 const RESERVED_INODES: u64 = 10;
 
 /// True when `dir` is a mount point (its device differs from its parent's).
-pub(super) fn is_mounted(dir: &Path) -> bool {
+pub(crate) fn is_mounted(dir: &Path) -> bool {
     let (Ok(meta), Some(parent)) = (fs::symlink_metadata(dir), dir.parent()) else {
         return false;
     };
@@ -225,7 +225,7 @@ fn settle_root(dir: &Path) -> Result<()> {
 /// [`Error::TooLarge`] when a workspace to migrate holds more than the quota (it is left as it
 /// was); [`Error::RuntimeUnavailable`] when `mkfs.ext4` or `mount` is missing;
 /// [`Error::Backend`] when a step fails.
-pub(super) fn ensure_volume(dir: &Path, image: &Path, quota: DiskQuota, uid: u32) -> Result<()> {
+pub(crate) fn ensure_volume(dir: &Path, image: &Path, quota: DiskQuota, uid: u32) -> Result<()> {
     if is_mounted(dir) {
         return Ok(());
     }
@@ -303,7 +303,7 @@ fn migrate(dir: &Path, tmp: &Path, quota: DiskQuota) -> Result<()> {
 
 /// Unmounts and removes the volume of the workspace `dir` (its image `image`); true when there
 /// was one. The mount point itself is left for the caller to remove.
-pub(super) fn remove_volume(dir: &Path, image: &Path) -> Result<bool> {
+pub(crate) fn remove_volume(dir: &Path, image: &Path) -> Result<bool> {
     let mounted = is_mounted(dir);
     if mounted {
         unmount(dir)?;
@@ -319,7 +319,7 @@ pub(super) fn remove_volume(dir: &Path, image: &Path) -> Result<bool> {
 
 /// What the mounted volume at `dir` holds and allows, as the kernel counts it; `None` when it
 /// is not mounted.
-pub(super) fn usage(dir: &Path) -> Option<DiskUsage> {
+pub(crate) fn usage(dir: &Path) -> Option<DiskUsage> {
     if !is_mounted(dir) {
         return None;
     }
@@ -364,6 +364,6 @@ pub fn probe(scratch: &Path) -> std::result::Result<String, String> {
 }
 
 /// The path of the image of the workspace `workspace` in `disks`.
-pub(super) fn image_path(disks: &Path, key: &str) -> PathBuf {
+pub(crate) fn image_path(disks: &Path, key: &str) -> PathBuf {
     disks.join(format!("{key}.img"))
 }

@@ -25,7 +25,7 @@
 //! over execd).
 
 mod config;
-mod disk;
+pub(crate) mod disk;
 mod launch;
 mod session;
 mod uid_claim;

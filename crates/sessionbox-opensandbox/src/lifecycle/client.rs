@@ -228,6 +228,20 @@ impl OpenSandboxClient {
         if let Some(policy) = &request.network_policy {
             body["networkPolicy"] = policy.clone();
         }
+        if !request.volumes.is_empty() {
+            body["volumes"] = request
+                .volumes
+                .iter()
+                .map(|v| {
+                    serde_json::json!({
+                        "name": v.name,
+                        "host": {"path": v.host_path.to_string_lossy()},
+                        "mountPath": v.mount_path,
+                        "readOnly": false,
+                    })
+                })
+                .collect();
+        }
         let created: Sandbox = self
             .call_json(
                 "create sandbox",

@@ -25,7 +25,8 @@ mod tests;
 
 pub use client::{OpenSandboxClient, parse_server};
 pub use types::{
-    ApiKey, ClientConfig, CreateSandbox, Health, ListFilter, Sandbox, SandboxState, SandboxStatus,
+    ApiKey, ClientConfig, CreateSandbox, Health, HostVolume, ListFilter, Sandbox, SandboxState,
+    SandboxStatus,
 };
 
 /// The header carrying the API key (the server's `SANDBOX_API_KEY_HEADER`).

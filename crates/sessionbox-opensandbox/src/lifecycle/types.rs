@@ -228,6 +228,21 @@ pub struct CreateSandbox {
     /// it is). A server that cannot enforce it refuses the create with
     /// [`OpenSandboxError::NetworkPolicyUnsupported`].
     pub network_policy: Option<serde_json::Value>,
+    /// Host directories bound into the sandbox (the server allows only those beneath its
+    /// `[storage] allowed_host_paths`).
+    pub volumes: Vec<HostVolume>,
+}
+
+/// A host directory bound into a sandbox, read-write (the lifecycle API's `volumes[]` entry
+/// with a `host` backend).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostVolume {
+    /// The volume's name in the sandbox (`[a-z0-9-]`, at most 63).
+    pub name: String,
+    /// The absolute host path.
+    pub host_path: std::path::PathBuf,
+    /// Where the sandbox sees it.
+    pub mount_path: String,
 }
 
 impl CreateSandbox {
@@ -241,6 +256,7 @@ impl CreateSandbox {
             resource_limits: BTreeMap::new(),
             env: BTreeMap::new(),
             network_policy: None,
+            volumes: Vec::new(),
         }
     }
 }

@@ -111,6 +111,26 @@ pub struct EgressOptions {
     pub gateway: Option<GatewayAccess>,
 }
 
+/// Disk volumes for the sandboxes' `/workspace` and `/tmp`, on the host of the server's Docker
+/// engine (which must be the host sessionbox runs on, and whose server allows their directory
+/// in `[storage] allowed_host_paths`): the disk quota, enforced by the kernel of that host. The
+/// binary gives `sessionbox_local::host_volumes::HostVolumes`; this crate knows only the trait.
+pub trait WorkspaceVolumes: Send + Sync + std::fmt::Debug {
+    /// Makes and mounts the conversation's volume when needed (idempotent, blocking); returns
+    /// the host directories to bind at `/workspace` and at `/tmp`.
+    ///
+    /// # Errors
+    /// When the volume cannot be made or mounted.
+    fn prepare(&self, key: &ConversationKey) -> Result<(std::path::PathBuf, std::path::PathBuf)>;
+    /// Unmounts and removes the conversation's volume (blocking); true when there was one.
+    ///
+    /// # Errors
+    /// When the unmount or removal fails.
+    fn remove(&self, key: &ConversationKey) -> Result<bool>;
+    /// What the conversation's volume holds and allows; `None` without one.
+    fn usage(&self, key: &ConversationKey) -> Option<sessionbox_core::DiskUsage>;
+}
+
 /// Settings of the `opensandbox` runtime.
 #[derive(Debug, Clone)]
 pub struct OpenSandboxConfig {
@@ -131,6 +151,11 @@ pub struct OpenSandboxConfig {
     pub instance: String,
     /// Network: `networkPolicy` on create, and the egress gateway's proxy for commands.
     pub egress: EgressOptions,
+    /// The disk quota: with volumes, each sandbox's `/workspace` and `/tmp` are its
+    /// conversation's volume, bound from the host (files then outlive a sandbox that vanished,
+    /// until the conversation is destroyed); without, they are the container's own layer,
+    /// unlimited.
+    pub volumes: Option<Arc<dyn WorkspaceVolumes>>,
 }
 
 impl OpenSandboxConfig {
@@ -150,6 +175,7 @@ impl OpenSandboxConfig {
             ]),
             instance: instance.into(),
             egress: EgressOptions::default(),
+            volumes: None,
         }
     }
 }
@@ -270,7 +296,21 @@ impl Runtime for OpenSandboxRuntime {
         // Sandboxes labelled for this conversation that were never recorded (a creator that
         // died between create and record) go too.
         self.sweep_unrecorded(key).await;
+        if let Some(volumes) = self.config.volumes.clone() {
+            let k = key.clone();
+            let had = tokio::task::spawn_blocking(move || volumes.remove(&k))
+                .await
+                .map_err(|e| Error::Backend(format!("the volume removal panicked: {e}")))??;
+            report.workspace_removed |= had;
+        }
         Ok(report)
+    }
+
+    async fn disk_usage(
+        &self,
+        key: &ConversationKey,
+    ) -> Result<Option<sessionbox_core::DiskUsage>> {
+        Ok(self.config.volumes.as_ref().and_then(|v| v.usage(key)))
     }
 
     async fn list(&self) -> Result<Vec<RuntimeConversation>> {

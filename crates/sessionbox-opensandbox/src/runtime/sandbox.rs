@@ -137,7 +137,27 @@ impl OpenSandboxRuntime {
             }
             None => None,
         };
+        let mut volumes = Vec::new();
+        if let Some(v) = self.config.volumes.clone() {
+            let k = key.clone();
+            let (workspace, tmp) = tokio::task::spawn_blocking(move || v.prepare(&k))
+                .await
+                .map_err(|e| Error::Backend(format!("the volume setup panicked: {e}")))??;
+            volumes = vec![
+                crate::lifecycle::HostVolume {
+                    name: "workspace".into(),
+                    host_path: workspace,
+                    mount_path: WORKSPACE.into(),
+                },
+                crate::lifecycle::HostVolume {
+                    name: "tmp".into(),
+                    host_path: tmp,
+                    mount_path: "/tmp".into(),
+                },
+            ];
+        }
         let request = CreateSandbox {
+            volumes,
             image: self.config.image.clone(),
             entrypoint: self.config.entrypoint.clone(),
             timeout: Some(self.config.timeout),
@@ -252,21 +272,32 @@ impl OpenSandboxRuntime {
                 }
                 Ok(_) | Err(OpenSandboxError::NotFound { .. }) => {
                     // Vanished: expired, deleted elsewhere, or failed. Replace it.
-                    tracing::warn!(
-                        sandbox = %record.sandbox_id,
-                        "the conversation's sandbox vanished; starting a fresh one (its files are lost)"
-                    );
+                    if self.config.volumes.is_some() {
+                        tracing::warn!(
+                            sandbox = %record.sandbox_id,
+                            "the conversation's sandbox vanished; starting a fresh one on the \
+                             same volume (its files are kept)"
+                        );
+                    } else {
+                        tracing::warn!(
+                            sandbox = %record.sandbox_id,
+                            "the conversation's sandbox vanished; starting a fresh one (its files \
+                             are lost)"
+                        );
+                    }
                     let _ = self.client.delete(&record.sandbox_id).await;
                     let (id, expires) = self.create_sandbox(conversation).await?;
                     let replaced = self
                         .directory
                         .replace_remote_sandbox(key, &record.sandbox_id, &id, Some(expires))
                         .await;
+                    // With a volume, the files were not in the sandbox: nothing is lost.
+                    let files_lost = self.config.volumes.is_none();
                     match replaced {
-                        Ok(true) => return Ok((id, true)),
+                        Ok(true) => return Ok((id, files_lost)),
                         Ok(false) => {
                             let _ = self.client.delete(&id).await;
-                            lost = true;
+                            lost = files_lost;
                             continue;
                         }
                         Err(e) => {

@@ -186,11 +186,13 @@ pub(crate) fn parse_cpu(out: &str) -> (Option<f64>, Option<String>) {
 pub(crate) const DISK_CHUNK: u64 = 16 << 20;
 
 /// The disk probe: writes up to `chunks` files of [`DISK_CHUNK`] bytes into the workspace
-/// until one is refused (`refused AFTER` with the count written whole), then removes them.
+/// until one is refused (`refused AFTER` with the count written whole, then `avail KIB`, what
+/// the file system says is left), then removes them.
 pub(crate) fn disk_script(run_id: &str, chunks: u64) -> String {
     format!(
         "i=0; while [ $i -lt {chunks} ]; do \
-         if ! head -c {DISK_CHUNK} /dev/zero > .acceptance-fill-{run_id}.$i; then echo \"refused $i\"; break; fi; \
+         if ! head -c {DISK_CHUNK} /dev/zero > .acceptance-fill-{run_id}.$i; then echo \"refused $i\"; \
+         echo \"avail $(df -k . | awk 'NR==2 {{print $4}}')\"; break; fi; \
          i=$((i+1)); done; rm -f .acceptance-fill-{run_id}.*; echo cleaned"
     )
 }
@@ -202,7 +204,15 @@ pub(crate) fn parse_disk(stdout: &str, stderr: &str) -> (Option<u64>, bool) {
         .lines()
         .find_map(|l| l.strip_prefix("refused "))
         .and_then(|n| n.trim().parse().ok());
-    let full = stderr.contains("No space left on device") || stderr.contains("quota exceeded");
+    // The writer's own words when it gives them (busybox says only "I/O error"), else the
+    // file system's: nothing left.
+    let none_left = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("avail "))
+        .is_some_and(|n| n.trim() == "0");
+    let full = stderr.contains("No space left on device")
+        || stderr.contains("quota exceeded")
+        || none_left;
     (refused, full)
 }
 
@@ -331,6 +341,17 @@ mod tests {
             (Some(3), true)
         );
         assert_eq!(parse_disk("cleaned\n", ""), (None, false));
+        assert_eq!(
+            parse_disk(
+                "refused 2\navail 0\ncleaned\n",
+                "head: standard output: I/O error\n"
+            ),
+            (Some(2), true)
+        );
+        assert_eq!(
+            parse_disk("refused 2\navail 5120\ncleaned\n", "head: I/O error\n"),
+            (Some(2), false)
+        );
         assert_eq!(parse_tools("tools: nc wget nc\n"), vec!["nc", "wget"]);
         assert!(parse_tools("tools:\n").is_empty());
     }
