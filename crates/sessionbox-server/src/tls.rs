@@ -29,8 +29,8 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most TLS handshakes in progress at once; further connections wait to be accepted.
 pub const MAX_HANDSHAKES: usize = 256;
 
-/// How often [`watch`] looks at the certificate and key files.
-pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
+/// How often `sessionbox serve` has [`watch`] look at the certificate and key files by default.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The crypto provider of every TLS server here: ring.
 fn provider() -> Arc<CryptoProvider> {
@@ -183,21 +183,26 @@ fn read_pair(cert: &Path, key: &Path, provider: &CryptoProvider) -> Result<Certi
     })
 }
 
-/// Reloads `cert` on every SIGHUP and whenever its files change (looked at every
-/// [`POLL_INTERVAL`]), until the returned task is aborted. A reload that fails is logged as a
-/// warning and the pair in use stays; one that succeeds is logged at info.
+/// Reloads `cert` on every SIGHUP and, with `poll` (say [`DEFAULT_POLL_INTERVAL`]), whenever
+/// its files change (looked at every `poll`), until the returned task is aborted. A reload that
+/// fails is logged as a warning and the pair in use stays; one that succeeds is logged at info.
 ///
 /// # Errors
 /// When the SIGHUP handler cannot be installed.
-pub fn watch(cert: Arc<ReloadingCert>) -> std::io::Result<tokio::task::JoinHandle<()>> {
+pub fn watch(
+    cert: Arc<ReloadingCert>,
+    poll: Option<Duration>,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     Ok(tokio::spawn(async move {
-        let mut tick = tokio::time::interval(POLL_INTERVAL);
+        // Without polling, a tick that never comes.
+        let mut tick = tokio::time::interval(poll.unwrap_or(Duration::from_secs(86_400 * 365)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await; // the first tick is at once: the files were just read
         loop {
             let why = tokio::select! {
                 _ = hup.recv() => "SIGHUP",
-                _ = tick.tick() => {
+                _ = tick.tick(), if poll.is_some() => {
                     if !cert.changed_on_disk() {
                         continue;
                     }

@@ -68,6 +68,10 @@ pub(crate) struct ServeArgs {
     /// insecure_plain_http`, else false.
     #[arg(long)]
     insecure_plain_http: bool,
+    /// Seconds between looks at the TLS certificate and key files (a change reloads them);
+    /// 0: reload on SIGHUP only.
+    #[arg(long, default_value_t = 5, value_name = "SECS")]
+    tls_poll_secs: u64,
 }
 
 /// The certificate and key `serve` presents, from the flags or else `[serve]`; `None` for plain
@@ -200,7 +204,9 @@ pub(crate) async fn run(
     }
     match cert {
         Some(cert) => {
-            let watcher = sessionbox_server::tls::watch(cert.clone())
+            let poll = (args.tls_poll_secs > 0)
+                .then(|| std::time::Duration::from_secs(args.tls_poll_secs));
+            let watcher = sessionbox_server::tls::watch(cert.clone(), poll)
                 .context("cannot watch for SIGHUP to reload the TLS certificate")?;
             let listener =
                 sessionbox_server::tls::TlsListener::new(listener, cert.server_config()?)

@@ -30,4 +30,5 @@ mod isolated_lifecycle;
 mod mcp_stdio;
 mod replicas;
 mod serve;
+mod serve_tls;
 mod skills;
