@@ -1,4 +1,4 @@
-//! TLS for [`crate::serve_on`]: a listener that completes each TLS handshake on a task of its
+//! TLS for [`crate::serve`]: a listener that completes each TLS handshake on a task of its
 //! own and hands axum finished streams, and a certificate that can be replaced while the server
 //! runs.
 //!
@@ -167,12 +167,13 @@ fn read_pair(cert: &Path, key: &Path, provider: &CryptoProvider) -> Result<Certi
         )));
     }
     let key_pem = read_file(key, "key")?;
-    // The parser's error never quotes the key's bytes.
+    // Not the parser's message: it may quote a line of the file.
     let private = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
-        Error::InvalidRequest(format!(
-            "the TLS key file {} holds no usable PEM private key: {e}",
-            key.display()
-        ))
+        let why = match e {
+            rustls::pki_types::pem::Error::NoItemsFound => "holds no PEM private key",
+            _ => "is not valid PEM",
+        };
+        Error::InvalidRequest(format!("the TLS key file {} {why}", key.display()))
     })?;
     CertifiedKey::from_der(chain, private, provider).map_err(|e| {
         Error::InvalidRequest(format!(
