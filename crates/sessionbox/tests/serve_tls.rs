@@ -436,3 +436,66 @@ fn serve_refuses_plain_http_on_an_address_that_is_not_loopback() {
         "https",
     );
 }
+
+#[test]
+fn verify_via_https_passes_with_the_ca_file_and_refuses_the_server_without_it() {
+    let pki = Pki::new();
+    let (_, cert, key) = pki.server(1);
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    // Sandboxes left warm stop soon after the test.
+    std::fs::write(
+        data.join("sessionbox.toml"),
+        "[isolated]\nidle_timeout_secs = 3\n",
+    )
+    .unwrap();
+    let api_key = {
+        let out = Command::new(env!("CARGO_BIN_EXE_sessionbox"))
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--tenant", "acme", "keys", "create"])
+            .env_remove("SESSIONBOX_RUNTIME")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout).trim().to_owned()
+    };
+    // The default (isolated) runtime, as `verify` wants a security boundary.
+    let mut cmd = serve_command(env!("CARGO_BIN_EXE_sessionbox"), &data, &[]);
+    cmd.args(["--tls-cert", cert.to_str().unwrap()])
+        .args(["--tls-key", key.to_str().unwrap()]);
+    let (child, base) = spawn_serve(&mut cmd);
+    let s = Served { child, base };
+    let base = s.base.replace("127.0.0.1", "localhost");
+    let verify = |ca: Option<&Path>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_sessionbox"));
+        c.args(["verify", "--via", &base, "--report-json"])
+            .arg(d.path().join("verify.json"))
+            .env("SESSIONBOX_API_KEY", &api_key)
+            .env_remove("SESSIONBOX_CA_FILE")
+            .stdin(Stdio::null());
+        if let Some(ca) = ca {
+            c.arg("--ca-file").arg(ca);
+        }
+        c.output().unwrap()
+    };
+    let out = verify(None);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("did not answer"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = verify(Some(&pki.ca_file));
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.path().join("verify.json")).unwrap()).unwrap();
+    assert_eq!(report["ok"], true, "{report:#}");
+    assert_eq!(report["via"], base.as_str());
+}
