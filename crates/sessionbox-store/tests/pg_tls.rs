@@ -143,6 +143,13 @@ fn the_store_verifies_the_server_certificate_as_sslmode_asks() {
 #[test]
 fn sslmode_require_fails_against_a_server_without_tls_and_disable_stays_plain() {
     let Some(db) = pg::database() else { return };
+    let mut c = postgres::Client::connect(&db.url, postgres::NoTls).unwrap();
+    let ssl: String = c.query_one("SHOW ssl", &[]).unwrap().get(0);
+    assert_eq!(
+        ssl, "off",
+        "this test needs the shared test server without TLS"
+    );
+    drop(c);
     let sep = if db.url.contains('?') { '&' } else { '?' };
     let e = refused(&format!("{}{sep}sslmode=require", db.url));
     assert!(
