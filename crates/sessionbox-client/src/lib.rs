@@ -114,11 +114,7 @@ impl Client {
                  user, query or fragment"
             )));
         }
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| Error::Backend(format!("cannot build the HTTP client: {e}")))?;
+        let http = http_client(Vec::new())?;
         let base = url.as_str().trim_end_matches('/').to_owned();
         Ok(Client {
             http,
@@ -127,6 +123,26 @@ impl Client {
             base,
             key: api_key.filter(|k| !k.is_empty()),
         })
+    }
+
+    /// The same client, also trusting the CA certificates in the PEM file `path` (one or more
+    /// `CERTIFICATE` blocks) for `https://` servers: for a server whose certificate a private
+    /// CA signed. The system's roots stay trusted.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] naming the file when it cannot be read or holds no PEM
+    /// certificate.
+    pub fn with_root_ca_file(mut self, path: &std::path::Path) -> Result<Client> {
+        let bad =
+            |why: String| Error::InvalidRequest(format!("the CA file {}: {why}", path.display()));
+        let pem = std::fs::read(path).map_err(|e| bad(format!("cannot be read: {e}")))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| bad(format!("is not PEM: {e}")))?;
+        if certs.is_empty() {
+            return Err(bad("holds no CERTIFICATE block".into()));
+        }
+        self.http = http_client(certs)?;
+        Ok(self)
     }
 
     /// A client of several replicas of one service (sharing one store), each request sent to
@@ -486,6 +502,19 @@ impl Session for RemoteConversation {
     async fn close(self: Box<Self>) -> Result<()> {
         Ok(())
     }
+}
+
+/// The HTTP client of [`Client`]: no redirects, a 10 s connect timeout, the system's roots and
+/// `extra_roots`.
+fn http_client(extra_roots: Vec<reqwest::Certificate>) -> Result<reqwest::Client> {
+    let mut b = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(Duration::from_secs(10));
+    for c in extra_roots {
+        b = b.add_root_certificate(c);
+    }
+    b.build()
+        .map_err(|e| Error::Backend(format!("cannot build the HTTP client: {e}")))
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! sessionbox's HTTP API: REST under `/v1`, API keys and tenants, per-conversation ordering.
 //!
 //! [`router`] builds the axum application over a [`Manager`]; [`serve`] runs it on a listener
-//! until a shutdown signal; [`check_listen`] refuses to expose a server without keys;
+//! (plain TCP, or [`tls::TlsListener`] with a certificate reloaded while it runs) until a
+//! shutdown signal; [`check_listen`] refuses to expose a server without keys and
+//! [`check_transport`] one without TLS;
 //! [`openapi`] is the OpenAPI 3.1 document (served at `/v1/openapi.json`), generated from the
 //! handlers' annotations. Routes and shapes: the crate's README.
 //!
@@ -51,6 +53,7 @@ mod queue;
 mod routes;
 mod sessions;
 mod skills;
+pub mod tls;
 mod views;
 
 use std::future::Future;
@@ -235,16 +238,40 @@ pub fn check_listen(addr: &SocketAddr, store: &sessionbox_store::Store) -> Resul
     )))
 }
 
-/// Serves `state` on `listener` until `shutdown` completes, then finishes the requests in
-/// flight.
+/// Refuses a listen address that is not loopback when the server would speak plain HTTP
+/// (`tls` false) unless `insecure_plain_http` says that is wanted (TLS is terminated in front
+/// of it, say): API keys and workspace contents would cross the network in the clear.
+///
+/// # Errors
+/// [`Error::InvalidRequest`] naming both ways out: a certificate and key, or the explicit
+/// opt-out (front ends name their flags).
+pub fn check_transport(addr: &SocketAddr, tls: bool, insecure_plain_http: bool) -> Result<()> {
+    if tls || insecure_plain_http || addr.ip().is_loopback() {
+        return Ok(());
+    }
+    Err(Error::InvalidRequest(format!(
+        "refusing to serve plain HTTP on {addr}, which is not a loopback address: API keys \
+         would cross the network in the clear; give a TLS certificate and key \
+         (--tls-cert FILE --tls-key FILE, or [serve] tls_cert and tls_key), or, when TLS ends \
+         in front of this server, say so with --insecure-plain-http ([serve] \
+         insecure_plain_http = true)"
+    )))
+}
+
+/// Serves `state` on `listener` (a [`tokio::net::TcpListener`], or a [`tls::TlsListener`])
+/// until `shutdown` completes, then finishes the requests in flight.
 ///
 /// # Errors
 /// The listener's I/O errors.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
+pub async fn serve<L>(
+    listener: L,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+) -> std::io::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     let result = axum::serve(listener, router(state.clone()))
         .with_graceful_shutdown(shutdown)
         .await;

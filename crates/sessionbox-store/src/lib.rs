@@ -44,6 +44,7 @@ mod expired;
 mod keys;
 mod locks;
 mod pg;
+mod pg_tls;
 mod remote;
 mod retention;
 mod schema;

@@ -16,6 +16,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
 use postgres::{Client, Config, NoTls};
+
+use crate::pg_tls;
 use sessionbox_core::{Error, Result};
 
 /// Idle connections kept for reuse.
@@ -33,6 +35,8 @@ pub(crate) const GLOBAL_UIDS: i32 = 2;
 
 pub(crate) struct PgBackend {
     config: Config,
+    /// TLS as the URL's `sslmode` asks (`None`: plain).
+    tls: Option<pg_tls::MakeRustls>,
     /// `host:port/db`, for messages.
     pub(crate) label: String,
     idle: Arc<Mutex<Vec<Client>>>,
@@ -78,8 +82,12 @@ pub(crate) fn pg_error(doing: &str) -> impl FnOnce(postgres::Error) -> Error + '
 impl PgBackend {
     /// Parses `url` (`postgres://` or `postgresql://`, or a `key=value` string) and connects
     /// once to check it.
+    ///
+    /// `sslmode` and `sslrootcert` in it choose TLS (see [`crate::pg_tls`]).
     pub(crate) fn connect(url: &str) -> Result<PgBackend> {
-        let config: Config = url.parse().map_err(|_| {
+        let (url, tls) = pg_tls::split_url(url)?;
+        let tls_mode = tls.mode;
+        let mut config: Config = url.parse().map_err(|_| {
             Error::InvalidRequest(
                 "the PostgreSQL store URL is not valid; expected \
                  postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE"
@@ -100,8 +108,15 @@ impl PgBackend {
             hosts.first().map_or("localhost", String::as_str),
             config.get_dbname().unwrap_or("")
         );
+        let tls = pg_tls::client_config(&tls)?.map(pg_tls::MakeRustls);
+        config.ssl_mode(match tls_mode {
+            pg_tls::SslMode::Absent | pg_tls::SslMode::Prefer => postgres::config::SslMode::Prefer,
+            pg_tls::SslMode::Disable => postgres::config::SslMode::Disable,
+            _ => postgres::config::SslMode::Require,
+        });
         let backend = PgBackend {
             config,
+            tls,
             label,
             idle: Arc::default(),
             unlocker: Mutex::new(None),
@@ -112,9 +127,24 @@ impl PgBackend {
     }
 
     fn new_client(&self) -> Result<Client> {
-        self.config.connect(NoTls).map_err(|e| {
+        let connected = match &self.tls {
+            Some(tls) => self.config.connect(tls.clone()),
+            None => self.config.connect(NoTls),
+        };
+        connected.map_err(|e| {
+            // The causes too: a TLS failure says why only there ("invalid peer certificate:
+            // UnknownIssuer"). None of them holds the URL or its password.
+            let mut detail = e.to_string();
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                let more = c.to_string();
+                if !detail.contains(&more) {
+                    detail = format!("{detail}: {more}");
+                }
+                cause = c.source();
+            }
             Error::Backend(format!(
-                "could not connect to the PostgreSQL store at {}: {e}",
+                "could not connect to the PostgreSQL store at {}: {detail}",
                 self.label
             ))
         })

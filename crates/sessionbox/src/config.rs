@@ -91,6 +91,12 @@ pub struct ServeSection {
     pub max_output_bytes_total: Option<u64>,
     /// Most MCP sessions one tenant may have open at once; default 256.
     pub max_mcp_sessions_per_tenant: Option<usize>,
+    /// PEM certificate chain for HTTPS (with `tls_key`); reloaded on SIGHUP and on change.
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
+    /// Allow plain HTTP on an address that is not loopback (TLS ends in front); default false.
+    pub insecure_plain_http: Option<bool>,
 }
 
 /// `[store]` settings.
@@ -517,10 +523,14 @@ mod tests {
         std::fs::write(
             &p,
             "[serve]\nmax_output_bytes_per_tenant = 10\nmax_output_bytes_total = 20\n\
-             max_mcp_sessions_per_tenant = 3\n",
+             max_mcp_sessions_per_tenant = 3\ntls_cert = \"/etc/sb/cert.pem\"\n\
+             tls_key = \"/etc/sb/key.pem\"\ninsecure_plain_http = false\n",
         )
         .unwrap();
         let c = FileConfig::load(&p, true).unwrap();
+        assert_eq!(c.serve.tls_cert, Some(PathBuf::from("/etc/sb/cert.pem")));
+        assert_eq!(c.serve.tls_key, Some(PathBuf::from("/etc/sb/key.pem")));
+        assert_eq!(c.serve.insecure_plain_http, Some(false));
         assert_eq!(c.serve.max_output_bytes_per_tenant, Some(10));
         assert_eq!(c.serve.max_output_bytes_total, Some(20));
         assert_eq!(c.serve.max_mcp_sessions_per_tenant, Some(3));

@@ -2,7 +2,7 @@
 //! serving lock that `restore` checks.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -55,6 +55,43 @@ pub(crate) struct ServeArgs {
     /// max_mcp_sessions_per_tenant`, else 256.
     #[arg(long, env = "SESSIONBOX_MAX_MCP_SESSIONS_PER_TENANT", value_name = "N")]
     max_mcp_sessions_per_tenant: Option<usize>,
+    /// Serve HTTPS with this PEM certificate chain (the server's certificate first); needs
+    /// --tls-key. Both files are read again on SIGHUP and when they change; a pair that does
+    /// not load is logged and the previous one stays. Default: `[serve] tls_cert`.
+    #[arg(long, env = "SESSIONBOX_TLS_CERT", value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1). Default: `[serve] tls_key`.
+    #[arg(long, env = "SESSIONBOX_TLS_KEY", value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+    /// Allow plain HTTP on an address that is not loopback (when TLS ends in a proxy in front
+    /// of this server); without TLS such an address is refused. Default: `[serve]
+    /// insecure_plain_http`, else false.
+    #[arg(long)]
+    insecure_plain_http: bool,
+    /// Seconds between looks at the TLS certificate and key files (a change reloads them);
+    /// 0: reload on SIGHUP only.
+    #[arg(long, default_value_t = 5, value_name = "SECS")]
+    tls_poll_secs: u64,
+}
+
+/// The certificate and key `serve` presents, from the flags or else `[serve]`; `None` for plain
+/// HTTP.
+///
+/// # Errors
+/// [`sessionbox_core::Error::InvalidRequest`] when only one of the two is given.
+fn tls_files(args: &ServeArgs, file: &ServeSection) -> anyhow::Result<Option<(PathBuf, PathBuf)>> {
+    let cert = args.tls_cert.clone().or_else(|| file.tls_cert.clone());
+    let key = args.tls_key.clone().or_else(|| file.tls_key.clone());
+    match (cert, key) {
+        (Some(c), Some(k)) => Ok(Some((c, k))),
+        (None, None) => Ok(None),
+        _ => Err(sessionbox_core::Error::InvalidRequest(
+            "TLS needs both a certificate and its key: give --tls-cert FILE and --tls-key FILE \
+             (or [serve] tls_cert and tls_key)"
+                .into(),
+        )
+        .into()),
+    }
 }
 
 /// Runs `sessionbox serve` until SIGINT or SIGTERM.
@@ -67,6 +104,8 @@ pub(crate) async fn run(
     // Held (shared) while this server runs, so that `restore` can refuse to replace the store
     // under it.
     let _serving = hold_serving(data_dir)?;
+    let tls = tls_files(&args, file)?;
+    let insecure_plain_http = args.insecure_plain_http || file.insecure_plain_http == Some(true);
     let listen = args.listen;
     let keyed = ctx
         .manager
@@ -76,6 +115,12 @@ pub(crate) async fn run(
             s.has_api_keys()
         })
         .await?;
+    sessionbox_server::check_transport(&listen, tls.is_some(), insecure_plain_http)?;
+    // Read before binding: a bad pair fails the start, not the first handshake.
+    let cert = match &tls {
+        Some((cert, key)) => Some(sessionbox_server::tls::ReloadingCert::load(cert, key)?),
+        None => None,
+    };
     let loopback = args.listen.ip().is_loopback();
     let config = ServerConfig {
         max_json_bytes: args.max_json_bytes,
@@ -103,9 +148,10 @@ pub(crate) async fn run(
     let addr = listener
         .local_addr()
         .context("cannot read the listen address")?;
-    outln!("listening on http://{addr}");
+    let scheme = if cert.is_some() { "https" } else { "http" };
+    outln!("listening on {scheme}://{addr}");
     eprintln!(
-        "sessionbox: serving the HTTP API on http://{addr} with the {} runtime; {}",
+        "sessionbox: serving the HTTP API on {scheme}://{addr} with the {} runtime; {}",
         ctx.runtime_name,
         if keyed {
             "API keys are required".to_owned()
@@ -156,9 +202,23 @@ pub(crate) async fn run(
             }
         });
     }
-    sessionbox_server::serve(listener, state, shutdown_signal())
-        .await
-        .context("the HTTP server failed")?;
+    match cert {
+        Some(cert) => {
+            let poll = (args.tls_poll_secs > 0)
+                .then(|| std::time::Duration::from_secs(args.tls_poll_secs));
+            let watcher = sessionbox_server::tls::watch(cert.clone(), poll)
+                .context("cannot watch for SIGHUP to reload the TLS certificate")?;
+            let listener =
+                sessionbox_server::tls::TlsListener::new(listener, cert.server_config()?)
+                    .context("cannot read the listen address")?;
+            let served = sessionbox_server::serve(listener, state, shutdown_signal()).await;
+            watcher.abort();
+            served.context("the HTTPS server failed")?;
+        }
+        None => sessionbox_server::serve(listener, state, shutdown_signal())
+            .await
+            .context("the HTTP server failed")?,
+    }
     Ok(ExitCode::SUCCESS)
 }
 

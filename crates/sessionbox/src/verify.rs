@@ -60,6 +60,15 @@ pub(crate) struct VerifyArgs {
     /// conversation is served by all of them.
     #[arg(long, value_name = "URL")]
     pub via: Vec<String>,
+    /// With --via https://...: also trust the CA certificates in this PEM file (a server whose
+    /// certificate a private CA signed).
+    #[arg(
+        long,
+        env = "SESSIONBOX_CA_FILE",
+        value_name = "PATH",
+        requires = "via"
+    )]
+    pub ca_file: Option<PathBuf>,
 }
 
 /// Where the experiment runs: the configured runtime in this process, or a server over HTTP.
@@ -263,7 +272,10 @@ pub(crate) async fn run_via(
     args: VerifyArgs,
 ) -> anyhow::Result<ExitCode> {
     let key = std::env::var("SESSIONBOX_API_KEY").ok();
-    let client = sessionbox_client::Client::with_replicas(&args.via, key)?;
+    let mut client = sessionbox_client::Client::with_replicas(&args.via, key)?;
+    if let Some(ca) = &args.ca_file {
+        client = client.with_root_ca_file(ca)?;
+    }
     let target = Target::Http {
         client,
         base: args.via.join(" "),

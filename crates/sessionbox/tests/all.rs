@@ -32,4 +32,5 @@ mod mcp_stdio;
 mod opensandbox_hardened;
 mod replicas;
 mod serve;
+mod serve_tls;
 mod skills;

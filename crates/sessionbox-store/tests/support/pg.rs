@@ -140,6 +140,18 @@ fn as_pg_user(program: &Path) -> Command {
 }
 
 fn start_private_cluster() -> Result<String, String> {
+    start_cluster(None)
+}
+
+/// A private cluster of its own (as the one [`database`] may start) with `ssl=on`, presenting
+/// `cert_pem` (the server's certificate, then any intermediates) and `key_pem`: its superuser
+/// URL, without `sslmode` (plain connections are accepted too). Stopped and removed when the
+/// test process exits.
+pub fn start_tls_cluster(cert_pem: &str, key_pem: &str) -> Result<String, String> {
+    start_cluster(Some((cert_pem, key_pem)))
+}
+
+fn start_cluster(tls: Option<(&str, &str)>) -> Result<String, String> {
     let bin = pg_bin().ok_or("no /usr/lib/postgresql/*/bin/initdb")?;
     let dir = tempfile::Builder::new()
         .prefix("sessionbox-pg-")
@@ -165,11 +177,28 @@ fn start_private_cluster() -> Result<String, String> {
             String::from_utf8_lossy(&out.stderr)
         ));
     }
+    let mut ssl = "";
+    if let Some((cert, key)) = tls {
+        // The server's defaults: server.crt and server.key in the data directory, the key
+        // readable by its owner only.
+        use std::os::unix::fs::PermissionsExt;
+        for (name, pem, mode) in [("server.crt", cert, 0o644), ("server.key", key, 0o600)] {
+            let path = data.join(name);
+            std::fs::write(&path, pem).map_err(|e| e.to_string())?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| e.to_string())?;
+            if rustix::process::geteuid().is_root() {
+                let (uid, gid) = pg_ids().ok_or("no postgres user")?;
+                std::os::unix::fs::chown(&path, Some(uid), Some(gid)).map_err(|e| e.to_string())?;
+            }
+        }
+        ssl = "-c ssl=on";
+    }
     let port = free_port();
     // The watchdog stops the server and removes its directory once this test process is gone.
     let script = format!(
         "{postgres} -D {data} -p {port} -k {dir} -c listen_addresses=127.0.0.1 -c fsync=off \
-         -c max_connections=300 >{dir}/log 2>&1 & pg=$!; \
+         -c max_connections=300 {ssl} >{dir}/log 2>&1 & pg=$!; \
          while [ -d /proc/{parent} ] && kill -0 $pg 2>/dev/null; do sleep 1; done; \
          kill -INT $pg 2>/dev/null; wait $pg; rm -rf {dir}; sleep 2; rm -rf {dir}",
         postgres = bin.join("postgres").display(),
