@@ -49,7 +49,7 @@ async fn under_none_a_sandbox_with_the_sidecar_reaches_nothing() {
     let Some((domain, key)) = server() else {
         return;
     };
-    let bridge = bridge_address();
+    let bridge = sessionbox_test_support::docker_bridge();
     let listener = std::net::TcpListener::bind((bridge, 0)).unwrap();
     let port = listener.local_addr().unwrap().port();
     listener.set_nonblocking(true).unwrap();
@@ -100,21 +100,6 @@ async fn under_none_a_sandbox_with_the_sidecar_reaches_nothing() {
         String::from_utf8_lossy(&sidecars.stdout).trim().is_empty(),
         "the sidecar outlived its sandbox"
     );
-}
-
-/// The Docker bridge's address on this host (`docker0`), which containers reach.
-fn bridge_address() -> std::net::Ipv4Addr {
-    let out = std::process::Command::new("ip")
-        .args(["-4", "-o", "addr", "show", "docker0"])
-        .output()
-        .expect("run ip");
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.split_whitespace()
-        .skip_while(|w| *w != "inet")
-        .nth(1)
-        .and_then(|a| a.split('/').next())
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no docker0 address (is dockerd running?): {text}"))
 }
 
 /// With a gateway, each command of an allowlisted conversation gets the proxy variables with

@@ -153,3 +153,21 @@ pub fn bind_in_netns(netns: &str, addr: SocketAddr) -> TcpListener {
         .expect("make the listener non-blocking");
     listener
 }
+
+/// The address of the Docker bridge on this host (`docker0`), which containers reach.
+///
+/// # Panics
+/// Without a `docker0` address (dockerd is not running).
+pub fn docker_bridge() -> std::net::Ipv4Addr {
+    let out = Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "docker0"])
+        .output()
+        .expect("run ip");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)
+        .and_then(|a| a.split('/').next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no docker0 address (is dockerd running?): {text}"))
+}

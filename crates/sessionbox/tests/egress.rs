@@ -13,6 +13,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+pub(crate) use sessionbox_test_support::docker_bridge;
 use sessionbox_test_support::{bind_in_netns, serve_command, spawn_serve};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
@@ -829,19 +830,33 @@ async fn a_policy_set_over_rest_applies_to_the_next_connection_of_a_warm_convers
     drop(served);
 }
 
-/// The address of the Docker bridge on this host, which containers reach.
-pub(crate) fn docker_bridge() -> Ipv4Addr {
-    let out = Command::new("ip")
-        .args(["-4", "-o", "addr", "show", "docker0"])
-        .output()
-        .expect("run ip");
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.split_whitespace()
-        .skip_while(|w| *w != "inet")
-        .nth(1)
-        .and_then(|a| a.split('/').next())
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no docker0 address (is dockerd running?): {text}"))
+/// Runs `cmd` in `conv`'s `opensandbox` sandbox through the CLI (30 s timeout); (exit code,
+/// stdout + stderr).
+pub(crate) async fn osb_sh(data: &Arc<Data>, conv: &str, cmd: String) -> (i32, String) {
+    let (data, conv) = (data.clone(), conv.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let out = data.cli(&[
+            "--runtime",
+            "opensandbox",
+            "exec",
+            "-c",
+            &conv,
+            "--timeout",
+            "30",
+            "--",
+            &cmd,
+        ]);
+        (
+            out.status.code().unwrap_or(-1),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    })
+    .await
+    .unwrap()
 }
 
 /// The OpenSandbox server from the environment (scripts/opensandbox-up); `None` (skip) without
@@ -950,34 +965,7 @@ async fn an_opensandbox_sandbox_reaches_allowed_targets_through_the_token_gatewa
         "--allow",
         &format!("{bridge}/32:{ap}"),
     ]);
-    let sh = |cmd: String| {
-        let data = data.clone();
-        async move {
-            tokio::task::spawn_blocking(move || {
-                let out = data.cli(&[
-                    "--runtime",
-                    "opensandbox",
-                    "exec",
-                    "-c",
-                    conv,
-                    "--timeout",
-                    "30",
-                    "--",
-                    &cmd,
-                ]);
-                (
-                    out.status.code().unwrap_or(-1),
-                    format!(
-                        "{}{}",
-                        String::from_utf8_lossy(&out.stdout),
-                        String::from_utf8_lossy(&out.stderr)
-                    ),
-                )
-            })
-            .await
-            .unwrap()
-        }
-    };
+    let sh = |cmd: String| osb_sh(&data, conv, cmd);
 
     // Allowed: busybox wget through HTTP_PROXY (absolute form, the token as the Basic
     // password), and a CONNECT tunnel with the token as a bearer.

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::egress::{
-    Data, GatewayProcess, TestNet, dns_on, docker_bridge, http_on, opensandbox_server,
+    Data, GatewayProcess, TestNet, dns_on, docker_bridge, http_on, opensandbox_server, osb_sh as sh,
 };
 
 /// Unsets every proxy variable: a program that ignores them.
@@ -25,33 +25,6 @@ fn add_config(data: &Data, lines: &str) {
     let mut config = std::fs::read_to_string(&path).unwrap();
     config.push_str(lines);
     std::fs::write(path, config).unwrap();
-}
-
-async fn sh(data: &Arc<Data>, conv: &str, cmd: String) -> (i32, String) {
-    let (data, conv) = (data.clone(), conv.to_owned());
-    tokio::task::spawn_blocking(move || {
-        let out = data.cli(&[
-            "--runtime",
-            "opensandbox",
-            "exec",
-            "-c",
-            &conv,
-            "--timeout",
-            "30",
-            "--",
-            &cmd,
-        ]);
-        (
-            out.status.code().unwrap_or(-1),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        )
-    })
-    .await
-    .unwrap()
 }
 
 /// Attack: a command that ignores the proxy variables connects to the target by address, asks
