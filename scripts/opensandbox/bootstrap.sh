@@ -34,4 +34,6 @@ fi
 if [ "$#" -eq 0 ]; then
   set -- tail -f /dev/null
 fi
-exec "$@"
+# The container's main process is confined the same way: nothing in the sandbox keeps root.
+# shellcheck disable=SC2086
+exec "$dir/execd" confined-exec $confine -- "$@"

@@ -197,3 +197,57 @@ fn drop_to(uid: u32, gid: u32) -> Result<()> {
     }
     Ok(())
 }
+
+/// `sessionbox-agent confined-exec [--user UID:GID] [--writable DIR]... -- PROGRAM [ARG]...`:
+/// applies the same confinement as the agent's `--user` and `--writable`, then executes
+/// `PROGRAM` in place (what a bootstrap runs its container's main process through, so that not
+/// even that process keeps root). Exit code 2 for a bad command line, 126 when the confinement
+/// or the `exec` fails; it never runs `PROGRAM` less confined than asked.
+pub fn confined_exec(args: &[std::ffi::OsString]) -> std::process::ExitCode {
+    use std::os::unix::process::CommandExt;
+    let mut c = Confinement::default();
+    let mut it = args.iter();
+    let usage = |m: &str| {
+        eprintln!(
+            "sessionbox-agent confined-exec: {m}; usage: confined-exec [--user UID:GID] \
+             [--writable DIR]... -- PROGRAM [ARG]..."
+        );
+        std::process::ExitCode::from(2)
+    };
+    loop {
+        match it.next().and_then(|a| a.to_str()) {
+            Some("--") => break,
+            Some("--user") => {
+                let Some((u, g)) = it
+                    .next()
+                    .and_then(|v| v.to_str())
+                    .and_then(|v| v.split_once(':'))
+                    .and_then(|(u, g)| Some((u.parse::<u32>().ok()?, g.parse::<u32>().ok()?)))
+                    .filter(|(u, g)| *u != 0 && *g != 0)
+                else {
+                    return usage("--user needs UID:GID, neither 0");
+                };
+                c.user = Some((u, g));
+            }
+            Some("--writable") => match it.next() {
+                Some(d) => c.writable.push(PathBuf::from(d)),
+                None => return usage("--writable needs a directory"),
+            },
+            Some(other) => return usage(&format!("unknown option {other:?}")),
+            None => return usage("no -- before the program"),
+        }
+    }
+    let Some(program) = it.next() else {
+        return usage("no program after --");
+    };
+    if let Err(e) = apply(&c) {
+        eprintln!("sessionbox-agent confined-exec: {e}");
+        return std::process::ExitCode::from(126);
+    }
+    let e = std::process::Command::new(program).args(it).exec();
+    eprintln!(
+        "sessionbox-agent confined-exec: cannot run {}: {e}",
+        program.to_string_lossy()
+    );
+    std::process::ExitCode::from(126)
+}

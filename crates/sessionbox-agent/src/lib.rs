@@ -46,6 +46,7 @@ mod background;
 mod cli;
 mod commands;
 mod confine;
+pub use confine::confined_exec;
 mod egress_relay;
 pub mod egress_sidecar;
 mod files;

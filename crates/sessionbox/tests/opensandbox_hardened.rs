@@ -78,8 +78,8 @@ fn image_bytes(path: &std::path::Path) -> u64 {
         .unwrap_or(0)
 }
 
-/// Commands run as uid 1000 with no capability in any set, `no_new_privs` and seccomp, and
-/// cannot write the root file system (a world-writable directory outside `/workspace` and
+/// Commands (and the container's main process) run as uid 1000 with no capability in any set,
+/// `no_new_privs` and seccomp, and cannot write the root file system (a world-writable directory outside `/workspace` and
 /// `/tmp` included: that is Landlock, not only file modes).
 #[test]
 fn commands_run_unprivileged_on_a_root_they_cannot_write() {
@@ -91,7 +91,8 @@ fn commands_run_unprivileged_on_a_root_they_cannot_write() {
         "unpriv",
         "id -u; grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status; \
          for p in /etc/x /x /usr/x /opt/opensandbox/x; do touch $p 2>/dev/null && echo wrote $p; done; \
-         touch /workspace/ok /tmp/ok && echo writable",
+         touch /workspace/ok /tmp/ok && echo writable; \
+         grep -E '^(Uid|CapEff):' /proc/1/status | tr '\\t' ' '",
     );
     assert_eq!(code, 0, "{out}");
     let lines: Vec<&str> = out.lines().collect();
@@ -108,6 +109,9 @@ fn commands_run_unprivileged_on_a_root_they_cannot_write() {
     );
     assert!(!out.contains("wrote"), "{out}");
     assert!(out.contains("writable"), "{out}");
+    // Not even the container's main process keeps root.
+    assert!(out.contains("Uid: 1000 1000 1000 1000"), "{out}");
+    assert!(out.contains("CapEff: 0000000000000000\n"), "{out}");
     o.cli(&["destroy", "-c", "unpriv"]);
 }
 
