@@ -28,12 +28,16 @@ fi
 # an access token unless --insecure-no-token says so. Here the address is the container's own,
 # reached only through the OpenSandbox server (its proxy, or the port it publishes on
 # 127.0.0.1), which in docker mode hands out no execd token: so every interface, explicitly.
-# An EXECD_ACCESS_TOKEN in the sandbox's environment is still required of every request.
+# An EXECD_ACCESS_TOKEN in the sandbox's environment (sessionbox sets one per conversation) is
+# then required of every request: another container on the bridge cannot use this agent.
 # shellcheck disable=SC2086 # $confine is a list of options
 "$dir/execd" --listen tcp:0.0.0.0:44772 --root /workspace --insecure-no-token $confine &
 if [ "$#" -eq 0 ]; then
   set -- tail -f /dev/null
 fi
 # The container's main process is confined the same way: nothing in the sandbox keeps root.
+# The agent's token is the agent's alone: not in the main process's environment (the agent,
+# which is not dumpable, took its copy and removed it from its own).
+unset EXECD_ACCESS_TOKEN
 # shellcheck disable=SC2086
 exec "$dir/execd" confined-exec $confine -- "$@"

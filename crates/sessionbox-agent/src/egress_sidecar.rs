@@ -23,8 +23,9 @@
 //!   every connection goes through the gateway's per-CONNECT checks. (The server accepts any
 //!   target text; upstream's sidecar, which matches names, would match nothing: fail closed.)
 //! - inbound: loopback, replies, and new TCP connections to the ports the server publishes
-//!   (44772 execd, 8080, 18080 this API); nothing else, so another container on the bridge
-//!   cannot reach a server a command starts.
+//!   (44772 execd, 8080, 18080 this API) from the network's default gateway (the host: the
+//!   server's proxy and Docker's published ports) only; so another container on the bridge
+//!   reaches no port here, not even a server a command starts on a published port.
 //!
 //! A wildcard target (`*.example.com`) cannot be enforced on addresses: the sidecar refuses to
 //! start rather than enforce less than it was given, and the server's create fails. So does a
@@ -166,6 +167,7 @@ fn split_port(target: &str) -> Result<(&str, Option<u16>), SidecarError> {
 pub fn ruleset(
     policy: &NetworkPolicy,
     resolve: &dyn Fn(&str) -> Vec<IpAddr>,
+    inbound_from: Option<std::net::Ipv4Addr>,
 ) -> Result<String, SidecarError> {
     let default_allow = match policy
         .default_action
@@ -248,10 +250,33 @@ pub fn ruleset(
     line("    iifname \"lo\" accept".into());
     line("    ct state established,related accept".into());
     let inbound: Vec<String> = INBOUND_PORTS.iter().map(u16::to_string).collect();
-    line(format!("    tcp dport {{ {} }} accept", inbound.join(", ")));
+    // Only from the host (the bridge's gateway: the server's proxy and Docker's published
+    // ports come from there), so no other container on the bridge reaches a port here.
+    let from = inbound_from
+        .map(|a| format!("ip saddr {a} "))
+        .unwrap_or_default();
+    line(format!(
+        "    {from}tcp dport {{ {} }} accept",
+        inbound.join(", ")
+    ));
     line("  }".into());
     line("}".into());
     Ok(out)
+}
+
+/// The IPv4 default gateway of this network namespace (`/proc/net/route`): the host, on a
+/// Docker bridge.
+fn default_gateway() -> Option<std::net::Ipv4Addr> {
+    let text = std::fs::read_to_string("/proc/net/route").ok()?;
+    text.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.len() < 3 || f[1] != "00000000" {
+            return None;
+        }
+        let g = u32::from_str_radix(f[2], 16).ok()?;
+        // The kernel writes the address in host (little-endian) byte order.
+        Some(std::net::Ipv4Addr::from(g.swap_bytes()))
+    })
 }
 
 fn system_resolve(name: &str) -> Vec<IpAddr> {
@@ -410,7 +435,7 @@ fn setup() -> Result<Api, SidecarError> {
             ))
         })?,
     };
-    let rules = ruleset(&policy, &system_resolve)?;
+    let rules = ruleset(&policy, &system_resolve, default_gateway())?;
     apply(&rules)?;
     tracing::info!(
         rules = policy.egress.len(),
@@ -480,15 +505,26 @@ mod tests {
 
     #[test]
     fn deny_all_accepts_only_loopback_replies_and_the_published_ports() {
-        let r = ruleset(&policy(Some("deny"), &[]), &no_dns).unwrap();
+        let r = ruleset(
+            &policy(Some("deny"), &[]),
+            &no_dns,
+            Some([172, 17, 0, 1].into()),
+        )
+        .unwrap();
         let output = r.split("chain refuse").next().unwrap();
         assert!(output.contains("policy drop;"), "{r}");
         assert!(output.contains("oifname \"lo\" accept"), "{r}");
         assert!(output.trim_end().ends_with("jump refuse\n  }"), "{r}");
         assert!(!output.contains("daddr"), "{r}");
-        assert!(r.contains("tcp dport { 44772, 8080, 18080 } accept"), "{r}");
+        assert!(
+            r.contains("ip saddr 172.17.0.1 tcp dport { 44772, 8080, 18080 } accept"),
+            "{r}"
+        );
         // An absent default is deny too.
-        assert_eq!(ruleset(&policy(None, &[]), &no_dns).unwrap(), r);
+        assert_eq!(
+            ruleset(&policy(None, &[]), &no_dns, Some([172, 17, 0, 1].into())).unwrap(),
+            r
+        );
     }
 
     #[test]
@@ -510,6 +546,7 @@ mod tests {
                 ],
             ),
             &resolve,
+            None,
         )
         .unwrap();
         let lines: Vec<&str> = r.lines().map(str::trim).collect();
@@ -550,7 +587,7 @@ mod tests {
                 "bracket",
             ),
         ] {
-            let e = ruleset(&p, &no_dns).unwrap_err().to_string();
+            let e = ruleset(&p, &no_dns, None).unwrap_err().to_string();
             assert!(e.contains(want), "{p:?}: {e}");
         }
     }
@@ -582,6 +619,7 @@ mod tests {
                 &[("allow", "192.0.2.0/24:3128"), ("deny", "2001:db8::/32")],
             ),
             &no_dns,
+            Some([172, 17, 0, 1].into()),
         )
         .unwrap();
         use std::io::Write;

@@ -111,6 +111,22 @@ impl TokenKey {
         m
     }
 
+    /// The access token of the agent in `conversation`'s remote sandbox (a conversation key):
+    /// 64 hex digits, HMAC-SHA256 of the key over a prefix of its own (so it can never be
+    /// mistaken for, or forged from, a proxy token) and the conversation key. The same for every
+    /// process holding the key, so any CLI call or server replica can reach the agent; it is
+    /// handed to the sandbox once, at create, and to no command.
+    pub fn agent_token(&self, conversation: &str) -> String {
+        let mut m = Hmac::<Sha256>::new_from_slice(&self.0).expect("any key length");
+        m.update(b"sessionbox agent token\n");
+        m.update(conversation.as_bytes());
+        m.finalize()
+            .into_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
     /// Issues a token for `conversation` under `policy_hash`, valid `ttl_secs` from `now`.
     pub fn issue(&self, conversation: &str, policy_hash: &str, now: u64, ttl_secs: u64) -> String {
         let claims = Claims {

@@ -319,6 +319,11 @@ fn opensandbox_runtime(
             egress::gateway_access(address, data_dir).context("[opensandbox] egress_gateway")?,
         );
     }
+    // Every sandbox's agent takes requests with its conversation's token only.
+    config.agent_key = Some(
+        sessionbox_egress::token::TokenKey::load_or_create(&egress::key_path(data_dir))
+            .with_context(|| format!("the agent key {}", egress::key_path(data_dir).display()))?,
+    );
     if let Some(bytes) = section.disk_bytes.filter(|b| *b > 0) {
         use sessionbox_local::isolated::DiskQuota;
         let quota = DiskQuota::new(

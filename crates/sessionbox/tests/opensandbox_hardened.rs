@@ -249,3 +249,56 @@ fn sandbox_of(o: &Osb, conv: &str) -> String {
         .map(str::to_owned)
         .unwrap_or_else(|| panic!("no sandbox for {conv}: {names}"))
 }
+
+/// Attack: a command in conversation B calls conversation A's agent directly, on A's
+/// container address on the Docker bridge (its execd port, no token), to read A's file and
+/// run a command there. The agent answers 401 without A's token, which only sessionbox holds
+/// (the command does not have it, not even in its environment), so A's file stays unread and
+/// A's workspace unchanged.
+#[test]
+fn a_command_cannot_use_another_conversations_agent_over_the_bridge() {
+    if !opensandbox_server() {
+        return;
+    }
+    let o = Osb::new("agent-token", 0);
+    let (code, out) = o.sh(
+        "victim",
+        "echo secret-of-a > /workspace/secret; env | grep -c EXECD_ACCESS_TOKEN",
+    );
+    assert_eq!(
+        out.lines().next(),
+        Some("0"),
+        "the command sees the agent's token: {out}"
+    );
+    let _ = code;
+    let id = sandbox_of(&o, "victim");
+    let ip = Command::new("docker")
+        .args([
+            "inspect",
+            "-f",
+            "{{.NetworkSettings.IPAddress}}",
+            &format!("sandbox-{id}"),
+        ])
+        .output()
+        .unwrap();
+    let ip = String::from_utf8_lossy(&ip.stdout).trim().to_owned();
+    assert!(ip.starts_with("172."), "{ip}");
+    let (code, out) = o.sh(
+        "attacker",
+        &format!(
+            "(printf 'GET /files/download?path=/workspace/secret HTTP/1.0\\r\\n\\r\\n'; sleep 2) | nc -w 5 {ip} 44772; \
+             (printf 'POST /command HTTP/1.0\\r\\nContent-Type: application/json\\r\\nContent-Length: 54\\r\\n\\r\\n{{\"command\":\"echo pwned > /workspace/from-b\",\"cwd\":\"/\"}}'; sleep 2) | nc -w 5 {ip} 44772"
+        ),
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.matches("401").count() >= 2,
+        "the agent did not refuse the requests without a token: {out}"
+    );
+    assert!(!out.contains("secret-of-a"), "B read A's file: {out}");
+    let (_, out) = o.sh("victim", "ls /workspace");
+    assert!(!out.contains("from-b"), "B ran a command in A: {out}");
+    for c in ["victim", "attacker"] {
+        o.cli(&["destroy", "-c", c]);
+    }
+}

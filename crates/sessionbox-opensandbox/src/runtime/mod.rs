@@ -156,6 +156,13 @@ pub struct OpenSandboxConfig {
     /// until the conversation is destroyed); without, they are the container's own layer,
     /// unlimited.
     pub volumes: Option<Arc<dyn WorkspaceVolumes>>,
+    /// The key the agents' access tokens derive from
+    /// ([`sessionbox_egress::token::TokenKey::agent_token`]): with it, each sandbox is created
+    /// with `EXECD_ACCESS_TOKEN` (which the agent takes and removes from its environment, so no
+    /// command sees it) and every request carries it, so another container on the server's
+    /// network cannot use a sandbox's agent. Without it, the agent takes any request that
+    /// reaches it (the server's network is then the only guard).
+    pub agent_key: Option<sessionbox_egress::token::TokenKey>,
 }
 
 impl OpenSandboxConfig {
@@ -176,6 +183,7 @@ impl OpenSandboxConfig {
             instance: instance.into(),
             egress: EgressOptions::default(),
             volumes: None,
+            agent_key: None,
         }
     }
 }
@@ -270,7 +278,7 @@ impl Runtime for OpenSandboxRuntime {
     async fn open(&self, conversation: &ConversationRef) -> Result<Box<dyn Session>> {
         let key = conversation.key.clone();
         let (id, state_lost) = self.ensure_sandbox(conversation).await?;
-        let client = match self.connect(&id).await {
+        let client = match self.connect(&id, &key).await {
             Ok(c) => c,
             Err(e) => return Err(e),
         };
@@ -344,7 +352,7 @@ impl Runtime for OpenSandboxRuntime {
         let Some(id) = self.running_sandbox(key).await? else {
             return Ok(false);
         };
-        if let Some(n) = self.running_background(&id).await? {
+        if let Some(n) = self.running_background(&id, key).await? {
             return Err(Error::Busy(format!(
                 "{n} background command(s) run in its sandbox; left running"
             )));
@@ -374,6 +382,6 @@ impl Runtime for OpenSandboxRuntime {
         let Some(id) = self.running_sandbox(key).await? else {
             return Ok(false);
         };
-        Ok(self.running_background(&id).await?.is_none())
+        Ok(self.running_background(&id, key).await?.is_none())
     }
 }

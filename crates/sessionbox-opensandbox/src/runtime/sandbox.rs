@@ -163,7 +163,12 @@ impl OpenSandboxRuntime {
             timeout: Some(self.config.timeout),
             metadata,
             resource_limits: self.config.resource_limits.clone(),
-            env: BTreeMap::new(),
+            env: match &self.config.agent_key {
+                Some(k) => {
+                    BTreeMap::from([("EXECD_ACCESS_TOKEN".to_owned(), k.agent_token(key.as_str()))])
+                }
+                None => BTreeMap::new(),
+            },
             network_policy,
         };
         let expires = self.expiry_from_now();
@@ -414,8 +419,12 @@ impl OpenSandboxRuntime {
     ///
     /// # Errors
     /// [`Error::Backend`] when the agent cannot be reached or answers badly.
-    pub(super) async fn running_background(&self, id: &str) -> Result<Option<usize>> {
-        let client = self.connect(id).await?;
+    pub(super) async fn running_background(
+        &self,
+        id: &str,
+        key: &ConversationKey,
+    ) -> Result<Option<usize>> {
+        let client = self.connect(id, key).await?;
         let commands = client.background_commands().await.map_err(|e| {
             Error::Backend(format!(
                 "cannot ask the agent of sandbox {id} whether a background command runs: {e}"
@@ -425,7 +434,7 @@ impl OpenSandboxRuntime {
         Ok((n > 0).then_some(n))
     }
 
-    pub(super) async fn connect(&self, id: &str) -> Result<ExecdClient> {
+    pub(super) async fn connect(&self, id: &str, key: &ConversationKey) -> Result<ExecdClient> {
         let endpoint = self
             .client
             .endpoint(id, EXECD_PORT)
@@ -439,6 +448,8 @@ impl OpenSandboxRuntime {
             .find(|(k, _)| k.eq_ignore_ascii_case("X-EXECD-ACCESS-TOKEN"))
         {
             builder = builder.token(token.clone());
+        } else if let Some(k) = &self.config.agent_key {
+            builder = builder.token(k.agent_token(key.as_str()));
         }
         let client = builder.build().map_err(Error::from)?;
         // Create answers once the container started, not when execd inside answers.
