@@ -229,7 +229,7 @@ pub fn watch(
     }))
 }
 
-/// A TCP listener whose connections are TLS streams, for [`axum::serve`]. Handshakes run on
+/// A TCP listener whose connections are TLS streams, for [`axum::serve()`]. Handshakes run on
 /// tasks of their own (at most [`MAX_HANDSHAKES`] at once, each within
 /// [`HANDSHAKE_TIMEOUT`]), so a slow client holds up no other; failed handshakes are logged at
 /// debug and dropped.
