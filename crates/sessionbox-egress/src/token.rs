@@ -64,7 +64,7 @@ impl std::fmt::Debug for TokenKey {
 }
 
 impl TokenKey {
-    /// A key from bytes (tests).
+    /// A key from bytes (tests, and keys derived from another secret).
     pub fn from_bytes(b: [u8; 32]) -> Self {
         TokenKey(b)
     }
@@ -114,7 +114,8 @@ impl TokenKey {
     /// The access token of the agent in `conversation`'s remote sandbox (a conversation key):
     /// 64 hex digits, HMAC-SHA256 of the key over a prefix of its own (so it can never be
     /// mistaken for, or forged from, a proxy token) and the conversation key. The same for every
-    /// process holding the key, so any CLI call or server replica can reach the agent; it is
+    /// process holding the key, so any CLI call or server replica can reach the agent (the
+    /// binary derives the key from the OpenSandbox API key, which every replica holds); it is
     /// handed to the sandbox once, at create, and to no command.
     pub fn agent_token(&self, conversation: &str) -> String {
         let mut m = Hmac::<Sha256>::new_from_slice(&self.0).expect("any key length");

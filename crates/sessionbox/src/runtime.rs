@@ -319,11 +319,15 @@ fn opensandbox_runtime(
             egress::gateway_access(address, data_dir).context("[opensandbox] egress_gateway")?,
         );
     }
-    // Every sandbox's agent takes requests with its conversation's token only.
-    config.agent_key = Some(
-        sessionbox_egress::token::TokenKey::load_or_create(&egress::key_path(data_dir))
-            .with_context(|| format!("the agent key {}", egress::key_path(data_dir).display()))?,
-    );
+    // Every sandbox's agent takes requests with its conversation's token only. The tokens
+    // derive from the server's API key (SHA-256 of it as the HMAC key): every replica of this
+    // installation holds it, and whoever holds it controls every sandbox anyway; no token
+    // reveals it. A server without an API key gives no token (its network is the only guard).
+    config.agent_key = config.client.api_key.as_ref().map(|k| {
+        use sha2::Digest;
+        let digest: [u8; 32] = sha2::Sha256::digest(k.expose().as_bytes()).into();
+        sessionbox_egress::token::TokenKey::from_bytes(digest)
+    });
     if let Some(bytes) = section.disk_bytes.filter(|b| *b > 0) {
         use sessionbox_local::isolated::DiskQuota;
         let quota = DiskQuota::new(

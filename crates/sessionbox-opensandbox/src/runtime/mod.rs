@@ -157,7 +157,8 @@ pub struct OpenSandboxConfig {
     /// unlimited.
     pub volumes: Option<Arc<dyn WorkspaceVolumes>>,
     /// The key the agents' access tokens derive from
-    /// ([`sessionbox_egress::token::TokenKey::agent_token`]): with it, each sandbox is created
+    /// ([`sessionbox_egress::token::TokenKey::agent_token`]; the binary derives it from the API
+    /// key, which every replica shares): with it, each sandbox is created
     /// with `EXECD_ACCESS_TOKEN` (which the agent takes and removes from its environment, so no
     /// command sees it) and every request carries it, so another container on the server's
     /// network cannot use a sandbox's agent. Without it, the agent takes any request that
