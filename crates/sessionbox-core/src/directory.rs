@@ -71,6 +71,54 @@ pub trait Directory: Send + Sync {
     /// when every uid in `range` is taken; [`crate::Error::Backend`].
     async fn sandbox_uid(&self, key: &ConversationKey, range: Range<u32>) -> Result<u32>;
 
+    /// Reserves a host uid of `range` for the warm pool slot `holder` (a sandbox launched
+    /// before any conversation owns it): no conversation is given it while the reservation
+    /// lasts. The same holder gets the same uid again.
+    ///
+    /// The default refuses ([`crate::Error::Conflict`]): a directory that cannot reserve uids
+    /// gives a runtime no warm pool.
+    ///
+    /// # Errors
+    /// [`crate::Error::Conflict`] when every uid in `range` is taken (or reservations are not
+    /// supported); [`crate::Error::Backend`].
+    async fn reserve_pool_uid(&self, holder: &str, range: Range<u32>) -> Result<u32> {
+        let _ = (holder, range);
+        Err(crate::Error::Conflict(
+            "this directory cannot reserve sandbox uids for a warm pool".into(),
+        ))
+    }
+
+    /// Gives the uid `holder` reserved to the conversation `key` (recorded, with no uid yet),
+    /// in one step: from then on [`Directory::sandbox_uid`] answers it for `key`.
+    ///
+    /// # Errors
+    /// [`crate::Error::NotFound`] when nothing is reserved for `holder` or `key` is not
+    /// recorded; [`crate::Error::Conflict`] when `key` already has a uid;
+    /// [`crate::Error::Backend`].
+    async fn bind_pool_uid(&self, holder: &str, key: &ConversationKey) -> Result<u32> {
+        let _ = (holder, key);
+        Err(crate::Error::Conflict(
+            "this directory cannot reserve sandbox uids for a warm pool".into(),
+        ))
+    }
+
+    /// Drops `holder`'s reservation; true when there was one. The default has none.
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`].
+    async fn release_pool_uid(&self, holder: &str) -> Result<bool> {
+        let _ = holder;
+        Ok(false)
+    }
+
+    /// The holders of every reservation (for removing those whose slot is gone).
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`].
+    async fn pool_uid_holders(&self) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+
     /// The conversation's own idle timeout (from its tenant's lifecycle when it was made);
     /// `None` when it has none or is not recorded (the runtime's default applies).
     ///

@@ -7,7 +7,7 @@ use crate::background::{BackgroundCommand, CommandOutput, OutputRequest, backgro
 use crate::error::Result;
 use crate::exec::{ExecRequest, ExecResult, ExecSink, OutputStream};
 use crate::files::{DirEntry, EditRequest, EditResult, FileStat, GrepMatch, GrepRequest};
-use crate::ids::{ConversationKey, ConversationRef};
+use crate::ids::{ConversationKey, ConversationRef, TenantId};
 
 /// A conversation's disk usage against its quota, as the kernel counts it (the workspace's own
 /// file system: see the `isolated` runtime's disk quota).
@@ -154,6 +154,29 @@ pub trait Runtime: Send + Sync {
     async fn disk_usage(&self, key: &ConversationKey) -> Result<Option<DiskUsage>> {
         let _ = key;
         Ok(None)
+    }
+
+    /// Fills `tenant`'s warm pool (sandboxes launched ahead of the conversations that will
+    /// take them) up to its configured size, and keeps the pooled ones alive. Returns how many
+    /// it launched. Long-lived front ends call it after an open that took a pooled sandbox and
+    /// periodically. The default has no pool: `Ok(0)`.
+    ///
+    /// # Errors
+    /// The runtime's launch errors.
+    async fn refill_pool(&self, tenant: &TenantId) -> Result<usize> {
+        let _ = tenant;
+        Ok(0)
+    }
+
+    /// Removes what the warm pool should not hold (dead, half-made or surplus sandboxes; all
+    /// of them with `drain`), leaving those being bound. Returns how many it removed. The
+    /// default has no pool: `Ok(0)`.
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`] when the backend fails.
+    async fn prune_pool(&self, drain: bool) -> Result<usize> {
+        let _ = drain;
+        Ok(0)
     }
 }
 

@@ -17,9 +17,9 @@
 //! every writer has closed the pipe (the sandbox or the gateway ended).
 
 use std::ffi::OsString;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -63,26 +63,57 @@ pub fn rotated(path: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-fn open(path: &Path, truncate: bool) -> std::io::Result<File> {
-    let mut o = OpenOptions::new();
-    o.create(true).mode(0o600);
-    if truncate {
-        o.write(true).truncate(true);
-    } else {
-        o.append(true);
-    }
-    o.open(path)
+/// Opens (creating, 0600) the log `name` in the directory held by `dir`.
+fn open(dir: &OwnedFd, name: &Path, truncate: bool) -> std::io::Result<File> {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::WRONLY
+        | OFlags::CREATE
+        | OFlags::CLOEXEC
+        | OFlags::NOFOLLOW
+        | if truncate {
+            OFlags::TRUNC
+        } else {
+            OFlags::APPEND
+        };
+    Ok(File::from(rustix::fs::openat(
+        dir,
+        name,
+        flags,
+        Mode::from_raw_mode(0o600),
+    )?))
 }
 
 /// Copies `input` to the log at `path` until its end, rotating to [`rotated`]`(path)` whenever
 /// the file would pass `max_bytes` (raised to [`MIN_MAX_BYTES`]). Blocks.
 ///
+/// The log's directory is held open from the start and the file is reopened and rotated
+/// relative to it, so a relay keeps writing into its directory when that directory is renamed
+/// (a warm pool's sandbox becoming a conversation's: its run directory moves).
+///
 /// # Errors
 /// When the file cannot be opened, written or rotated (its directory was removed: the
 /// conversation was destroyed), or `input` fails.
 pub fn relay(mut input: impl Read, path: &Path, max_bytes: u64) -> std::io::Result<()> {
+    use rustix::fs::{Mode, OFlags};
     let max = max_bytes.max(MIN_MAX_BYTES);
-    let mut file = open(path, false)?;
+    let (parent, name) = match (path.parent(), path.file_name()) {
+        (Some(p), Some(n)) => (
+            if p.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                p
+            },
+            Path::new(n),
+        ),
+        _ => return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput)),
+    };
+    let dir = rustix::fs::open(
+        parent,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let old = rotated(name);
+    let mut file = open(&dir, name, false)?;
     let mut size = file.metadata()?.len();
     let mut buf = vec![0u8; CHUNK];
     loop {
@@ -93,8 +124,8 @@ pub fn relay(mut input: impl Read, path: &Path, max_bytes: u64) -> std::io::Resu
             Err(e) => return Err(e),
         };
         if size > 0 && size + n as u64 > max {
-            std::fs::rename(path, rotated(path))?;
-            file = open(path, true)?;
+            rustix::fs::renameat(&dir, name, &dir, &old)?;
+            file = open(&dir, name, true)?;
             size = 0;
         }
         file.write_all(&buf[..n])?;
@@ -164,5 +195,42 @@ mod tests {
         assert!(now.len() as u64 <= 1 << 20 && old.len() as u64 <= 1 << 20);
         assert!(data.ends_with(&now), "the newest bytes are in the file");
         assert!(data[..data.len() - now.len()].ends_with(&old));
+    }
+
+    /// The log's directory renamed while the relay writes (a pool sandbox bound to a
+    /// conversation): the lines written after the rename, and the rotation, land in the
+    /// directory under its new name.
+    #[test]
+    fn a_relay_follows_its_directory_when_it_is_renamed() {
+        let top = tempfile::tempdir().unwrap();
+        let (before, after) = (
+            top.path().join("pool-slot"),
+            top.path().join("conversation"),
+        );
+        std::fs::create_dir(&before).unwrap();
+        let (reader, mut writer) = std::io::pipe().unwrap();
+        let path = before.join("agent.log");
+        let relay = std::thread::spawn(move || relay(reader, &path, MIN_MAX_BYTES));
+        writer.write_all(b"first\n").unwrap();
+        // Wait until the relay has opened the file (it holds the directory from then on).
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::fs::read(before.join("agent.log")).map_or(true, |d| d.is_empty()) {
+            assert!(std::time::Instant::now() < until);
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        std::fs::rename(&before, &after).unwrap();
+        let big = vec![b'x'; MIN_MAX_BYTES as usize];
+        writer.write_all(&big).unwrap();
+        writer.write_all(b"last\n").unwrap();
+        drop(writer);
+        relay.join().unwrap().unwrap();
+        assert!(!before.exists(), "nothing was made under the old name");
+        // More than the cap was written after the rename: it rotated there at least once.
+        assert!(
+            after.join("agent.log.1").exists(),
+            "rotated in the renamed directory"
+        );
+        let now = std::fs::read(after.join("agent.log")).unwrap();
+        assert!(now.ends_with(b"last\n"));
     }
 }

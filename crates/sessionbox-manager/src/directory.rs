@@ -135,6 +135,31 @@ impl Directory for StoreDirectory {
         self.store.run(move |s| s.allocate_uid(&key, range)).await
     }
 
+    async fn reserve_pool_uid(&self, holder: &str, range: Range<u32>) -> Result<u32> {
+        let holder = holder.to_owned();
+        self.store
+            .run(move |s| s.reserve_uid(&holder, range, chrono::Utc::now()))
+            .await
+    }
+
+    async fn bind_pool_uid(&self, holder: &str, key: &ConversationKey) -> Result<u32> {
+        let (holder, key) = (holder.to_owned(), key.clone());
+        self.store
+            .run(move |s| s.bind_reserved_uid(&holder, &key))
+            .await
+    }
+
+    async fn release_pool_uid(&self, holder: &str) -> Result<bool> {
+        let holder = holder.to_owned();
+        self.store.run(move |s| s.release_uid(&holder)).await
+    }
+
+    async fn pool_uid_holders(&self) -> Result<Vec<String>> {
+        self.store
+            .run(|s| Ok(s.uid_reservations()?.into_iter().map(|r| r.0).collect()))
+            .await
+    }
+
     async fn idle_timeout(&self, key: &ConversationKey) -> Result<Option<Duration>> {
         let key = key.clone();
         self.store

@@ -115,6 +115,11 @@ pub struct GcReport {
     pub idle_stopped: Vec<GcItem>,
     /// Log rows pruned (past retention or beyond a tenant's cap); zero in a dry run.
     pub logs_pruned: sessionbox_store::LogsPruned,
+    /// Warm-pool sandboxes removed: dead, half-made, or beyond their tenant's pool size
+    /// ([`Runtime::prune_pool`]); zero in a dry run.
+    ///
+    /// [`Runtime::prune_pool`]: sessionbox_core::Runtime::prune_pool
+    pub pool_pruned: usize,
 }
 
 impl GcReport {
@@ -263,6 +268,12 @@ impl Manager {
                 .await
             {
                 tracing::warn!(error = %e, "garbage collection could not prune expired notices");
+            }
+            match self.runtime.prune_pool(false).await {
+                Ok(n) => report.pool_pruned = n,
+                Err(e) => {
+                    tracing::warn!(error = %e, "garbage collection could not prune the warm pool");
+                }
             }
             let logs = self.logs;
             match self.store.run(move |s| s.prune_logs(&logs, now)).await {

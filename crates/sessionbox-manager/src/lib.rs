@@ -58,6 +58,9 @@ pub struct Manager {
     lifecycle: Arc<LifecyclePolicy>,
     skills: Arc<Skills>,
     logs: sessionbox_store::LogRetention,
+    /// Tenants whose warm pool this process refills ([`Manager::with_pool_refill`]); `None`:
+    /// it refills none.
+    warm: Option<Arc<std::sync::Mutex<std::collections::BTreeSet<TenantId>>>>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -99,7 +102,67 @@ impl Manager {
             lifecycle: Arc::default(),
             skills: Arc::default(),
             logs: sessionbox_store::LogRetention::default(),
+            warm: None,
         }
+    }
+
+    /// Refills the runtime's warm pool ([`Runtime::refill_pool`]) in the background after
+    /// every open that created a conversation, for its tenant, and remembers the tenant for
+    /// [`Manager::maintain_pools`]. For long-lived processes (`serve`, `mcp`): a one-shot
+    /// process would exit before the refill ends.
+    #[must_use]
+    pub fn with_pool_refill(mut self) -> Self {
+        self.warm = Some(Arc::default());
+        self
+    }
+
+    /// Refills the warm pools of `tenants` and of every tenant this process has opened a
+    /// conversation for (with [`Manager::with_pool_refill`]), which also keeps pooled
+    /// sandboxes from stopping when idle. Returns how many sandboxes were launched. Call it
+    /// periodically (every minute or so).
+    ///
+    /// # Errors
+    /// The first refill that fails (the others are still tried).
+    pub async fn maintain_pools(&self, tenants: &[TenantId]) -> Result<usize> {
+        let mut all: std::collections::BTreeSet<TenantId> = tenants.iter().cloned().collect();
+        if let Some(warm) = &self.warm {
+            all.extend(
+                warm.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .cloned(),
+            );
+        }
+        let (mut launched, mut first_error) = (0, None);
+        for t in &all {
+            match self.runtime.refill_pool(t).await {
+                Ok(n) => launched += n,
+                Err(e) => {
+                    tracing::warn!(tenant = %t, error = %e, "cannot refill the warm pool");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(launched),
+        }
+    }
+
+    /// After an open that created a conversation: refills its tenant's pool in the background.
+    pub(crate) fn refill_after_create(&self, tenant: &TenantId) {
+        let Some(warm) = &self.warm else {
+            return;
+        };
+        warm.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(tenant.clone());
+        let (runtime, tenant) = (self.runtime.clone(), tenant.clone());
+        tokio::spawn(async move {
+            if let Err(e) = runtime.refill_pool(&tenant).await {
+                tracing::warn!(tenant = %tenant, error = %e, "cannot refill the warm pool");
+            }
+        });
     }
 
     /// How long and how much the egress and audit logs keep: what garbage collection prunes

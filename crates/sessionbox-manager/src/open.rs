@@ -236,7 +236,10 @@ impl Manager {
                     .await;
             }
         }
-        let (conv, _) = result?;
+        let (conv, created) = result?;
+        if created {
+            self.refill_after_create(&conversation.tenant);
+        }
         if !self.skills.roots(&conversation.tenant).is_empty() {
             let r = self.deliver_skills(conversation, &*conv.session).await;
             self.audit(conversation, "skills", &r, r.as_ref().ok().cloned())

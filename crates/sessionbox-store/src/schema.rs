@@ -260,6 +260,21 @@ const MIGRATIONS: &[Step] = &[
     CREATE INDEX egress_log_by_at ON egress_log (at);
     CREATE INDEX audit_by_at ON audit (at);",
     },
+    // 10: sandbox uids reserved by a warm pool's sandboxes before any conversation owns them
+    // (`holder` names the pool slot); a bind moves the uid to `sandbox_uids` in one
+    // transaction (see `uids.rs`).
+    Step {
+        sqlite: "CREATE TABLE sandbox_uid_reservations (
+        uid         INTEGER PRIMARY KEY,
+        holder      TEXT UNIQUE NOT NULL CHECK (length(holder) BETWEEN 1 AND 128),
+        reserved_at INTEGER NOT NULL
+    );",
+        postgres: "CREATE TABLE sandbox_uid_reservations (
+        uid         BIGINT PRIMARY KEY,
+        holder      TEXT UNIQUE NOT NULL CHECK (length(holder) BETWEEN 1 AND 128),
+        reserved_at BIGINT NOT NULL
+    );",
+    },
 ];
 
 /// The schema version this build writes: the number of migrations.

@@ -467,6 +467,42 @@ both! {
         assert_eq!(uids, (100..116).collect::<Vec<_>>());
     }
 
+    fn a_reserved_uid_is_no_conversations_until_bound_and_then_only_its(fx) {
+        let store = fx.open();
+        let keys: Vec<_> = (0..3)
+            .map(|i| {
+                let c = conv("acme", &format!("r{i}"));
+                store.get_or_create(&c, "isolated", t(1)).unwrap();
+                c.key
+            })
+            .collect();
+        let range = 6000..6003;
+        assert_eq!(store.reserve_uid("pool:a", range.clone(), t(2)).unwrap(), 6000);
+        assert_eq!(store.reserve_uid("pool:a", range.clone(), t(3)).unwrap(), 6000, "the same");
+        // A conversation never gets a reserved uid.
+        assert_eq!(store.allocate_uid(&keys[0], range.clone()).unwrap(), 6001);
+        assert_eq!(store.reserve_uid("pool:b", range.clone(), t(2)).unwrap(), 6002);
+        assert_eq!(store.allocate_uid(&keys[2], range.clone()).unwrap_err().code(), "conflict");
+        // Bound: the conversation's, the reservation gone.
+        assert_eq!(store.bind_reserved_uid("pool:a", &keys[1]).unwrap(), 6000);
+        assert_eq!(store.allocate_uid(&keys[1], range.clone()).unwrap(), 6000);
+        let held: Vec<_> = store.uid_reservations().unwrap().into_iter().map(|r| r.0).collect();
+        assert_eq!(held, ["pool:b"]);
+        // Not twice, not to a conversation that has a uid, not to one that does not exist.
+        assert_eq!(store.bind_reserved_uid("pool:a", &keys[2]).unwrap_err().code(), "not_found");
+        assert_eq!(store.bind_reserved_uid("pool:b", &keys[0]).unwrap_err().code(), "conflict");
+        let gone = conv("acme", "nope").key;
+        assert_eq!(store.bind_reserved_uid("pool:b", &gone).unwrap_err().code(), "not_found");
+        assert_eq!(store.reserve_uid("", range.clone(), t(2)).unwrap_err().code(), "invalid_request");
+        // Released: free again.
+        assert!(store.release_uid("pool:b").unwrap());
+        assert!(!store.release_uid("pool:b").unwrap());
+        assert_eq!(store.allocate_uid(&keys[2], range.clone()).unwrap(), 6002);
+        // A deleted conversation frees the uid it was bound.
+        store.delete(&keys[1]).unwrap();
+        assert_eq!(store.reserve_uid("pool:c", range, t(4)).unwrap(), 6000);
+    }
+
 }
 
 // ---- Egress policies and verdicts, skill bootstraps, on both backends. ----

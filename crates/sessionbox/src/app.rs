@@ -22,6 +22,9 @@ pub(crate) struct App {
     pub tenant: TenantId,
     /// The runtime's name.
     pub runtime_name: &'static str,
+    /// Tenants whose warm pool a long-lived process fills from its start: those named in
+    /// `[isolated.pool_tenants]` with a size, and the command's tenant when `pool_size` is set.
+    pub warm_tenants: Vec<TenantId>,
 }
 
 /// The settings every command past the first ones reads: the data directory, the
@@ -102,6 +105,24 @@ pub(crate) async fn conversation(
     Ok((conv, kind, store))
 }
 
+/// [`App::warm_tenants`] of `settings`.
+fn warm_tenants(settings: &Settings) -> anyhow::Result<Vec<TenantId>> {
+    let iso = &settings.file.isolated;
+    let mut tenants = Vec::new();
+    if iso.pool_size.unwrap_or(0) > 0 {
+        tenants.push(settings.tenant.clone());
+    }
+    for (name, &n) in &iso.pool_tenants {
+        if n > 0 {
+            tenants.push(
+                TenantId::new(name.clone())
+                    .with_context(|| format!("[isolated.pool_tenants] {name:?}"))?,
+            );
+        }
+    }
+    Ok(tenants)
+}
+
 impl App {
     /// The manager on `kind`'s runtime over the store (`store` if already open).
     pub(crate) fn build(
@@ -134,6 +155,7 @@ impl App {
                 .with_skills(skills),
             tenant: settings.tenant.clone(),
             runtime_name: kind.name(),
+            warm_tenants: warm_tenants(settings)?,
         })
     }
 }

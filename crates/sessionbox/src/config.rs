@@ -408,6 +408,15 @@ pub struct IsolatedSection {
     /// Bytes at which a conversation's `agent.log` and `egress.log` on the host are rotated
     /// (to `.1`, one kept), so each takes at most twice this (default 8 MiB, at least 64 KiB).
     pub log_max_bytes: Option<u64>,
+    /// Warm sandboxes kept ready per tenant (default 0: no pool; at most 64). A new
+    /// conversation takes one and starts in a bind rather than a launch; `serve` and `mcp`
+    /// refill the pool in the background. Each pooled sandbox holds a uid, a volume and a few
+    /// MiB of memory until it is used.
+    pub pool_size: Option<usize>,
+    /// Pool sizes of named tenants, overriding `pool_size` (`[isolated.pool_tenants]`,
+    /// `tenant = N`).
+    #[serde(default)]
+    pub pool_tenants: std::collections::BTreeMap<String, usize>,
 }
 
 impl IsolatedSection {
@@ -429,6 +438,30 @@ impl IsolatedSection {
         )
         .context("[isolated] disk_bytes, disk_inodes")?;
         Ok(Some(quota))
+    }
+
+    /// The warm pool's sizes these settings give.
+    ///
+    /// # Errors
+    /// When a size is above [`PoolSizes::MAX`].
+    ///
+    /// [`PoolSizes::MAX`]: sessionbox_local::isolated::PoolSizes::MAX
+    pub fn pool_sizes(&self) -> anyhow::Result<sessionbox_local::isolated::PoolSizes> {
+        use sessionbox_local::isolated::PoolSizes;
+        let sizes = PoolSizes {
+            default: self.pool_size.unwrap_or(0),
+            tenants: self.pool_tenants.clone(),
+        };
+        if let Some((who, n)) = std::iter::once(("pool_size", sizes.default))
+            .chain(sizes.tenants.iter().map(|(t, n)| (t.as_str(), *n)))
+            .find(|(_, n)| *n > PoolSizes::MAX)
+        {
+            anyhow::bail!(
+                "[isolated] pool size {n} for {who} is above the most, {}",
+                PoolSizes::MAX
+            );
+        }
+        Ok(sizes)
     }
 
     /// The sandbox limits these settings give (defaults for what they leave out).

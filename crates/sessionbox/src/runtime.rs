@@ -153,7 +153,8 @@ pub fn isolated_config(
         .with_uids(IsolatedConfig::uid_range(iso.uid_base, iso.uid_count))
         .with_limits(file.limits.unwrap_or_default())
         .with_sandbox(iso.sandbox_limits())
-        .with_disk(iso.disk_quota()?);
+        .with_disk(iso.disk_quota()?)
+        .with_pool(iso.pool_sizes()?);
     if let Some(secs) = iso.idle_timeout_secs {
         config = config.with_idle_timeout(Duration::from_secs(secs));
     }

@@ -10,6 +10,7 @@ use sessionbox::config::ServeSection;
 use sessionbox_server::{AppState, ServerConfig};
 
 use crate::App;
+use sessionbox_core::TenantId;
 
 /// Arguments of `sessionbox serve`.
 #[derive(Debug, clap::Args)]
@@ -94,6 +95,25 @@ fn tls_files(args: &ServeArgs, file: &ServeSection) -> anyhow::Result<Option<(Pa
     }
 }
 
+/// How often a long-lived process refills the warm pools and pings their sandboxes (well
+/// under the agents' idle timeout, so pooled sandboxes do not stop).
+pub(crate) const POOL_MAINTENANCE_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Fills `tenants`' warm pools now, then keeps every pool this process has used filled and
+/// alive, every [`POOL_MAINTENANCE_EVERY`] (nothing happens when no pool is configured).
+pub(crate) fn spawn_pool_maintenance(
+    manager: &sessionbox_manager::Manager,
+    tenants: Vec<TenantId>,
+) {
+    let manager = manager.clone();
+    tokio::spawn(async move {
+        loop {
+            let _ = manager.maintain_pools(&tenants).await;
+            tokio::time::sleep(POOL_MAINTENANCE_EVERY).await;
+        }
+    });
+}
+
 /// Runs `sessionbox serve` until SIGINT or SIGTERM.
 pub(crate) async fn run(
     ctx: &App,
@@ -165,7 +185,9 @@ pub(crate) async fn run(
     );
     use std::io::Write;
     std::io::stdout().flush().ok();
-    let state = AppState::new(ctx.manager.clone(), config);
+    let manager = ctx.manager.clone().with_pool_refill();
+    spawn_pool_maintenance(&manager, ctx.warm_tenants.clone());
+    let state = AppState::new(manager, config);
     if args.gc_interval_secs > 0 {
         let manager = ctx.manager.clone();
         let every = std::time::Duration::from_secs(args.gc_interval_secs);

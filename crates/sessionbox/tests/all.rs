@@ -28,6 +28,7 @@ mod egress;
 mod egress_sidecar;
 mod isolated_gc;
 mod isolated_lifecycle;
+mod isolated_pool;
 mod mcp_stdio;
 mod opensandbox_hardened;
 mod replicas;

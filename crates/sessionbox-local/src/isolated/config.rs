@@ -76,6 +76,39 @@ pub struct IsolatedConfig {
     /// to `.1` (one kept) by their [`log_relay`](crate::log_relay): each takes at most twice
     /// this on the host. At least [`log_relay::MIN_MAX_BYTES`](crate::log_relay::MIN_MAX_BYTES).
     pub log_max_bytes: u64,
+    /// The warm pool: how many launched, empty sandboxes are kept ready per tenant, bound to a
+    /// conversation on its first use (see the `pool` module). Empty (the default): no pool.
+    pub pool: PoolSizes,
+}
+
+/// How many warm sandboxes each tenant's pool keeps: `default` for every tenant, `tenants`
+/// for those named. 0 turns a pool off.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolSizes {
+    /// The size for a tenant not named in `tenants`.
+    pub default: usize,
+    /// Sizes of named tenants (by tenant id).
+    pub tenants: std::collections::BTreeMap<String, usize>,
+}
+
+impl PoolSizes {
+    /// The most any one tenant's pool may hold: each warm sandbox holds a uid, a volume and a
+    /// few MiB of memory until it is used.
+    pub const MAX: usize = 64;
+
+    /// The pool size of `tenant`.
+    pub fn of(&self, tenant: &str) -> usize {
+        self.tenants
+            .get(tenant)
+            .copied()
+            .unwrap_or(self.default)
+            .min(Self::MAX)
+    }
+
+    /// True when no tenant has a pool.
+    pub fn is_off(&self) -> bool {
+        self.default == 0 && self.tenants.values().all(|&n| n == 0)
+    }
 }
 
 impl IsolatedConfig {
@@ -121,6 +154,7 @@ impl IsolatedConfig {
             uids: Self::uid_range(None, None),
             disk: Some(DiskQuota::default()),
             log_max_bytes: Self::DEFAULT_LOG_MAX_BYTES,
+            pool: PoolSizes::default(),
         }
     }
 
@@ -158,6 +192,13 @@ impl IsolatedConfig {
     #[must_use]
     pub fn with_agent_args(mut self, args: Vec<String>) -> Self {
         self.agent_args = args;
+        self
+    }
+
+    /// Sets the warm pool's sizes ([`PoolSizes`]).
+    #[must_use]
+    pub fn with_pool(mut self, pool: PoolSizes) -> Self {
+        self.pool = pool;
         self
     }
 

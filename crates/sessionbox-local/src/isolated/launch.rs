@@ -47,6 +47,24 @@ pub(super) struct Facts {
     pub(super) skill_binds: Option<Vec<(PathBuf, PathBuf)>>,
 }
 
+/// The host name of `key`'s sandbox.
+pub(super) fn hostname_of(key: &ConversationKey) -> String {
+    format!("sbx-{}", key.short())
+}
+
+/// Where a sandbox lives on the host and what names it: a conversation's, or a warm pool
+/// slot's until it is bound.
+pub(super) struct Place {
+    /// The host directory bound at `/workspace` (a volume's mount point with a disk quota).
+    pub(super) workspace: PathBuf,
+    /// The workspace's disk image, with a disk quota.
+    pub(super) image: PathBuf,
+    /// The name of its cgroups.
+    pub(super) cgroup: String,
+    /// Its UTS host name.
+    pub(super) hostname: String,
+}
+
 /// What [`IsolatedRuntime::find_or_lock`] found: a running agent (and whether it is starting),
 /// or nothing that answers, with the conversation's lock held for the launch.
 enum Found {
@@ -55,7 +73,7 @@ enum Found {
 }
 
 /// A sandbox ready to launch: its spec and descriptors, and what is recorded about it.
-struct Launch {
+pub(super) struct Launch {
     spec: SandboxSpec,
     stdio: SandboxStdio,
     /// The gateway's listening socket, when the conversation may reach the network.
@@ -90,14 +108,21 @@ impl IsolatedRuntime {
             Found::Vacant(run_dir, lock) => (run_dir, lock),
         };
         // Held across these calls: another opener waits for this launch instead of racing it.
+        // A new conversation whose sandbox would be like a warm pool's takes one (its lock is
+        // released when the bound run directory replaces this one).
+        let lock = match self.bind_from_pool(conversation, network, lock).await? {
+            Ok(run_dir) => return Ok((run_dir, true)),
+            Err(lock) => lock,
+        };
         let facts = self.facts(&conversation.key).await?;
         let (this, key) = (self.clone(), conversation.key.clone());
         blocking(move || {
             let run = this.run_dir(&key);
             // Nothing answers: end whatever is left of an earlier sandbox, then launch.
             kill_recorded(&run);
-            let launch = this.build_spec(&key, &run, &run_dir, network, facts)?;
-            this.launch_and_record(&key, &run, launch)?;
+            let place = this.place_of(&key);
+            let launch = this.build_spec(&place, &run, &run_dir, network, facts)?;
+            this.launch_and_record(Some(&key), &run, launch)?;
             drop(lock);
             Ok((run_dir, true))
         })
@@ -118,9 +143,17 @@ impl IsolatedRuntime {
         if resume && !run.is_dir() {
             return Err(destroyed());
         }
-        create_private_dir_all(&run)?;
-        let run_dir = RunDir::open(&run)?;
-        let lock = lock_file(&run.join("lock"))?;
+        let (run_dir, lock) = loop {
+            create_private_dir_all(&run)?;
+            let run_dir = RunDir::open(&run)?;
+            let lock = lock_file(&run.join("lock"))?;
+            // A warm pool's run directory may have replaced this one while this call waited
+            // for the lock (a bind exchanges them): then the lock and directory held are the
+            // old ones, and the conversation's are taken again.
+            if run_dir.is(&run) {
+                break (run_dir, lock);
+            }
+        };
         if resume && !self.workspace_dir(key).is_dir() {
             return Err(destroyed());
         }
@@ -161,36 +194,45 @@ impl IsolatedRuntime {
         })
     }
 
+    /// Where `key`'s sandbox lives: its workspace, disk image, cgroup name and host name.
+    pub(super) fn place_of(&self, key: &ConversationKey) -> Place {
+        Place {
+            workspace: self.workspace_dir(key),
+            image: self.disk_image(key),
+            cgroup: self.cgroup_name(key),
+            hostname: hostname_of(key),
+        }
+    }
+
+    /// The name of `key`'s cgroups: at most 64 characters (160 bits of the key are plenty to
+    /// tell conversations apart), distinct per data directory.
+    pub(super) fn cgroup_name(&self, key: &ConversationKey) -> String {
+        format!("sessionbox-{}-{}", self.instance, &key.as_str()[..40])
+    }
+
     /// Prepares the workspace for the conversation's uid, binds the agent's socket (and the
     /// gateway's, with `network`) and builds the sandbox's spec: binds, skills, the agent's
     /// command line ([`AgentArgs`]) and its log.
-    fn build_spec(
+    pub(super) fn build_spec(
         &self,
-        key: &ConversationKey,
+        place: &Place,
         run: &Path,
         run_dir: &RunDir,
         network: bool,
         facts: Facts,
     ) -> Result<Launch> {
         let uid = facts.uid;
-        let workspace = self.workspace_dir(key);
+        let workspace = place.workspace.clone();
         if let Some(quota) = self.config.disk.filter(|_| self.disk_quota_applies()) {
-            super::disk::ensure_volume(&workspace, &self.disk_image(key), quota, uid)?;
+            super::disk::ensure_volume(&workspace, &place.image, quota, uid)?;
         }
         prepare_workspace(&workspace, uid)?;
         let socket = run_dir.socket();
         let _ = fs::remove_file(&socket);
         let listener = UnixListener::bind(&socket)
             .map_err(|e| Error::Backend(format!("cannot bind the agent socket: {e}")))?;
-        let mut spec = SandboxSpec::new(
-            &workspace,
-            uid,
-            uid,
-            // At most 64 characters: 160 bits of the key are plenty to tell conversations apart.
-            format!("sessionbox-{}-{}", self.instance, &key.as_str()[..40]),
-            AGENT_EXE,
-        );
-        spec.hostname = format!("sbx-{}", key.short());
+        let mut spec = SandboxSpec::new(&workspace, uid, uid, place.cgroup.clone(), AGENT_EXE);
+        spec.hostname = place.hostname.clone();
         spec.limits = self.config.sandbox.clone();
         spec.ro_binds = vec![(self.config.exe.clone(), PathBuf::from(AGENT_EXE))];
         let mut skills = None;
@@ -251,12 +293,18 @@ impl IsolatedRuntime {
         })
     }
 
-    /// Launches the sandbox (and its gateway), records it in `sandbox.json` and lets it
-    /// outlive this process; a reaper thread collects the monitor when it ends.
-    fn launch_and_record(&self, key: &ConversationKey, run: &Path, launch: Launch) -> Result<()> {
+    /// Launches the sandbox (and its gateway, which needs the conversation's `key`), records
+    /// it in `sandbox.json` and lets it outlive this process; a reaper thread collects the
+    /// monitor when it ends.
+    pub(super) fn launch_and_record(
+        &self,
+        key: Option<&ConversationKey>,
+        run: &Path,
+        launch: Launch,
+    ) -> Result<()> {
         let handle = sandbox::launch_with(&launch.spec, &self.config.exe, &[], launch.stdio)?;
-        let gateway_pid = match (launch.gateway_listener, &self.egress) {
-            (Some(listener), Some(wiring)) => {
+        let gateway_pid = match (launch.gateway_listener, &self.egress, key) {
+            (Some(listener), Some(wiring), Some(key)) => {
                 match spawn_gateway(
                     &self.config.exe,
                     &wiring.gateway_args,
@@ -348,6 +396,15 @@ impl RunDir {
         )
         .map(|fd| RunDir(Arc::new(fd)))
         .map_err(|e| Error::Backend(format!("cannot open {}: {e}", dir.display())))
+    }
+
+    /// True when `path` is the directory this holds (same device and inode): it was not
+    /// renamed away or replaced since it was opened.
+    pub(super) fn is(&self, path: &Path) -> bool {
+        match (rustix::fs::fstat(&*self.0), rustix::fs::stat(path)) {
+            (Ok(a), Ok(b)) => a.st_dev == b.st_dev && a.st_ino == b.st_ino,
+            _ => false,
+        }
     }
 
     /// The agent's socket, valid while this value lives (in this process).
@@ -581,7 +638,7 @@ pub(super) fn kill_recorded(run: &Path) -> usize {
 }
 
 /// Creates the workspace (0700) and gives it to `uid` when running as root.
-fn prepare_workspace(dir: &Path, uid: u32) -> Result<()> {
+pub(super) fn prepare_workspace(dir: &Path, uid: u32) -> Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     match fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {}

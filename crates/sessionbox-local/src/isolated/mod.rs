@@ -27,6 +27,7 @@
 mod config;
 pub(crate) mod disk;
 mod launch;
+mod pool;
 mod session;
 mod uid_claim;
 
@@ -44,7 +45,7 @@ use sessionbox_core::{
 use sessionbox_execd::ExecdClient;
 use sessionbox_sandbox as sandbox;
 
-pub use self::config::{EgressWiring, IsolatedConfig, SandboxInfo};
+pub use self::config::{EgressWiring, IsolatedConfig, PoolSizes, SandboxInfo};
 pub use self::disk::{DiskQuota, probe as probe_disk_quota};
 use self::launch::{RunDir, STARTING_GRACE, agent_answers, kill_recorded, lock_file, read_record};
 use self::session::IsolatedSession;
@@ -80,6 +81,8 @@ pub struct IsolatedRuntime {
     egress: Option<EgressWiring>,
     /// Skills bound read-only at `/skills/<name>` ([`IsolatedRuntime::with_skills`]).
     skills: bool,
+    /// Serialises this process's refills of the warm pool (see `pool`).
+    pool_refill: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl fmt::Debug for IsolatedRuntime {
@@ -137,6 +140,7 @@ impl IsolatedRuntime {
             directory,
             egress: None,
             skills: false,
+            pool_refill: Arc::default(),
         })
     }
 
@@ -357,6 +361,14 @@ impl Runtime for IsolatedRuntime {
             Ok(report)
         })
         .await
+    }
+
+    async fn refill_pool(&self, tenant: &sessionbox_core::TenantId) -> Result<usize> {
+        IsolatedRuntime::refill_pool(self, tenant).await
+    }
+
+    async fn prune_pool(&self, drain: bool) -> Result<usize> {
+        IsolatedRuntime::prune_pool(self, drain).await
     }
 
     async fn disk_usage(&self, key: &ConversationKey) -> Result<Option<DiskUsage>> {

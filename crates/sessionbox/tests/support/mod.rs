@@ -92,6 +92,8 @@ pub struct Env {
     pub limits: SandboxLimits,
     /// `[isolated] disk_bytes` and `disk_inodes`, when the test sets them.
     pub disk: Option<(u64, u64)>,
+    /// `[isolated] pool_size`, when the test sets it.
+    pub pool: usize,
     pub manager: Manager,
     pub runtime: Arc<IsolatedRuntime>,
 }
@@ -107,10 +109,20 @@ impl Env {
 
     /// With `[isolated] disk_bytes` and `disk_inodes` set to `disk`.
     pub fn with_disk(idle_secs: u64, limits: SandboxLimits, disk: Option<(u64, u64)>) -> Env {
+        Env::with_pool(idle_secs, limits, disk, 0)
+    }
+
+    /// With `[isolated] pool_size = pool` as well.
+    pub fn with_pool(
+        idle_secs: u64,
+        limits: SandboxLimits,
+        disk: Option<(u64, u64)>,
+        pool: usize,
+    ) -> Env {
         let dir = tempfile::tempdir().expect("tempdir");
         let data = dir.path().join("data");
         let uids = uid_range();
-        let (manager, runtime) = build(&data, uids.clone(), idle_secs, limits.clone(), disk);
+        let (manager, runtime) = build(&data, uids.clone(), idle_secs, limits.clone(), disk, pool);
         Env {
             _dir: dir,
             data,
@@ -118,6 +130,7 @@ impl Env {
             idle_secs,
             limits,
             disk,
+            pool,
             manager,
             runtime,
         }
@@ -132,6 +145,7 @@ impl Env {
             self.idle_secs,
             self.limits.clone(),
             self.disk,
+            self.pool,
         )
     }
 
@@ -203,7 +217,13 @@ impl Env {
             std::fs::create_dir_all(&self.data).unwrap();
             std::fs::write(
                 &path,
-                config_toml(&self.uids, self.idle_secs, &self.limits, self.disk),
+                config_toml(
+                    &self.uids,
+                    self.idle_secs,
+                    &self.limits,
+                    self.disk,
+                    self.pool,
+                ),
             )
             .unwrap();
         }
@@ -216,12 +236,13 @@ fn config_toml(
     idle_secs: u64,
     limits: &SandboxLimits,
     disk: Option<(u64, u64)>,
+    pool: usize,
 ) -> String {
     let disk = disk.map_or_else(String::new, |(bytes, inodes)| {
         format!("disk_bytes = {bytes}\ndisk_inodes = {inodes}\n")
     });
     format!(
-        "[isolated]\nidle_timeout_secs = {}\nuid_base = {}\nuid_count = {}\npids = {}\nmemory_bytes = {}\ncpu = {}\n{disk}",
+        "[isolated]\nidle_timeout_secs = {}\nuid_base = {}\nuid_count = {}\npids = {}\nmemory_bytes = {}\ncpu = {}\npool_size = {pool}\n{disk}",
         idle_secs,
         uids.start,
         uids.len(),
@@ -240,9 +261,10 @@ fn build(
     idle_secs: u64,
     sandbox: SandboxLimits,
     disk: Option<(u64, u64)>,
+    pool: usize,
 ) -> (Manager, Arc<IsolatedRuntime>) {
     let store = Store::open(&data.join("sessionbox.db")).expect("store");
-    let file: FileConfig = toml::from_str(&config_toml(&uids, idle_secs, &sandbox, disk))
+    let file: FileConfig = toml::from_str(&config_toml(&uids, idle_secs, &sandbox, disk, pool))
         .expect("a valid configuration");
     let options = BuildOptions::new(PathBuf::from(EXE));
     let config = runtime::isolated_config(&file, data, &options.exe)
@@ -261,6 +283,16 @@ impl Drop for Env {
                 if let Some(r) = Record::read(&e.path()) {
                     r.kill_all();
                 }
+            }
+        }
+        // And every warm-pool sandbox, with its volume.
+        if let Ok(rd) = std::fs::read_dir(self.data.join("pool")) {
+            for e in rd.flatten() {
+                if let Some(r) = Record::read(&e.path()) {
+                    r.kill_all();
+                }
+                let ws = e.path().join("workspace");
+                let _ = rustix::mount::unmount(&ws, rustix::mount::UnmountFlags::DETACH);
             }
         }
         unmount_workspaces(&self.data);
