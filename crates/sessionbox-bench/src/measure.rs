@@ -36,6 +36,10 @@ pub(crate) async fn measure(
     let mut out = serde_json::Map::new();
     let cold = cold_starts(b, name, manager, created).await?;
     out.insert("cold_start".into(), cold);
+    if kind == RuntimeKind::Isolated {
+        let pooled = cold_starts_pooled(b, manager, created).await?;
+        out.insert("cold_start_pooled".into(), pooled);
+    }
     // One warm conversation for everything else.
     let conv = b.conversation("warm")?;
     created.push(conv.clone());
@@ -101,6 +105,53 @@ async fn cold_starts(
             "first_exec": Stats::of(&first),
         },
         "destroy_untimed": Stats::of(&destroy),
+    }))
+}
+
+/// Cold starts from the warm pool: before each (untimed, with the pause), the tenant's pool is
+/// refilled to one launched sandbox; then a new conversation is opened (it takes that sandbox)
+/// and `true` run in it. A refill that launches nothing means the last open did not take the
+/// pooled sandbox: an error, since the measurement would then be of ordinary launches. The pool
+/// is drained at the end.
+async fn cold_starts_pooled(
+    b: &mut Bench,
+    manager: &Manager,
+    created: &mut Vec<ConversationRef>,
+) -> anyhow::Result<Value> {
+    b.progress
+        .set_message("isolated cold start from the warm pool");
+    let runtime = manager.runtime().clone();
+    let (mut total, mut open, mut first) = (Vec::new(), Vec::new(), Vec::new());
+    let tenant = b.tenant.clone();
+    for i in 0..b.cold {
+        let conv = b.conversation(&format!("pooled-{i:05}"))?;
+        created.push(conv.clone());
+        let launched = runtime.refill_pool(&tenant).await?;
+        if launched != 1 {
+            bail!("the warm pool was not used: a refill launched {launched} sandboxes, not 1");
+        }
+        tokio::time::sleep(b.cold_pause).await;
+        let t = Instant::now();
+        let s = manager.open(&conv).await?;
+        let opened = ms(t);
+        let t1 = Instant::now();
+        exec_true(&s).await?;
+        first.push(ms(t1));
+        total.push(ms(t));
+        open.push(opened);
+        b.note_cgroups(&conv);
+        Box::new(s).close().await?;
+        manager.destroy(&conv).await?;
+        b.progress.inc(1);
+    }
+    runtime.prune_pool(true).await?;
+    Ok(json!({
+        "what": "manager open of a new conversation that takes a warm pool's sandbox + exec `true` (refill, close and destroy not timed)",
+        "stats": Stats::of(&total),
+        "phases": {
+            "open": Stats::of(&open),
+            "first_exec": Stats::of(&first),
+        },
     }))
 }
 

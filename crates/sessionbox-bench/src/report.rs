@@ -9,6 +9,9 @@ use crate::stats::Stats;
 
 /// Cold start p50 target, ms.
 const COLD_START_P50_MS: f64 = 20.0;
+/// Cold start from the warm pool, p50, at most this many times the bare spawn's p50 (issue
+/// 20: about 5 ms on a 2-core machine).
+const POOLED_COLD_START_RATIO: f64 = 6.0;
 /// Warm exec p50 target, ms.
 const WARM_EXEC_P50_MS: f64 = 2.0;
 /// Warm exec p50 target, as a multiple of the baseline p50.
@@ -97,6 +100,18 @@ pub(crate) fn judge(kind: RuntimeKind, r: &Value, baseline: &Stats) -> Vec<Value
             v,
             COLD_START_P50_MS,
             "ms",
+        ));
+    }
+    if let Some(v) = r["cold_start_pooled"]["stats"]["ratio_to_baseline_p50"].as_f64() {
+        out.push(target(
+            "cold_start_pooled_ratio",
+            format!(
+                "cold start from the warm pool p50 <= {POOLED_COLD_START_RATIO}x bare spawn p50 ({} ms)",
+                baseline.p50_ms
+            ),
+            v,
+            POOLED_COLD_START_RATIO,
+            "x",
         ));
     }
     if let Some(v) = r["warm_exec"]["p50_ms"].as_f64() {

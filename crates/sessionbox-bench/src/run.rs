@@ -245,6 +245,10 @@ impl Bench {
         }
         let mut file = FileConfig::default();
         file.isolated.idle_timeout_secs = Some(AGENT_IDLE_SECS);
+        // A pool of one, filled only by the pooled cold starts (nothing refills it on its own:
+        // the bench's manager has no background refill), so every other measurement launches
+        // as before.
+        file.isolated.pool_size = Some(1);
         let exe = std::env::current_exe().context("cannot find the sessionbox-bench executable")?;
         let options = BuildOptions::new(exe);
         if kind == RuntimeKind::Isolated {

@@ -32,7 +32,8 @@ const PROBE: &str = "echo uid=$(id -u); echo host=$(cat /proc/sys/kernel/hostnam
      echo '--procs'; for p in /proc/[0-9]*; do [ \"${p#/proc/}\" = \"$$\" ] || cat $p/comm 2>/dev/null; done | grep -v -e '^cat$' -e '^sort$' -e '^awk$' -e '^grep$' | sort; \
      echo '--tmp'; ls -A /tmp /dev/shm";
 
-fn slots(data: &Path) -> Vec<String> {
+/// The pool's slots, made or being made (`.new-`).
+fn all_slots(data: &Path) -> Vec<String> {
     std::fs::read_dir(data.join("pool"))
         .map(|rd| {
             rd.flatten()
@@ -40,6 +41,14 @@ fn slots(data: &Path) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// The pool's slots whose sandbox is launched.
+fn slots(data: &Path) -> Vec<String> {
+    all_slots(data)
+        .into_iter()
+        .filter(|n| !n.starts_with(".new-"))
+        .collect()
 }
 
 /// Host processes whose real uid is `uid`.
@@ -176,7 +185,7 @@ async fn bound_sandbox_is_the_conversations(disk: Option<(u64, u64)>) {
     assert!(!processes_of(slot_uid).is_empty());
     assert_eq!(env.runtime.prune_pool(false).await.unwrap(), 0, "kept");
     assert_eq!(env.runtime.prune_pool(true).await.unwrap(), 1, "drained");
-    assert!(slots(&env.data).is_empty());
+    assert!(all_slots(&env.data).is_empty());
     assert!(env.manager.store().uid_reservations().unwrap().is_empty());
     assert!(
         eventually(5.0, || processes_of(slot_uid).is_empty()).await,
@@ -251,6 +260,53 @@ async fn a_dead_pooled_sandbox_is_removed_not_bound_and_size_zero_is_no_pool() {
         let key = conv.key().clone();
         drop(conv);
         env.manager.runtime().destroy(&key).await.unwrap();
+    })
+    .await;
+}
+
+/// A manager that refills (as `serve`'s does) fills the tenant's pool in the background after
+/// an open that created a conversation, and the next new conversation takes that sandbox;
+/// `maintain_pools` keeps it filled and a garbage collection with the pool turned off drains it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refilling_manager_keeps_the_pool_filled_after_each_new_conversation() {
+    needs_root!();
+    bounded(120, async {
+        let env = Env::with_pool(30, SandboxLimits::default(), None, 1);
+        let manager = env.manager.clone().with_pool_refill();
+        let first = manager.open(&Env::conv(&unique("first"))).await.unwrap();
+        assert!(
+            eventually(20.0, || slots(&env.data).len() == 1).await,
+            "the pool was not refilled: {:?}",
+            slots(&env.data)
+        );
+        let pooled_init = Record::read(&env.data.join("pool").join(&slots(&env.data)[0]))
+            .unwrap()
+            .init;
+        let second = manager.open(&Env::conv(&unique("second"))).await.unwrap();
+        assert_eq!(
+            env.record(second.key()).init,
+            pooled_init,
+            "took the pooled one"
+        );
+        assert!(
+            eventually(20.0, || slots(&env.data).len() == 1).await,
+            "refilled again"
+        );
+        let tenant = TenantId::new("default").unwrap();
+        assert_eq!(manager.maintain_pools(&[tenant]).await.unwrap(), 0, "full");
+        // With the pool turned off, garbage collection drains it.
+        let (off, _) = env.another_manager_with_pool(0);
+        let report = off
+            .collect_garbage(sessionbox_manager::GcOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(report.pool_pruned, 1);
+        assert!(all_slots(&env.data).is_empty());
+        for c in [first, second] {
+            let key = c.key().clone();
+            drop(c);
+            env.manager.runtime().destroy(&key).await.unwrap();
+        }
     })
     .await;
 }

@@ -149,6 +149,18 @@ impl Env {
         )
     }
 
+    /// [`Env::another_manager`] with another pool size.
+    pub fn another_manager_with_pool(&self, pool: usize) -> (Manager, Arc<IsolatedRuntime>) {
+        build(
+            &self.data,
+            self.uids.clone(),
+            self.idle_secs,
+            self.limits.clone(),
+            self.disk,
+            pool,
+        )
+    }
+
     pub fn conv(id: &str) -> ConversationRef {
         ConversationRef::parse("default", id).expect("valid id")
     }
