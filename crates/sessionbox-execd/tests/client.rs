@@ -263,6 +263,46 @@ fn held_open_stream(_: &Req) -> Vec<Step> {
     ]
 }
 
+/// sessionbox's agent ends a command's body right after its terminal event: the client reads
+/// that end and keeps the connection for the next call (one connection for three commands),
+/// where a stream held open after its last event costs its connection (above).
+#[tokio::test]
+async fn a_stream_that_ends_at_its_terminal_event_keeps_its_connection() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("execd.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                while read_request(&mut s).await.is_some() {
+                    let events = format!("{INIT}\n\n{OUT}\n\n{DONE}\n\n");
+                    let mut bytes = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\
+                        Transfer-Encoding: chunked\r\n\r\n"
+                        .to_vec();
+                    bytes.extend(format!("{:x}\r\n{events}\r\n0\r\n\r\n", events.len()).bytes());
+                    if s.write_all(&bytes).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let client = ExecdClient::builder(Endpoint::Unix(path)).build().unwrap();
+    for _ in 0..3 {
+        let outcome = client
+            .run_command(&RunCommandRequest::shell("echo hello"))
+            .await
+            .unwrap();
+        assert_eq!(outcome.stdout_text(), "hello\n");
+        assert_eq!(outcome.exit_code, Some(0));
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+}
+
 #[tokio::test]
 async fn run_command_returns_at_terminal_event_over_tcp() {
     returns_at_terminal_event(Server::tcp(held_open_stream).await).await;

@@ -2,29 +2,39 @@
 //! contents, commands or secrets). Every text field is cut to
 //! [`MAX_LOG_TEXT`](crate::MAX_LOG_TEXT) characters as it is written, so no record carries
 //! unbounded input; [`Store::prune_logs`] bounds the log by age and rows per tenant.
+//!
+//! Durability: an entry is committed before [`Store::audit`] returns, so no crash or kill of
+//! the process that wrote it loses it. With SQLite its commit does not wait for the disk (every
+//! operation writes one, and an `fsync` per operation was most of an audited exec's overhead):
+//! a power loss or kernel crash may take back the entries committed after the store's last
+//! synced commit (every other write is synced, and syncs the log before it too).
 
 use chrono::{DateTime, Utc};
 use sessionbox_core::{ConversationKey, Result, TenantId};
 
 use crate::db::{Db, Row};
 use crate::retention::capped;
-use crate::{AuditEntry, AuditFilter, AuditRecord, Store, TxLock, time};
+use crate::{AuditEntry, AuditFilter, AuditRecord, Store, time};
 
 impl Store {
-    /// Appends an entry to the audit log.
+    /// Appends an entry to the audit log. When this returns the entry is committed: it outlives
+    /// a crash or kill of this process. With SQLite the commit does not wait for the disk, so a
+    /// power loss may take back the entries written since the store's last synced commit (see
+    /// the module documentation).
     ///
     /// # Errors
     /// [`Error::Backend`](sessionbox_core::Error::Backend) when the database fails.
     pub fn audit(&self, entry: &AuditEntry) -> Result<()> {
-        self.read(|db| insert_audit(db, entry))
+        self.write_unsynced("append to the audit log", |db| insert_audit(db, entry))
     }
 
-    /// Appends `entries` to the audit log in one transaction: all or none.
+    /// Appends `entries` to the audit log in one transaction: all or none, committed as
+    /// [`Store::audit`] commits.
     ///
     /// # Errors
     /// [`Error::Backend`](sessionbox_core::Error::Backend) when the database fails.
     pub fn audit_many(&self, entries: &[AuditEntry]) -> Result<()> {
-        self.write("append to the audit log", TxLock::None, |db| {
+        self.write_unsynced("append to the audit log", |db| {
             entries.iter().try_for_each(|e| insert_audit(db, e))
         })
     }
@@ -121,4 +131,40 @@ fn audit_record(r: &Row) -> Result<AuditRecord> {
             detail: r.opt_text(6)?,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Backend, lock};
+
+    /// The connection's `PRAGMA synchronous`: 2 is FULL, 1 NORMAL.
+    fn synchronous(store: &Store) -> i64 {
+        match &store.backend {
+            Backend::Sqlite { conn, .. } => lock(conn)
+                .query_row("PRAGMA synchronous", [], |r| r.get(0))
+                .unwrap(),
+            Backend::Postgres(_) => unreachable!("a SQLite store"),
+        }
+    }
+
+    #[test]
+    fn an_audit_commit_leaves_every_other_commit_synced() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        assert_eq!(synchronous(&store), 2);
+        let e = AuditEntry {
+            at: Utc::now(),
+            tenant: TenantId::new("t").unwrap(),
+            conversation_key: None,
+            operation: "exec".into(),
+            outcome: "ok".into(),
+            detail: None,
+        };
+        store.audit(&e).unwrap();
+        assert_eq!(synchronous(&store), 2);
+        store.audit_many(&[e.clone(), e]).unwrap();
+        assert_eq!(synchronous(&store), 2);
+        assert_eq!(store.audit_log(&AuditFilter::default()).unwrap().len(), 3);
+    }
 }

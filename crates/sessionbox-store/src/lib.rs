@@ -199,6 +199,10 @@ impl Store {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+        // Every commit waits for the disk (the write-ahead log synced), except the audit log's
+        // (see `Store::write_unsynced`).
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(sql_error("set the commit durability"))?;
         schema::migrate(&mut conn)?;
         Ok(Store {
             backend: Backend::Sqlite {
@@ -280,6 +284,48 @@ impl Store {
                 tx.commit().map_err(pg::pg_error(doing))?;
                 Ok(out)
             }),
+        }
+    }
+
+    /// Runs `f` in one write transaction whose commit does not wait for the disk: for records
+    /// a machine's power loss may take back, but a crash of this process may not (the audit
+    /// log).
+    ///
+    /// SQLite: `synchronous = NORMAL` for this commit alone (every other commit is `FULL`, the
+    /// write-ahead log synced before it returns). The commit is in the write-ahead log when
+    /// this returns, so it outlives a crash or `kill -9` of this process like any other (SQLite
+    /// recovers committed transactions from the log whatever the setting); only a power loss
+    /// or kernel crash before the next synced commit (any other write, or a checkpoint, syncs
+    /// the log up to its end) can take it back, in order, never a record older than the last
+    /// synced commit. The saving is the `fsync` of every operation's record (0.3 ms on the
+    /// bench's disk against 0.01 ms for the insert).
+    ///
+    /// PostgreSQL: a plain transaction ([`Store::write`] without a lock), synced by the server.
+    fn write_unsynced<T>(
+        &self,
+        doing: &str,
+        f: impl FnOnce(&mut dyn Db) -> Result<T>,
+    ) -> Result<T> {
+        match &self.backend {
+            Backend::Sqlite { conn, .. } => {
+                let mut conn = lock(conn);
+                conn.pragma_update(None, "synchronous", "NORMAL")
+                    .map_err(sql_error("relax the commit durability"))?;
+                let out = (|| {
+                    let tx = conn
+                        .transaction_with_behavior(TransactionBehavior::Immediate)
+                        .map_err(sql_error("start a transaction"))?;
+                    let out = f(&mut Lite(&tx))?;
+                    tx.commit().map_err(sql_error(doing))?;
+                    Ok(out)
+                })();
+                // Back to synced commits before anything else uses the connection, whatever
+                // `f` did.
+                conn.pragma_update(None, "synchronous", "FULL")
+                    .map_err(sql_error("restore the commit durability"))?;
+                out
+            }
+            Backend::Postgres(_) => self.write(doing, TxLock::None, f),
         }
     }
 

@@ -143,6 +143,72 @@ fn two_processes_racing_on_a_first_call_make_one_record() {
     assert_eq!(Store::open(&path).unwrap().list(None).unwrap().len(), 1);
 }
 
+const CHILD_AUDIT_DB: &str = "SESSIONBOX_STORE_TEST_CHILD_AUDIT_DB";
+
+/// Not a test by itself: the body of
+/// [`an_acknowledged_audit_entry_outlives_a_kill_9_of_its_process`]'s child, which appends
+/// audit entries and says so after each, until it is killed. Without the environment variable
+/// it does nothing.
+#[test]
+fn child_audit_until_killed() {
+    use std::io::Write;
+    let Ok(path) = std::env::var(CHILD_AUDIT_DB) else {
+        return;
+    };
+    let store = Store::open(Path::new(&path)).unwrap();
+    let c = conv("acme", "crash");
+    let mut out = std::io::stdout();
+    for i in 0.. {
+        let mut e = entry(i, &c, "exec", "ok");
+        e.detail = Some(format!("n={i}"));
+        store.audit(&e).unwrap();
+        writeln!(out, "acked {i}").unwrap();
+        out.flush().unwrap();
+    }
+}
+
+#[test]
+fn an_acknowledged_audit_entry_outlives_a_kill_9_of_its_process() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let path = db(&dir);
+    Store::open(&path).unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_audit_until_killed", "--nocapture"])
+        .env(CHILD_AUDIT_DB, &path)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut acked = None;
+    let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    for line in lines {
+        let line = line.unwrap();
+        if let Some(n) = line.strip_prefix("acked ") {
+            let n: i64 = n.parse().unwrap();
+            acked = Some(n);
+            if n == 200 {
+                // SIGKILL while it keeps appending: no destructor, no close, no checkpoint.
+                child.kill().unwrap();
+                break;
+            }
+        }
+    }
+    child.wait().unwrap();
+    assert_eq!(acked, Some(200), "the child stopped before 200 entries");
+    let log = Store::open(&path)
+        .unwrap()
+        .audit_log(&AuditFilter::default())
+        .unwrap();
+    let kept: std::collections::BTreeSet<String> =
+        log.iter().filter_map(|r| r.entry.detail.clone()).collect();
+    for i in 0..=200 {
+        assert!(
+            kept.contains(&format!("n={i}")),
+            "acknowledged entry {i} is gone"
+        );
+    }
+}
+
 #[test]
 fn open_makes_a_private_directory_and_file_in_wal_mode() {
     use std::os::unix::fs::PermissionsExt;

@@ -463,8 +463,14 @@ impl ExecdClient {
                     Ok(events) => {
                         st.pending.extend(events);
                         if st.parser.is_done() {
-                            // Close now: upstream keeps the response open after the last event.
-                            st.body = None;
+                            // Done. A body whose end has already arrived (sessionbox's agent
+                            // ends it with the terminal event) is read to that end without
+                            // waiting, which gives its connection back to the pool for the
+                            // next call; one still open (upstream keeps it open a while after
+                            // the last event) is closed now.
+                            if let Some(body) = st.body.take() {
+                                finish_if_ended(body).await;
+                            }
                         }
                     }
                     Err(e) => {
@@ -477,6 +483,30 @@ impl ExecdClient {
         }))
     }
 }
+
+/// Reads what is left of `body` (whose events are all in) while it comes without a wait: a body
+/// whose end has arrived is thereby read to that end, so its connection is kept for the next
+/// request; one still open is dropped, which closes its connection. The end may still be on
+/// its way through the connection's task, so that task gets a few turns (yields, no timer)
+/// before the body is given up.
+async fn finish_if_ended<S>(mut body: Pin<Box<S>>)
+where
+    S: Stream<Item = reqwest::Result<Bytes>> + Send + ?Sized,
+{
+    use futures::FutureExt;
+    for _ in 0..FINISH_TURNS {
+        match body.next().now_or_never() {
+            // The end: the connection goes back to the pool.
+            Some(None) | Some(Some(Err(_))) => return,
+            // Bytes after the terminal event are ignored (as the parser does).
+            Some(Some(Ok(_))) => {}
+            None => tokio::task::yield_now().await,
+        }
+    }
+}
+
+/// How many turns [`finish_if_ended`] gives a body's end to arrive.
+const FINISH_TURNS: usize = 8;
 
 async fn read_limited(mut response: Response, limit: usize) -> Vec<u8> {
     let mut out = Vec::new();
