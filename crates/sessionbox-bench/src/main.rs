@@ -12,8 +12,10 @@
 extern crate sessionbox;
 
 mod baselines;
+mod callgrind;
 mod egress;
 mod http;
+mod live;
 mod markdown;
 mod mcp;
 mod measure;
@@ -61,6 +63,14 @@ enum Command {
     /// connections to the same target in the same run (needs root: the target runs in a
     /// network namespace the benchmark creates and removes).
     Egress(egress::BenchEgressArgs),
+    /// What the callgrind runs count: warm execs of `true` on a new isolated conversation in a
+    /// temporary data directory (see the bench's instruction counts).
+    #[command(hide = true)]
+    WarmExecs {
+        /// Counted execs (after a warm-up of 3).
+        #[arg(long)]
+        execs: usize,
+    },
 }
 
 fn main() -> ExitCode {
@@ -83,6 +93,7 @@ fn main() -> ExitCode {
     let result = rt.block_on(async {
         match &cli.command {
             Some(Command::Egress(args)) => egress::run(args).await,
+            Some(Command::WarmExecs { execs }) => callgrind::warm_execs(*execs).await,
             None => run::run(&cli.bench, cli.data_dir, cli.runtime, cli.tenant).await,
         }
     });

@@ -11,6 +11,8 @@ pub(crate) fn markdown(r: &Value) -> String {
     latency_table(&mut s, r);
     http_sections(&mut s, r);
     memory_sections(&mut s, r);
+    live_sections(&mut s, r);
+    instructions(&mut s, r);
     s.push_str(&markdown_more(r));
     targets(&mut s, r);
     s
@@ -257,6 +259,111 @@ fn memory_sections(s: &mut String, r: &Value) {
                 );
             }
         }
+    }
+}
+
+/// The density measurement of each runtime that has one: N live at once.
+fn live_sections(s: &mut String, r: &Value) {
+    for rt in &runtimes(r) {
+        let l = &r["results"][*rt]["live"];
+        if !l.is_object() {
+            continue;
+        }
+        let p = &l["per_sandbox"];
+        let h = &l["host"];
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "{rt}: {} conversations live at once, opened one after another in {} s (open p50 {} ms, p99 {} ms), destroyed in {} s; {} sandboxes still up at the end",
+            l["live"],
+            num(&l["open_all"]["wall_s"]),
+            num(&l["open_all"]["each"]["p50_ms"]),
+            num(&l["open_all"]["each"]["p99_ms"]),
+            num(&l["destroy_all_s"]),
+            p["sandboxes_up"],
+        );
+        let _ = writeln!(s);
+        let _ = writeln!(s, "| {rt} live | count | p50 ms | p95 ms | p99 ms |");
+        let _ = writeln!(s, "|---|---|---|---|---|");
+        for (label, st) in [
+            ("1 live: open", &l["one_live"]["open"]),
+            ("1 live: exec `true`", &l["one_live"]["exec"]),
+            ("N live: open (random one)", &l["n_live"]["open"]),
+            ("N live: exec `true` (random one)", &l["n_live"]["exec"]),
+        ] {
+            let _ = writeln!(
+                s,
+                "| {label} | {} | {} | {} | {} |",
+                st["count"],
+                num(&st["p50_ms"]),
+                num(&st["p95_ms"]),
+                num(&st["p99_ms"]),
+            );
+        }
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "Exec p50 with N live / with 1 live: {}x; exec errors: {}",
+            num(&l["exec_p50_ratio_n_to_1"]),
+            l["exec_errors"],
+        );
+        let _ = writeln!(s);
+        let _ = writeln!(s, "| per live sandbox | mean | p50 | max | read from |");
+        let _ = writeln!(s, "|---|---|---|---|---|");
+        for (label, k, from) in [
+            ("RSS MiB", "rss_mib", "rss"),
+            ("PSS MiB", "pss_mib", "pss"),
+            ("cgroup charge MiB", "charged_mib", "charged"),
+            ("processes", "processes", ""),
+            ("threads (all its processes)", "threads", "threads"),
+            ("agent threads", "agent_threads", "threads"),
+        ] {
+            let _ = writeln!(
+                s,
+                "| {label} | {} | {} | {} | {} |",
+                num(&p[k]["mean"]),
+                num(&p[k]["p50"]),
+                num(&p[k]["max"]),
+                p["read_from"][from].as_str().unwrap_or(""),
+            );
+        }
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "Host with N live: {} processes, {} threads (pid_max {}; before: {} and {}): {} processes and {} threads per sandbox; MemAvailable dropped {} MiB per sandbox",
+            h["live"]["processes"],
+            h["live"]["threads"],
+            h["live"]["pid_max"],
+            h["before"]["processes"],
+            h["before"]["threads"],
+            num(&h["processes_per_sandbox"]),
+            num(&h["threads_per_sandbox"]),
+            num(&h["mem_available_drop_per_sandbox_mib"]),
+        );
+    }
+}
+
+/// The instruction counts of the warm-exec path (callgrind), or why they are missing.
+fn instructions(s: &mut String, r: &Value) {
+    let i = &r["instructions"];
+    let _ = writeln!(s);
+    if i["available"] == true {
+        let _ = writeln!(
+            s,
+            "Instructions per warm exec `true` (isolated, calling process, callgrind, K = {}): {} ({} and {} instructions in runs of {} and {} execs)",
+            i["k"],
+            i["instructions_per_exec"],
+            i["runs"][0]["instructions"],
+            i["runs"][1]["instructions"],
+            i["runs"][0]["execs"],
+            i["runs"][1]["execs"],
+        );
+    } else {
+        let _ = writeln!(
+            s,
+            "Instructions per warm exec: not counted ({})",
+            i["reason"].as_str().unwrap_or("")
+        );
     }
 }
 

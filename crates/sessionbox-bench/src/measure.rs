@@ -361,7 +361,7 @@ struct ProcMem {
     threads: Option<u64>,
 }
 
-fn status_field(text: &str, name: &str) -> Option<u64> {
+pub(crate) fn status_field(text: &str, name: &str) -> Option<u64> {
     text.lines().find_map(|l| {
         l.strip_prefix(name)?
             .strip_prefix(':')?

@@ -161,6 +161,45 @@ pub(crate) fn judge(kind: RuntimeKind, r: &Value, baseline: &Stats) -> Vec<Value
             "errors",
         ));
     }
+    let live = &r["live"];
+    if let Some(v) = live["per_sandbox"]["charged_mib"]["mean"].as_f64() {
+        out.push(target(
+            "live_charged_per_sandbox",
+            format!(
+                "memory charged per live sandbox <= {} MiB ({} live, mean of the cgroups' charge)",
+                crate::live::CHARGED_PER_SANDBOX_MIB,
+                live["live"]
+            ),
+            v,
+            crate::live::CHARGED_PER_SANDBOX_MIB,
+            "MiB",
+        ));
+    }
+    if live.is_object() {
+        out.push(target(
+            "live_exec_ratio",
+            format!(
+                "exec p50 with {} live <= {}x exec p50 with 1 live",
+                live["live"],
+                crate::live::EXEC_P50_RATIO
+            ),
+            live["exec_p50_ratio_n_to_1"]
+                .as_f64()
+                .unwrap_or(f64::INFINITY),
+            crate::live::EXEC_P50_RATIO,
+            "x",
+        ));
+        out.push(target(
+            "live_exec_errors",
+            format!(
+                "every exec succeeds with {} live ({} execs)",
+                live["live"], live["samples"]
+            ),
+            live["exec_errors"].as_f64().unwrap_or(f64::INFINITY),
+            0.0,
+            "errors",
+        ));
+    }
     if let Some(v) = r["memory"]["agent_rss_mib"].as_f64() {
         out.push(target(
             "agent_rss",

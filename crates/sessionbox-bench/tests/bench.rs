@@ -10,6 +10,10 @@ use serde_json::Value;
 
 const WARM: u64 = 3;
 const COLD: u64 = 2;
+/// Conversations live at once in the density measurement.
+const LIVE: u64 = 3;
+/// Warm execs counted under callgrind (runs of K and 2K).
+const CALLGRIND_K: u64 = 2;
 
 fn bench(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_sessionbox-bench"))
@@ -24,6 +28,10 @@ fn bench(args: &[&str]) -> Output {
             "2",
         ])
         .args(["--levels", "1,3", "--level-execs", "2"])
+        .args(["--live", &LIVE.to_string()])
+        .args(["--callgrind-execs", &CALLGRIND_K.to_string()])
+        // The Docker daemon is not the bench harness's to test (scripts/test's run measures it).
+        .arg("--no-docker")
         .args(args)
         .env_remove("SESSIONBOX_RUNTIME")
         .env_remove("SESSIONBOX_TENANT")
@@ -231,8 +239,10 @@ fn check_report(r: &Value, runtimes: &[&str], stdout: &str) {
             );
             let agent_kib = agents[0]["rss_kib"].as_u64().expect("agent rss_kib");
             assert!((agent - agent_kib as f64 / 1024.0).abs() < 0.001, "{m}");
+            check_live(&v["live"]);
         } else {
             assert!(v.get("memory").is_none(), "{v}");
+            assert!(v.get("live").is_none(), "{v}");
         }
     }
 
@@ -254,6 +264,9 @@ fn check_report(r: &Value, runtimes: &[&str], stdout: &str) {
             "agent_rss" => &v["memory"]["agent_rss_mib"],
             "http_added_p50" => &v["http"]["round_trip"]["added_p50_ms"],
             "http_load_errors" => &v["http"]["load"]["errors"],
+            "live_charged_per_sandbox" => &v["live"]["per_sandbox"]["charged_mib"]["mean"],
+            "live_exec_ratio" => &v["live"]["exec_p50_ratio_n_to_1"],
+            "live_exec_errors" => &v["live"]["exec_errors"],
             other => panic!("unknown target {other}"),
         };
         assert_eq!(value, num(measured, id), "{t}");
@@ -279,6 +292,11 @@ fn check_report(r: &Value, runtimes: &[&str], stdout: &str) {
         );
         if *rt == "isolated" {
             want.push(format!("{rt}/agent_rss"));
+            want.push(format!("{rt}/live_exec_ratio"));
+            want.push(format!("{rt}/live_exec_errors"));
+            if r["results"][*rt]["live"]["per_sandbox"]["charged_mib"].is_object() {
+                want.push(format!("{rt}/live_charged_per_sandbox"));
+            }
         }
     }
     seen.sort();
@@ -302,7 +320,69 @@ fn check_report(r: &Value, runtimes: &[&str], stdout: &str) {
     ] {
         assert!(num(&r["store"][k], k) > 0.0, "{}", r["store"]);
     }
+    // Instruction counts: on the isolated runtime, from two runs of K and 2K execs, when
+    // valgrind is here; otherwise the reason.
+    let i = &r["instructions"];
+    if i["available"] == true {
+        assert_eq!(i["k"].as_u64(), Some(CALLGRIND_K), "{i}");
+        let small = num(&i["runs"][0]["instructions"], "K run");
+        let large = num(&i["runs"][1]["instructions"], "2K run");
+        assert!(small > 0.0 && large > small, "{i}");
+        let per = num(&i["instructions_per_exec"], "per exec");
+        assert!(
+            (per - (large - small) / CALLGRIND_K as f64).abs() <= 1.0,
+            "{i}"
+        );
+        assert!(
+            stdout.contains("Instructions per warm exec `true`"),
+            "{stdout}"
+        );
+    } else {
+        assert!(i["reason"].as_str().is_some_and(|r| !r.is_empty()), "{i}");
+        if runtimes.contains(&"isolated") && std::path::Path::new("/usr/bin/valgrind").exists() {
+            panic!("valgrind is installed but nothing was counted: {i}");
+        }
+    }
     assert_eq!(r["cleanup"]["ok"], true, "{}", r["cleanup"]);
+}
+
+/// The density measurement: LIVE sandboxes up, every exec sampled and successful, the ratio
+/// computed from the two p50s, memory and threads per sandbox read.
+fn check_live(l: &Value) {
+    assert_eq!(l["live"].as_u64(), Some(LIVE), "{l}");
+    assert_eq!(l["one_live"]["exec"]["count"].as_u64(), Some(WARM), "{l}");
+    assert_eq!(l["n_live"]["exec"]["count"].as_u64(), Some(WARM), "{l}");
+    assert_eq!(l["exec_errors"].as_u64(), Some(0), "{l}");
+    assert_eq!(l["open_all"]["count"].as_u64(), Some(LIVE - 1), "{l}");
+    let ratio = num(&l["exec_p50_ratio_n_to_1"], "live ratio");
+    let want = num(&l["n_live"]["exec"]["p50_ms"], "n p50")
+        / num(&l["one_live"]["exec"]["p50_ms"], "1 p50");
+    assert!((ratio - want).abs() <= 0.0005 + want * 1e-3, "{l}");
+    let p = &l["per_sandbox"];
+    assert_eq!(p["sandboxes_up"].as_u64(), Some(LIVE), "{l}");
+    for k in [
+        "rss_mib",
+        "pss_mib",
+        "processes",
+        "threads",
+        "agent_threads",
+    ] {
+        let m = &p[k];
+        let (mean, p50, max) = (num(&m["mean"], k), num(&m["p50"], k), num(&m["max"], k));
+        assert!(
+            mean > 0.0 && p50 > 0.0 && mean <= max && p50 <= max,
+            "{k}: {m}"
+        );
+    }
+    assert!(
+        num(&p["threads"]["mean"], "threads") >= num(&p["processes"]["mean"], "procs"),
+        "{p}"
+    );
+    let host = &l["host"]["live"];
+    assert!(
+        num(&host["threads"], "host threads") >= num(&host["processes"], "host procs"),
+        "{host}"
+    );
 }
 
 #[test]
@@ -366,6 +446,8 @@ fn bench_in_a_given_data_dir_leaves_nothing_and_check_follows_the_targets() {
     let out = bench(&[
         "--runtime",
         "host",
+        "--check-margin",
+        "1",
         "--cold-pause-ms",
         "0",
         "--check",
