@@ -114,6 +114,11 @@ pub(crate) struct BenchArgs {
     /// HTTP load test: concurrent clients.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub(crate) http_clients: u32,
+    /// The opensandbox runtime's `direct` setting: `auto` (the default: straight to each
+    /// sandbox's agent when the server's direct endpoint answers) or `off` (always through
+    /// the server's proxy, to measure it).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "off"])]
+    pub(crate) opensandbox_direct: String,
 }
 
 /// How much of everything one run measures, from the options (`--quick` or the counts).
@@ -219,6 +224,8 @@ pub(crate) struct Bench {
     pub(crate) warmup: usize,
     pub(crate) cold: usize,
     pub(crate) cold_pause: Duration,
+    /// `[opensandbox] direct` for the opensandbox runtime.
+    pub(crate) opensandbox_direct: String,
     pub(crate) progress: indicatif::ProgressBar,
     /// The runtime being measured when it is `isolated` (its sandboxes are looked at).
     isolated: Option<Arc<IsolatedRuntime>>,
@@ -245,6 +252,7 @@ impl Bench {
         }
         let mut file = FileConfig::default();
         file.isolated.idle_timeout_secs = Some(AGENT_IDLE_SECS);
+        file.opensandbox.direct = Some(self.opensandbox_direct.clone());
         let exe = std::env::current_exe().context("cannot find the sessionbox-bench executable")?;
         let options = BuildOptions::new(exe);
         if kind == RuntimeKind::Isolated {
@@ -472,6 +480,7 @@ pub(crate) async fn run(
         warmup: plan.warmup,
         cold: plan.cold,
         cold_pause: Duration::from_millis(args.cold_pause_ms),
+        opensandbox_direct: args.opensandbox_direct.clone(),
         progress: progress(&plan, kinds.len()),
         isolated: None,
         cgroups: BTreeSet::new(),
