@@ -192,7 +192,15 @@ impl Agent {
             stopper.commands.cancel_all("the agent is shutting down");
         };
         let served = match listener {
-            AnyListener::Tcp(l) => axum::serve(l, app).with_graceful_shutdown(stop).await,
+            AnyListener::Tcp(l) => {
+                // Small writes (a command's events) go out at once: with Nagle, each waited
+                // for the client's delayed acknowledgement (about 40 ms per exec).
+                use axum::serve::ListenerExt;
+                let l = l.tap_io(|tcp| {
+                    let _ = tcp.set_nodelay(true);
+                });
+                axum::serve(l, app).with_graceful_shutdown(stop).await
+            }
             AnyListener::Unix(l) => axum::serve(l, app).with_graceful_shutdown(stop).await,
         };
         state.commands.cancel_all("the agent is shutting down");

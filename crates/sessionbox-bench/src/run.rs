@@ -146,6 +146,11 @@ pub(crate) struct BenchArgs {
     /// isolated/warm_exec_ratio) [default: every target].
     #[arg(long, value_delimiter = ',', value_name = "RUNTIME/ID")]
     pub(crate) check_only: Vec<String>,
+    /// The opensandbox runtime's `direct` setting: `auto` (the default: straight to each
+    /// sandbox's agent when the server's direct endpoint answers) or `off` (always through
+    /// the server's proxy, to measure it).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "off"])]
+    pub(crate) opensandbox_direct: String,
 }
 
 /// How much of everything one run measures, from the options (`--quick` or the counts).
@@ -259,6 +264,8 @@ pub(crate) struct Bench {
     pub(crate) warmup: usize,
     pub(crate) cold: usize,
     pub(crate) cold_pause: Duration,
+    /// `[opensandbox] direct` for the opensandbox runtime.
+    pub(crate) opensandbox_direct: String,
     pub(crate) progress: indicatif::ProgressBar,
     /// The runtime being measured when it is `isolated` (its sandboxes are looked at).
     isolated: Option<Arc<IsolatedRuntime>>,
@@ -289,6 +296,7 @@ impl Bench {
         // the bench's manager has no background refill), so every other measurement launches
         // as before.
         file.isolated.pool_size = Some(1);
+        file.opensandbox.direct = Some(self.opensandbox_direct.clone());
         let exe = std::env::current_exe().context("cannot find the sessionbox-bench executable")?;
         let options = BuildOptions::new(exe);
         if kind == RuntimeKind::Isolated {
@@ -583,6 +591,7 @@ pub(crate) async fn run(
         warmup: plan.warmup,
         cold: plan.cold,
         cold_pause: Duration::from_millis(args.cold_pause_ms),
+        opensandbox_direct: args.opensandbox_direct.clone(),
         progress: progress(&plan, kinds.len()),
         isolated: None,
         cgroups: BTreeSet::new(),

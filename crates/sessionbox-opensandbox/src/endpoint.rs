@@ -2,7 +2,20 @@
 //!
 //! The rule (`shared/cases/endpoint-urls.json`): an endpoint is trusted only if it is the
 //! server proxy of the same sandbox and port on the same origin as the lifecycle server, or —
-//! when direct endpoints were asked for — a URL whose host is in a configured allowlist.
+//! when direct endpoints were asked for — a URL whose host is in the allowlist and whose path is
+//! empty or `/proxy/{port}` (what the 1.1.1 server answers in host and bridge mode).
+//!
+//! The direct allowlist is explicit: the configured `direct_hosts` (a host name, compared
+//! case-insensitively and exactly, or an IP address or CIDR block such as `172.17.0.0/16`,
+//! matched against IP literals only, never against a name that might resolve into it), plus,
+//! when [`EndpointPolicy::direct_lifecycle_host`] is set (the runtime's `direct = "auto"`), the
+//! lifecycle server's own host. Why that host may be trusted by default: every request to it
+//! already carries the API key, and the agent tokens sent on direct requests are derived from
+//! that key, so a direct endpoint on that host tells it nothing it could not compute; and a
+//! hostile server gains nothing either, since it already sees every proxied request. What the
+//! rule prevents is a server (hostile or confused) pointing sessionbox, with an agent token, at
+//! any *other* host: a name that merely resolves to an allowed address, a neighbouring address
+//! or another network is refused before any connection is made.
 //! Scheme-less endpoints inherit the lifecycle scheme. Nothing is repaired: whitespace or control
 //! characters anywhere, backslashes, userinfo, a query, a fragment, non-ASCII, percent-encoded
 //! dots, another sandbox id, another port or another origin are refused. Only documented
@@ -31,8 +44,55 @@ pub struct EndpointPolicy {
     pub lifecycle: Url,
     /// True when server-proxied endpoints were asked for: only those are accepted.
     pub use_server_proxy: bool,
-    /// Hosts a direct endpoint may name (used when `use_server_proxy` is false).
+    /// Hosts a direct endpoint may name (used when `use_server_proxy` is false): host names
+    /// (exact, case-insensitive), IP addresses, or CIDR blocks (`10.0.0.0/8`, `fd00::/8`)
+    /// that match IP literals only.
     pub direct_hosts: Vec<String>,
+    /// Also accept direct endpoints on the lifecycle server's own host (any port). See the
+    /// module documentation for why that is safe.
+    pub direct_lifecycle_host: bool,
+}
+
+/// Whether `host` of a direct endpoint is allowed by `entry` of an allowlist: a CIDR block or
+/// an IP address matches an IP literal inside it, anything else is a host name compared
+/// exactly (ASCII case-insensitive).
+fn host_allowed(entry: &str, host: &url::Host<&str>) -> bool {
+    use std::net::IpAddr;
+    let entry = entry.trim();
+    let ip = match host {
+        url::Host::Ipv4(a) => Some(IpAddr::V4(*a)),
+        url::Host::Ipv6(a) => Some(IpAddr::V6(*a)),
+        url::Host::Domain(_) => None,
+    };
+    let (net, bits) = match entry.split_once('/') {
+        Some((n, b)) => match (n.parse::<IpAddr>(), b.parse::<u8>()) {
+            (Ok(n), Ok(b)) => (n, Some(b)),
+            // A malformed block matches nothing.
+            _ => return false,
+        },
+        None => match entry.trim_matches(['[', ']']).parse::<IpAddr>() {
+            Ok(n) => (n, None),
+            Err(_) => {
+                return matches!(host, url::Host::Domain(d) if d.eq_ignore_ascii_case(entry));
+            }
+        },
+    };
+    let Some(ip) = ip else {
+        return false;
+    };
+    match (net, ip) {
+        (IpAddr::V4(n), IpAddr::V4(a)) => {
+            let b = u32::from(bits.unwrap_or(32).min(32));
+            let mask = if b == 0 { 0 } else { u32::MAX << (32 - b) };
+            bits.is_none_or(|b| b <= 32) && (u32::from(n) & mask) == (u32::from(a) & mask)
+        }
+        (IpAddr::V6(n), IpAddr::V6(a)) => {
+            let b = u32::from(bits.unwrap_or(128).min(128));
+            let mask = if b == 0 { 0 } else { u128::MAX << (128 - b) };
+            bits.is_none_or(|b| b <= 128) && (u128::from(n) & mask) == (u128::from(a) & mask)
+        }
+        _ => false,
+    }
 }
 
 /// An endpoint that passed [`validate_endpoint`].
@@ -59,6 +119,7 @@ pub fn printable(s: &str) -> String {
 ///     lifecycle: "http://127.0.0.1:8080/".parse().unwrap(),
 ///     use_server_proxy: true,
 ///     direct_hosts: vec![],
+///     direct_lifecycle_host: false,
 /// };
 /// let ok = validate_endpoint(&policy, "abc", 44772,
 ///     "127.0.0.1:8080/v1/sandboxes/abc/proxy/44772", &Default::default()).unwrap();
@@ -140,15 +201,23 @@ pub fn validate_endpoint(
             )));
         }
     } else {
-        let host = url.host_str().unwrap_or_default();
-        if !policy
-            .direct_hosts
-            .iter()
-            .any(|h| h.eq_ignore_ascii_case(host))
-        {
+        let Some(host) = url.host() else {
+            return Err(reject("it names no host"));
+        };
+        let lifecycle_host = policy.direct_lifecycle_host
+            && policy
+                .lifecycle
+                .host()
+                .is_some_and(|h| h.to_string().eq_ignore_ascii_case(&host.to_string()));
+        if !lifecycle_host && !policy.direct_hosts.iter().any(|h| host_allowed(h, &host)) {
             return Err(reject(
                 "it is a direct endpoint whose host is not in the configured allowlist",
             ));
+        }
+        if !(path.is_empty() || path == format!("/proxy/{port}")) {
+            return Err(reject(&format!(
+                "its path is neither empty nor the agent's own proxy route (/proxy/{port})"
+            )));
         }
     }
     let mut kept = BTreeMap::new();

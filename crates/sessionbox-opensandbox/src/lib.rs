@@ -9,7 +9,8 @@
 //!   the same sandbox and port, or an allowlisted direct host), and which headers.
 //! - [`Metadata`]: metadata the real server accepts (63-character values).
 //! - [`OpenSandboxRuntime`] ([`runtime`]): one sandbox per conversation, running sessionbox's
-//!   agent as execd, reached through the server proxy with `sessionbox-execd`'s client; the
+//!   agent as execd, reached with `sessionbox-execd`'s client straight at the server's direct
+//!   endpoint when it is allowlisted and answers, else through the server proxy; the
 //!   conversation-to-sandbox map and each sandbox's expiry are kept through a
 //!   [`sessionbox_core::Directory`] (the store, through the manager's `StoreDirectory`). Network
 //!   ([`EgressOptions`]): an optional `networkPolicy` allowing only the egress gateway, and
@@ -44,6 +45,6 @@ pub use lifecycle::{
 };
 pub use metadata::{MAX_VALUE_LEN, Metadata, is_valid_key, is_valid_value};
 pub use runtime::{
-    EgressOptions, GatewayAccess, LABEL_NETWORK, OpenSandboxConfig, OpenSandboxRuntime,
-    WorkspaceVolumes,
+    AgentPath, DirectMode, EgressOptions, GatewayAccess, LABEL_NETWORK, OpenSandboxConfig,
+    OpenSandboxRuntime, WorkspaceVolumes,
 };

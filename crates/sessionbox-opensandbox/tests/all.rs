@@ -9,6 +9,7 @@
 mod common;
 
 mod background;
+mod direct;
 mod egress;
 mod endpoint_cases;
 mod faults;

@@ -67,6 +67,15 @@ async fn under_none_a_sandbox_with_the_sidecar_reaches_nothing() {
             .map(String::as_str),
         Some("none")
     );
+    // The sidecar admits the host on the agent's published port: the direct path works.
+    assert!(
+        matches!(
+            rt.agent_path(&id),
+            Some(sessionbox_opensandbox::AgentPath::Direct { .. })
+        ),
+        "{:?}",
+        rt.agent_path(&id)
+    );
     let out = sh(
         &*s,
         ExecRequest::new(format!(

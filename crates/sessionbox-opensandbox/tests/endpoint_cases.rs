@@ -14,6 +14,7 @@ fn proxy_policy(lifecycle: &str) -> EndpointPolicy {
         lifecycle: format!("{lifecycle}/").parse().unwrap(),
         use_server_proxy: true,
         direct_hosts: vec![],
+        direct_lifecycle_host: false,
     }
 }
 
@@ -141,4 +142,76 @@ fn errors_show_hostile_endpoints_escaped() {
     .unwrap_err()
     .to_string();
     assert!(!e.contains('\r') && !e.contains('\n'), "{e:?}");
+}
+
+#[test]
+fn direct_endpoints_on_the_lifecycle_host_only_when_trusted() {
+    let mut policy = proxy_policy("http://127.0.0.1:8080");
+    policy.use_server_proxy = false;
+    let none = BTreeMap::new();
+    // What the 1.1.1 server answers in bridge mode: any mapped port of the lifecycle host.
+    let direct = "127.0.0.1:41234/proxy/44772";
+    assert!(validate_endpoint(&policy, "abc", 44772, direct, &none).is_err());
+    policy.direct_lifecycle_host = true;
+    let ok = validate_endpoint(&policy, "abc", 44772, direct, &none).unwrap();
+    assert_eq!(ok.url, "http://127.0.0.1:41234/proxy/44772");
+    // Host mode: no path.
+    assert!(validate_endpoint(&policy, "abc", 44772, "127.0.0.1:44772", &none).is_ok());
+    for bad in [
+        // Another address, even on loopback; a name that resolves to the lifecycle host.
+        "127.0.0.2:41234/proxy/44772",
+        "localhost:41234/proxy/44772",
+        "evil.example:41234/proxy/44772",
+        // Another route, or another port's proxy.
+        "127.0.0.1:41234/proxy/8080",
+        "127.0.0.1:41234/v1/sandboxes/abc/proxy/44772",
+        "127.0.0.1:41234/elsewhere",
+        "127.0.0.1:41234/proxy/44772/../../x",
+        "http://127.0.0.1@evil.example:41234/proxy/44772",
+    ] {
+        assert!(
+            validate_endpoint(&policy, "abc", 44772, bad, &none).is_err(),
+            "{bad}"
+        );
+    }
+}
+
+#[test]
+fn direct_allowlist_entries_are_names_addresses_or_blocks() {
+    let mut policy = proxy_policy("http://127.0.0.1:8080");
+    policy.use_server_proxy = false;
+    policy.direct_hosts = vec![
+        "172.17.0.0/16".into(),
+        "sandbox-host.internal".into(),
+        "fd00::/8".into(),
+        "10.1.2.3".into(),
+        "not-a-block/99".into(),
+    ];
+    let none = BTreeMap::new();
+    for ok in [
+        "172.17.0.2:44772",
+        "172.17.255.254:41000/proxy/44772",
+        "SANDBOX-HOST.internal:41000/proxy/44772",
+        "[fd12::1]:41000/proxy/44772",
+        "10.1.2.3:41000/proxy/44772",
+    ] {
+        assert!(
+            validate_endpoint(&policy, "abc", 44772, ok, &none).is_ok(),
+            "{ok}"
+        );
+    }
+    for bad in [
+        "172.18.0.2:44772",
+        "10.1.2.4:41000/proxy/44772",
+        "[fe80::1]:41000/proxy/44772",
+        "sandbox-host.internal.evil.example:41000/proxy/44772",
+        "evil-sandbox-host.internal:41000/proxy/44772",
+        // The lifecycle host is not trusted unless asked for.
+        "127.0.0.1:41000/proxy/44772",
+    ] {
+        assert!(
+            validate_endpoint(&policy, "abc", 44772, bad, &none).is_err(),
+            "{bad}"
+        );
+    }
 }

@@ -457,12 +457,15 @@ async fn pause_resume_and_the_proxied_endpoint() {
 /// for a byte (its HTTP client's 180 s read timeout) still reports its output and exit code:
 /// the agent's `ping` events every 3 s keep the proxied stream alive. Before the keepalive
 /// this failed after 180 s with "the command event stream ended without a terminal event".
+/// `direct = "off"`, so the command does cross the proxy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_command_quiet_for_200_seconds_survives_the_server_proxy() {
     let Some((domain, key)) = server() else {
         return;
     };
-    let (rt, _store) = runtime(&domain, key, "quiet");
+    let (rt, _store) = runtime_with(&domain, key, "quiet", |c| {
+        c.direct = sessionbox_opensandbox::DirectMode::Off;
+    });
     let c = conv("quiet");
     let s = rt.open(&c).await.unwrap();
     let started = Instant::now();

@@ -342,7 +342,12 @@ pub struct OpenSandboxSection {
     pub memory: Option<String>,
     /// Ask for server-proxied execd endpoints (default true).
     pub use_server_proxy: Option<bool>,
-    /// Hosts a direct endpoint may name (with `use_server_proxy = false`).
+    /// Commands and file operations straight to the sandbox's agent: `"auto"` (the default:
+    /// at the server's direct endpoint when its host is the lifecycle server's or in
+    /// `direct_hosts` and it answers, else through the server's proxy) or `"off"`.
+    pub direct: Option<String>,
+    /// Hosts a direct endpoint may name besides the lifecycle server's own: host names
+    /// (exact), IP addresses or CIDR blocks (`172.17.0.0/16`, matching IP literals only).
     #[serde(default)]
     pub direct_hosts: Vec<String>,
     /// Names this installation in sandbox metadata (default: derived from the data directory).

@@ -297,6 +297,11 @@ fn opensandbox_runtime(
         None => default_instance(data_dir)?,
     };
     let mut config = OpenSandboxConfig::new(client, instance);
+    if let Some(direct) = &section.direct {
+        config.direct = direct
+            .parse()
+            .map_err(|e| anyhow::anyhow!("[opensandbox] direct: {e}"))?;
+    }
     if let Some(image) = &section.image {
         config.image = image.clone();
     }

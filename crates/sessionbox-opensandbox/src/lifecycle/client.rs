@@ -417,6 +417,34 @@ impl OpenSandboxClient {
         id: &str,
         port: u16,
     ) -> Result<ValidatedEndpoint, OpenSandboxError> {
+        self.endpoint_as(id, port, self.config.use_server_proxy, false)
+            .await
+    }
+
+    /// The direct endpoint of `port` in sandbox `id` (`use_server_proxy=false`), validated by
+    /// [`validate_endpoint`] against `direct_hosts` and, with `lifecycle_host`, the lifecycle
+    /// server's own host (see [`crate::endpoint`] for why that one may be trusted).
+    ///
+    /// # Errors
+    /// [`OpenSandboxError::UntrustedEndpoint`] when the answer names a host outside the
+    /// allowlist or breaks another rule (nothing is contacted then); server and transport
+    /// errors.
+    pub async fn direct_endpoint(
+        &self,
+        id: &str,
+        port: u16,
+        lifecycle_host: bool,
+    ) -> Result<ValidatedEndpoint, OpenSandboxError> {
+        self.endpoint_as(id, port, false, lifecycle_host).await
+    }
+
+    async fn endpoint_as(
+        &self,
+        id: &str,
+        port: u16,
+        use_server_proxy: bool,
+        lifecycle_host: bool,
+    ) -> Result<ValidatedEndpoint, OpenSandboxError> {
         check_id(id)?;
         #[derive(Deserialize)]
         struct Raw {
@@ -426,12 +454,7 @@ impl OpenSandboxClient {
         }
         let q = [(
             "use_server_proxy",
-            if self.config.use_server_proxy {
-                "true"
-            } else {
-                "false"
-            }
-            .to_owned(),
+            if use_server_proxy { "true" } else { "false" }.to_owned(),
         )];
         let raw: Raw = self
             .call_json(
@@ -445,8 +468,9 @@ impl OpenSandboxClient {
             .await?;
         let policy = EndpointPolicy {
             lifecycle: self.origin.clone(),
-            use_server_proxy: self.config.use_server_proxy,
+            use_server_proxy,
             direct_hosts: self.config.direct_hosts.clone(),
+            direct_lifecycle_host: lifecycle_host,
         };
         validate_endpoint(
             &policy,

@@ -2,7 +2,8 @@
 //!
 //! Each sandbox runs sessionbox's agent as its execd (the server's `runtime.execd_image` is
 //! `sessionbox/execd:local`, see `scripts/opensandbox-up`), and every operation is an execd
-//! request through the server's proxy (`/v1/sandboxes/{id}/proxy/44772`), made by
+//! request straight to the agent at the server's direct endpoint when it is allowlisted and
+//! answers, else through the server's proxy (`/v1/sandboxes/{id}/proxy/44772`), made by
 //! `sessionbox-execd`'s client: the same protocol, and the same agent, as the `isolated` runtime.
 //!
 //! State, kept through the [`Directory`] the runtime is given (the store, in production):
@@ -40,11 +41,14 @@
 //!
 //! Files: this one holds the configuration, the runtime and its [`Runtime`] implementation;
 //! `sandbox.rs` finds, makes, renews, resumes and sweeps the conversation's sandbox on the
-//! server; `session.rs` is the open conversation ([`Session`]) and the count of operations in
+//! server; `direct.rs` reaches its agent, straight or through the proxy; `session.rs` is the open conversation ([`Session`]) and the count of operations in
 //! use that keeps an idle stop away from a busy sandbox.
 
+mod direct;
 mod sandbox;
 mod session;
+
+pub use self::direct::{AgentPath, DirectMode};
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -164,7 +168,16 @@ pub struct OpenSandboxConfig {
     /// network cannot use a sandbox's agent. Without it, the agent takes any request that
     /// reaches it (the server's network is then the only guard).
     pub agent_key: Option<sessionbox_egress::token::TokenKey>,
+    /// Whether commands and file operations go straight to the sandbox's agent at the
+    /// server's direct endpoint (default [`DirectMode::Auto`]; see `direct.rs`).
+    pub direct: DirectMode,
+    /// How long the probe of a direct endpoint may take (its `/ping`, connect included), and
+    /// the connect timeout of direct connections (default [`DEFAULT_DIRECT_PROBE_TIMEOUT`]).
+    pub direct_probe_timeout: Duration,
 }
+
+/// How long a direct endpoint's probe may take by default.
+pub const DEFAULT_DIRECT_PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
 impl OpenSandboxConfig {
     /// Defaults: [`DEFAULT_IMAGE`] running `tail -f /dev/null`, [`DEFAULT_TIMEOUT`],
@@ -185,6 +198,8 @@ impl OpenSandboxConfig {
             egress: EgressOptions::default(),
             volumes: None,
             agent_key: None,
+            direct: DirectMode::Auto,
+            direct_probe_timeout: DEFAULT_DIRECT_PROBE_TIMEOUT,
         }
     }
 }
@@ -196,6 +211,7 @@ pub struct OpenSandboxRuntime {
     directory: Arc<dyn Directory>,
     config: Arc<OpenSandboxConfig>,
     in_use: InUse,
+    paths: self::direct::Paths,
 }
 
 /// Converts a lifecycle failure into the one error type, keeping the server's words.
@@ -299,6 +315,7 @@ impl Runtime for OpenSandboxRuntime {
         let mut report = DestroyReport::default();
         if let Some(id) = self.sandbox_id(key).await? {
             report.sandbox_removed = self.client.delete(&id).await.map_err(to_core_error)?;
+            self.paths.forget(&id);
             self.directory.forget_remote_sandbox(key, &id).await?;
             report.workspace_removed = report.sandbox_removed;
         }

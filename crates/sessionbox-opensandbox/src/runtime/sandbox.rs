@@ -1,5 +1,5 @@
 //! The conversation's sandbox on the server: found or made (insert-if-absent in the
-//! directory's map), renewed, resumed, swept; and the proxy connection to its agent.
+//! directory's map), renewed, resumed, swept.
 
 use super::session::policy_in_force;
 use super::*;
@@ -34,6 +34,7 @@ impl OpenSandboxRuntime {
             directory,
             config: Arc::new(config),
             in_use: InUse::default(),
+            paths: Default::default(),
         })
     }
 
@@ -291,6 +292,7 @@ impl OpenSandboxRuntime {
                         );
                     }
                     let _ = self.client.delete(&record.sandbox_id).await;
+                    self.paths.forget(&record.sandbox_id);
                     let (id, expires) = self.create_sandbox(conversation).await?;
                     let replaced = self
                         .directory
@@ -432,46 +434,5 @@ impl OpenSandboxRuntime {
         })?;
         let n = commands.iter().filter(|c| c.running).count();
         Ok((n > 0).then_some(n))
-    }
-
-    pub(super) async fn connect(&self, id: &str, key: &ConversationKey) -> Result<ExecdClient> {
-        let endpoint = self
-            .client
-            .endpoint(id, EXECD_PORT)
-            .await
-            .map_err(to_core_error)?;
-        let mut builder = ExecdClient::builder(Endpoint::Http(endpoint.url.clone()))
-            .connect_timeout(self.config.client.connect_timeout);
-        if let Some((_, token)) = endpoint
-            .headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case("X-EXECD-ACCESS-TOKEN"))
-        {
-            builder = builder.token(token.clone());
-        } else if let Some(k) = &self.config.agent_key {
-            builder = builder.token(k.agent_token(key.as_str()));
-        }
-        let client = builder.build().map_err(Error::from)?;
-        // Create answers once the container started, not when execd inside answers.
-        let deadline = Instant::now() + self.config.ready_timeout;
-        let mut wait = Duration::from_millis(20);
-        loop {
-            match tokio::time::timeout(Duration::from_secs(5), client.ping()).await {
-                Ok(Ok(())) => return Ok(client),
-                Ok(Err(e)) if Instant::now() >= deadline => {
-                    return Err(Error::Backend(format!(
-                        "the sandbox's execd did not answer within {:?}: {e}",
-                        self.config.ready_timeout
-                    )));
-                }
-                Err(_) if Instant::now() >= deadline => {
-                    return Err(Error::TimedOut(self.config.ready_timeout));
-                }
-                _ => {
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_millis(250));
-                }
-            }
-        }
     }
 }

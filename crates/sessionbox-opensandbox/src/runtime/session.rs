@@ -64,7 +64,7 @@ pub(super) async fn policy_in_force(
     })
 }
 
-/// An open `opensandbox` conversation: an execd client of its sandbox, through the server
+/// An open `opensandbox` conversation: an execd client of its sandbox, direct or through the server
 /// proxy.
 pub(super) struct OpenSandboxSession {
     pub(super) key: ConversationKey,
