@@ -259,6 +259,7 @@ fn check_report(r: &Value, runtimes: &[&str], stdout: &str) {
         let v = &r["results"][rt];
         let measured = match id {
             "cold_start_p50" => &v["cold_start"]["stats"]["p50_ms"],
+            "cold_start_pooled_ratio" => &v["cold_start_pooled"]["stats"]["ratio_to_baseline_p50"],
             "warm_exec_p50" => &v["warm_exec"]["p50_ms"],
             "warm_exec_ratio" => &v["warm_exec"]["ratio_to_baseline_p50"],
             "agent_rss" => &v["memory"]["agent_rss_mib"],
@@ -292,6 +293,7 @@ fn check_report(r: &Value, runtimes: &[&str], stdout: &str) {
         );
         if *rt == "isolated" {
             want.push(format!("{rt}/agent_rss"));
+            want.push(format!("{rt}/cold_start_pooled_ratio"));
             want.push(format!("{rt}/live_exec_ratio"));
             want.push(format!("{rt}/live_exec_errors"));
             if r["results"][*rt]["live"]["per_sandbox"]["charged_mib"].is_object() {
