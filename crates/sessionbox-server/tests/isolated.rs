@@ -169,6 +169,7 @@ impl Server {
                     // The disk quota is tested in crates/sessionbox/tests/containment_disk.rs;
                     // these workspaces stay plain directories of the temporary directory.
                     disk: None,
+                    pool: Default::default(),
                 },
                 Arc::new(StoreDirectory::new(store.clone())),
             )

@@ -139,14 +139,7 @@ impl Env {
     /// Another store, runtime and manager over the same data directory: what a restarted
     /// manager (or a second process) builds.
     pub fn another_manager(&self) -> (Manager, Arc<IsolatedRuntime>) {
-        build(
-            &self.data,
-            self.uids.clone(),
-            self.idle_secs,
-            self.limits.clone(),
-            self.disk,
-            self.pool,
-        )
+        self.another_manager_with_pool(self.pool)
     }
 
     /// [`Env::another_manager`] with another pool size.
