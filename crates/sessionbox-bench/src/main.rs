@@ -13,6 +13,7 @@ extern crate sessionbox;
 
 mod baselines;
 mod callgrind;
+mod cli;
 mod egress;
 mod http;
 mod live;

@@ -119,8 +119,16 @@ fn latency_table(s: &mut String, r: &Value) {
     };
     for rt in &runtimes(r) {
         let v = &r["results"][*rt];
-        let rows: [(&str, &Value); 11] = [
+        let rows: [(&str, &Value); 13] = [
             ("cold start (open + first exec)", &v["cold_start"]["stats"]),
+            (
+                "cold start from the warm pool",
+                &v["cold_start_pooled"]["stats"],
+            ),
+            (
+                "whole CLI call `sessionbox exec -- true`",
+                &v["cli_call"]["stats"],
+            ),
             ("cold start: open", &v["cold_start"]["phases"]["open"]),
             (
                 "cold start: first exec",

@@ -16,6 +16,9 @@ use sessionbox_manager::Conversation;
 use crate::scale::percentiles;
 use crate::stats::ms;
 
+/// Target: MCP adds at most this much to the p50 of a warm exec, ms (issue 20).
+pub(crate) const ADDED_P50_MS: f64 = 0.5;
+
 /// `iterations` rounds of: `true` through the library session `lib`, then the `bash` tool with
 /// `true` through the MCP server at `url` (key `key`) on the same conversation.
 pub(crate) async fn round_trip(

@@ -39,6 +39,9 @@ pub(crate) async fn measure(
     if kind == RuntimeKind::Isolated {
         let pooled = cold_starts_pooled(b, manager, created).await?;
         out.insert("cold_start_pooled".into(), pooled);
+        if let Some(cli) = crate::cli::calls(b, created)? {
+            out.insert("cli_call".into(), cli);
+        }
     }
     // One warm conversation for everything else.
     let conv = b.conversation("warm")?;

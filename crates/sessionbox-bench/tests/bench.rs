@@ -264,6 +264,10 @@ fn check_report(r: &Value, runtimes: &[&str], stdout: &str) {
             "warm_exec_ratio" => &v["warm_exec"]["ratio_to_baseline_p50"],
             "agent_rss" => &v["memory"]["agent_rss_mib"],
             "http_added_p50" => &v["http"]["round_trip"]["added_p50_ms"],
+            "mcp_added_p50" => &v["http"]["mcp_round_trip"]["added_p50_ms"],
+            "cli_call_ratio" => &v["cli_call"]["stats"]["ratio_to_baseline_p50"],
+            "remote_warm_exec_p50" => &v["warm_exec"]["p50_ms"],
+            "remote_cold_start_pooled_p50" => &v["cold_start_pooled"]["stats"]["p50_ms"],
             "http_load_errors" => &v["http"]["load"]["errors"],
             "live_charged_per_sandbox" => &v["live"]["per_sandbox"]["charged_mib"]["mean"],
             "live_exec_ratio" => &v["live"]["exec_p50_ratio_n_to_1"],
@@ -287,6 +291,7 @@ fn check_report(r: &Value, runtimes: &[&str], stdout: &str) {
                 "warm_exec_p50",
                 "warm_exec_ratio",
                 "http_added_p50",
+                "mcp_added_p50",
                 "http_load_errors",
             ]
             .map(|i| format!("{rt}/{i}")),
@@ -296,6 +301,13 @@ fn check_report(r: &Value, runtimes: &[&str], stdout: &str) {
             want.push(format!("{rt}/cold_start_pooled_ratio"));
             want.push(format!("{rt}/live_exec_ratio"));
             want.push(format!("{rt}/live_exec_errors"));
+            // The whole CLI call is measured when the `sessionbox` executable is beside the
+            // bench's (in a workspace build it is).
+            if r["results"][*rt]["cli_call"].is_object() {
+                let c = &r["results"][*rt]["cli_call"];
+                check_stats(&c["stats"], WARM.min(200), Some(base_p50), "cli call");
+                want.push(format!("{rt}/cli_call_ratio"));
+            }
             if r["results"][*rt]["live"]["per_sandbox"]["charged_mib"].is_object() {
                 want.push(format!("{rt}/live_charged_per_sandbox"));
             }

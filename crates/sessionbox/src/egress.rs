@@ -140,12 +140,13 @@ pub(crate) async fn gateway(
     store_url: Option<&str>,
     section: &EgressSection,
 ) -> anyhow::Result<ExitCode> {
+    // The descriptor limit first, before anything else is opened.
+    let mut config = gateway_config(section, args);
+    config.max_connections = limit_descriptors(config.max_connections);
     let (url, db) = (store_url.map(str::to_owned), data_dir.join("sessionbox.db"));
     let store =
         tokio::task::spawn_blocking(move || Store::open_configured(url.as_deref(), &db)).await??;
     let control = Arc::new(StoreControl::new(store, verdict_config(section)));
-    let mut config = gateway_config(section, args);
-    config.max_connections = limit_descriptors(config.max_connections);
     if let Some(addr) = args.listen {
         let key = TokenKey::load_or_create(&key_path(data_dir))
             .context("cannot read or create the egress token key")?;
