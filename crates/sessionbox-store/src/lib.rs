@@ -82,6 +82,12 @@ pub use types::{
 
 /// How long an operation waits for another connection's lock before failing: 10 s.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Prepared statements a SQLite connection keeps (more than the store has).
+const STATEMENT_CACHE: usize = 256;
+/// Pages of write-ahead log after which a commit checkpoints it (see `Store::setup`).
+const WAL_CHECKPOINT_PAGES: i64 = 128;
+/// The write-ahead log's file is cut back to this after a checkpoint, bytes.
+const WAL_LIMIT_BYTES: i64 = 1 << 20;
 
 /// The environment variable naming a PostgreSQL store (`postgres://...`), read by the CLI.
 pub const STORE_URL_ENV: &str = "SESSIONBOX_STORE_URL";
@@ -203,7 +209,31 @@ impl Store {
         // (see `Store::write_unsynced`).
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(sql_error("set the commit durability"))?;
+        // The last connection to close leaves the write-ahead log as it is instead of copying
+        // it into the database and syncing both (two disk syncs on every one-off CLI call).
+        // Nothing is less durable: every commit is in the synced log, which the next opener
+        // reads. That opener first rebuilds the log's index from the whole log, so the log is
+        // kept short: a checkpoint every WAL_CHECKPOINT_PAGES pages (SQLite's default, 1000
+        // pages, made each one-off open read up to 4 MiB), and the file cut back to
+        // WAL_LIMIT_BYTES after one. A copy of the database file alone is then not a backup:
+        // `sessionbox backup` is.
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            true,
+        )
+        .map_err(sql_error("keep the log on close"))?;
+        conn.pragma_update(None, "wal_autocheckpoint", WAL_CHECKPOINT_PAGES)
+            .map_err(sql_error("set the checkpoint interval"))?;
+        conn.query_row(
+            &format!("PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}"),
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .map_err(sql_error("limit the log's size"))?;
         schema::migrate(&mut conn)?;
+        // Every statement the store runs stays prepared (rusqlite keeps 16 by default, fewer
+        // than the store has, so a busy server would parse some again on every call).
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         Ok(Store {
             backend: Backend::Sqlite {
                 conn: Arc::new(Mutex::new(conn)),

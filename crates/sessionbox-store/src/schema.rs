@@ -292,6 +292,14 @@ fn too_new(version: u32) -> Error {
 /// # Errors
 /// [`Error::Backend`] when the database is newer than this build, or a step fails.
 pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {
+    // Up to date (every open but the first after an upgrade): a plain read, without taking
+    // the write lock that a migration needs.
+    let version: u32 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(sql_error("read the schema version"))?;
+    if version == SCHEMA_VERSION {
+        return Ok(());
+    }
     loop {
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)

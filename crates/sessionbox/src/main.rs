@@ -76,7 +76,21 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(colour_on_stderr())
         .init();
-    let rt = match tokio::runtime::Runtime::new() {
+    // A call on one conversation needs one worker: not a thread per core, nor the look at the
+    // cgroup's CPU quota that counting the cores costs. Servers keep one worker per core.
+    let one_off = match &command {
+        RunCommand::Session(_) => true,
+        RunCommand::Conversation(c) => !matches!(c, ConversationCommand::Mcp { .. }),
+        _ => false,
+    };
+    let rt = match if one_off {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Runtime::new()
+    } {
         Ok(rt) => rt,
         Err(e) => {
             error!("cannot start the async runtime: {e}");

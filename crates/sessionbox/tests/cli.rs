@@ -623,8 +623,11 @@ fn aio_commands_of_allowlisted_conversations_get_the_gateway_as_their_proxy() {
         .next()
         .unwrap()
         .to_owned();
-    let db = std::fs::read(data.join("sessionbox.db")).unwrap_or_default();
-    assert!(!String::from_utf8_lossy(&db).contains(&token));
+    // The database and its write-ahead log (which a closing CLI call leaves in place).
+    for f in ["sessionbox.db", "sessionbox.db-wal"] {
+        let db = std::fs::read(data.join(f)).unwrap_or_default();
+        assert!(!String::from_utf8_lossy(&db).contains(&token), "{f}");
+    }
     let audit = sessionbox(&data, &["audit", "--json"]);
     assert!(!text(&audit.stdout).contains(&token));
     let _ = server.kill();

@@ -221,6 +221,7 @@ impl IsolatedRuntime {
         network: bool,
         facts: Facts,
     ) -> Result<Launch> {
+        self.check_limits()?;
         let uid = facts.uid;
         let workspace = place.workspace.clone();
         if let Some(quota) = self.config.disk.filter(|_| self.disk_quota_applies()) {

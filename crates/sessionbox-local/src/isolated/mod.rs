@@ -83,6 +83,10 @@ pub struct IsolatedRuntime {
     skills: bool,
     /// Serialises this process's refills of the warm pool (see `pool`).
     pool_refill: Arc<tokio::sync::Mutex<()>>,
+    /// Whether the sandbox limits can hold here ([`sandbox::check_limits`]), asked before this
+    /// process's first launch: a call that only uses a running sandbox (most CLI calls) does
+    /// not make and remove a probe cgroup.
+    limits_checked: Arc<std::sync::OnceLock<Result<()>>>,
 }
 
 impl fmt::Debug for IsolatedRuntime {
@@ -104,15 +108,13 @@ impl IsolatedRuntime {
 
     /// The runtime with `config`, asking `directory` about recorded conversations (the
     /// manager's `StoreDirectory` over the store). Creates the data directory's `workspaces`
-    /// and `run` directories, after checking that the sandbox limits can hold here
-    /// ([`sandbox::check_limits`]).
+    /// and `run` directories. Whether the sandbox limits can hold here is checked before the
+    /// first launch ([`IsolatedRuntime::check_limits`]), not here: most one-off calls use a
+    /// sandbox that runs already.
     ///
     /// # Errors
-    /// [`Error::RuntimeUnavailable`] when the limits are cgroups (the default) and no cgroup can
-    /// be made (without root: none is delegated to the caller), saying how to delegate one or
-    /// choose rlimit-only limits. [`Error::Backend`] when the directories cannot be created.
+    /// [`Error::Backend`] when the directories cannot be created.
     pub fn new(config: IsolatedConfig, directory: Arc<dyn Directory>) -> Result<Self> {
-        sandbox::check_limits(&config.sandbox)?;
         let workspaces = config.data_dir.join("workspaces");
         let run = config.data_dir.join("run");
         let disks = config.data_dir.join("disks");
@@ -141,7 +143,22 @@ impl IsolatedRuntime {
             egress: None,
             skills: false,
             pool_refill: Arc::default(),
+            limits_checked: Arc::default(),
         })
+    }
+
+    /// Whether the sandbox limits can hold here ([`sandbox::check_limits`]: with cgroups, the
+    /// default, a probe cgroup is made and removed), asked once per process; every launch asks
+    /// first, and a long-lived front end may ask at its start.
+    ///
+    /// # Errors
+    /// [`Error::RuntimeUnavailable`] when the limits are cgroups and no cgroup can be made
+    /// (without root: none is delegated to the caller), saying how to delegate one or choose
+    /// rlimit-only limits.
+    pub fn check_limits(&self) -> Result<()> {
+        self.limits_checked
+            .get_or_init(|| sandbox::check_limits(&self.config.sandbox))
+            .clone()
     }
 
     /// Lets conversations whose profile allows it reach the network through the egress
