@@ -352,3 +352,52 @@ async fn open_to_first_exec_with_and_without_a_slot() {
     assert_nothing_left(&rt).await;
     assert_nothing_left(&plain).await;
 }
+
+/// As `serve` runs it: a refilling manager fills the pool (`maintain_pools`), a new
+/// conversation takes the slot and the pool is refilled in the background; a collection with
+/// the pool turned off drains it and leaves the bound conversation alone; destroy through the
+/// manager leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refilling_manager_keeps_the_pool_and_gc_drains_it() {
+    let Some((domain, key)) = server() else {
+        return;
+    };
+    let store = Store::open_in_memory().unwrap();
+    let inst = instance("pool-manager");
+    let rt = std::sync::Arc::new(pooled(&domain, key.clone(), &inst, 1, &store));
+    let manager = sessionbox_manager::Manager::new(store.clone(), rt.clone()).with_pool_refill();
+    assert_eq!(manager.maintain_pools(&[tenant()]).await.unwrap(), 1);
+    let slot = store.pool_slots("opensandbox").unwrap().remove(0);
+    let c = conv("managed");
+    let s = manager.open(&c).await.unwrap();
+    assert!(s.exec(ExecRequest::new("true")).await.unwrap().success());
+    assert_eq!(
+        rt.sandbox_id(&c.key).await.unwrap().unwrap(),
+        slot.sandbox_id
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while store.pool_slots("opensandbox").unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the pool was not refilled");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        manager.maintain_pools(&[tenant()]).await.unwrap(),
+        0,
+        "full"
+    );
+    Box::new(s).close().await.unwrap();
+
+    let off = std::sync::Arc::new(pooled(&domain, key, &inst, 0, &store));
+    let report = sessionbox_manager::Manager::new(store.clone(), off)
+        .collect_garbage(sessionbox_manager::GcOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(report.pool_pruned, 1);
+    assert!(report.orphans.is_empty(), "{:?}", report.orphans);
+    assert!(store.pool_slots("opensandbox").unwrap().is_empty());
+    let left = rt.server_inventory().await.unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].id, slot.sandbox_id, "the bound one stays");
+    manager.destroy(&c).await.unwrap();
+    assert_nothing_left(&rt).await;
+}

@@ -609,6 +609,40 @@ mod tests {
     }
 
     #[test]
+    fn opensandbox_pool_sizes_are_read_and_too_many_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sessionbox.toml");
+        std::fs::write(
+            &p,
+            "[opensandbox]\npool_size = 2\n[opensandbox.pool_tenants]\nacme = 5\nquiet = 0\n",
+        )
+        .unwrap();
+        let c = FileConfig::load(&p, true).unwrap();
+        let sizes = c.opensandbox.pool_sizes().unwrap();
+        assert_eq!(
+            (sizes.of("other"), sizes.of("acme"), sizes.of("quiet")),
+            (2, 5, 0)
+        );
+        assert!(
+            FileConfig::default()
+                .opensandbox
+                .pool_sizes()
+                .unwrap()
+                .is_off()
+        );
+        std::fs::write(&p, "[opensandbox]\npool_size = 65\n").unwrap();
+        let err = format!(
+            "{:#}",
+            FileConfig::load(&p, true)
+                .unwrap()
+                .opensandbox
+                .pool_sizes()
+                .unwrap_err()
+        );
+        assert!(err.contains("[opensandbox] pool size 65"), "{err}");
+    }
+
+    #[test]
     fn file_settings_are_read() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("sessionbox.toml");
