@@ -401,3 +401,80 @@ async fn a_refilling_manager_keeps_the_pool_and_gc_drains_it() {
     manager.destroy(&c).await.unwrap();
     assert_nothing_left(&rt).await;
 }
+
+/// With `network_policy` on, a slot is created deny-all (labelled `none`, the sidecar
+/// enforcing it): a conversation under `none` takes it and reaches nothing; one with an
+/// allowlist is created as before and leaves the slot in the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_network_policy_only_conversations_under_none_take_a_slot() {
+    let Some((domain, key)) = server() else {
+        return;
+    };
+    let store = Store::open_in_memory().unwrap();
+    let mut config = OpenSandboxConfig::new(client_config(&domain, key), instance("pool-net"));
+    config.timeout = Duration::from_secs(600);
+    config
+        .resource_limits
+        .insert("memory".into(), "256Mi".into());
+    config.agent_key = Some(agent_key());
+    config.egress.network_policy = true;
+    config.pool = PoolSizes {
+        default: 1,
+        tenants: Default::default(),
+    };
+    let rt = OpenSandboxRuntime::new(config, directory(store.clone())).unwrap();
+    assert_eq!(rt.refill_pool(&tenant()).await.unwrap(), 1);
+    let slot = store.pool_slots("opensandbox").unwrap().remove(0);
+    let on_server = rt.client().get(&slot.sandbox_id).await.unwrap();
+    assert_eq!(
+        on_server
+            .metadata
+            .get(sessionbox_opensandbox::LABEL_NETWORK)
+            .map(String::as_str),
+        Some("none")
+    );
+
+    let allowed = conv("pool-net-allow");
+    let policy = sessionbox_egress::Policy::allowlist(&["*.pypi.org:443"], &[]).unwrap();
+    store
+        .set_egress_policy(
+            &sessionbox_store::PolicyScope::Conversation(allowed.clone()),
+            &policy.to_json(),
+            &policy.hash(),
+            chrono::Utc::now(),
+        )
+        .unwrap();
+    let sa = rt.open(&allowed).await.unwrap();
+    assert_ne!(
+        rt.sandbox_id(&allowed.key).await.unwrap().unwrap(),
+        slot.sandbox_id
+    );
+    assert_eq!(
+        store.pool_slots("opensandbox").unwrap().len(),
+        1,
+        "left in the pool"
+    );
+    drop(sa);
+
+    let none = conv("pool-net-none");
+    let s = rt.open(&none).await.unwrap();
+    assert_eq!(
+        rt.sandbox_id(&none.key).await.unwrap().unwrap(),
+        slot.sandbox_id
+    );
+    let out = exec_out(
+        s.as_ref(),
+        "nc -w 3 1.1.1.1 443 </dev/null; echo public=$?; echo alive",
+    )
+    .await;
+    assert!(
+        out.contains("public=1") && out.ends_with("alive\n"),
+        "{out}"
+    );
+    drop(s);
+    for k in [&allowed.key, &none.key] {
+        rt.destroy(k).await.unwrap();
+    }
+    assert_eq!(rt.prune_pool(true).await.unwrap(), 0);
+    assert_nothing_left(&rt).await;
+}
