@@ -296,6 +296,7 @@ impl Bench {
         // the bench's manager has no background refill), so every other measurement launches
         // as before.
         file.isolated.pool_size = Some(1);
+        file.opensandbox.pool_size = Some(1);
         file.opensandbox.direct = Some(self.opensandbox_direct.clone());
         let exe = std::env::current_exe().context("cannot find the sessionbox-bench executable")?;
         let options = BuildOptions::new(exe);

@@ -49,6 +49,25 @@ pub struct RemoteSandbox {
     pub expires_at: Option<DateTime<Utc>>,
 }
 
+/// A sandbox of a remote runtime's warm pool, made before any conversation owns it, as
+/// recorded: no conversation is mapped to it until a bind takes it
+/// ([`Directory::bind_remote_pool_slot`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemotePoolSlot {
+    /// The runtime that made it (`opensandbox`).
+    pub runtime: String,
+    /// The tenant whose pool it is in (a bind gives it only to this tenant's conversations).
+    pub tenant: String,
+    /// The slot's name (unique; 1-63 of `[A-Za-z0-9._-]`, as the runtime labels it).
+    pub slot: String,
+    /// The server's id of the sandbox.
+    pub sandbox_id: String,
+    /// When it was recorded.
+    pub created_at: DateTime<Utc>,
+    /// The expiry sessionbox last set on it; `None` for none.
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
 /// What a runtime may ask about (and, for its remote sandboxes, record of) a conversation the
 /// manager recorded. Cheap to share (`Arc<dyn Directory>`); safe to call concurrently.
 ///
@@ -191,4 +210,71 @@ pub trait Directory: Send + Sync {
     /// # Errors
     /// [`crate::Error::Backend`].
     async fn forget_remote_sandbox(&self, key: &ConversationKey, sandbox_id: &str) -> Result<bool>;
+
+    /// Records a ready slot of a remote runtime's warm pool.
+    ///
+    /// The default refuses ([`crate::Error::Conflict`]): a directory that cannot record slots
+    /// gives a remote runtime no warm pool.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidRequest`] for an empty or malformed field;
+    /// [`crate::Error::Conflict`] when the slot name is recorded already (or slots are not
+    /// supported); [`crate::Error::Backend`].
+    async fn add_remote_pool_slot(&self, slot: &RemotePoolSlot) -> Result<()> {
+        let _ = slot;
+        Err(crate::Error::Conflict(
+            "this directory cannot record warm pool slots".into(),
+        ))
+    }
+
+    /// Binds one slot of `tenant`'s pool of `runtime` to `key`, in one step: the slot (the
+    /// oldest) leaves the pool and its sandbox becomes `key`'s remote sandbox, with the slot's
+    /// expiry. `None` (nothing changed) when the pool is empty or `key` already has a remote
+    /// sandbox. Of concurrent callers, no two get the same slot. The default has no pool.
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`].
+    async fn bind_remote_pool_slot(
+        &self,
+        runtime: &str,
+        tenant: &str,
+        key: &ConversationKey,
+    ) -> Result<Option<RemotePoolSlot>> {
+        let _ = (runtime, tenant, key);
+        Ok(None)
+    }
+
+    /// Removes the slot `slot` of `runtime`'s pool; true when this call removed it (so the
+    /// caller, and no one else, now owns its sandbox and deletes it). The default has none.
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`].
+    async fn remove_remote_pool_slot(&self, runtime: &str, slot: &str) -> Result<bool> {
+        let _ = (runtime, slot);
+        Ok(false)
+    }
+
+    /// Every slot of `runtime`'s pools (all tenants), oldest first. The default has none.
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`].
+    async fn remote_pool_slots(&self, runtime: &str) -> Result<Vec<RemotePoolSlot>> {
+        let _ = runtime;
+        Ok(Vec::new())
+    }
+
+    /// Records the expiry sessionbox set on the pooled sandbox of `slot`; false when the slot
+    /// is no longer in the pool (bound or removed meanwhile). The default has none.
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`].
+    async fn set_remote_pool_slot_expiry(
+        &self,
+        runtime: &str,
+        slot: &str,
+        expires_at: Option<DateTime<Utc>>,
+    ) -> Result<bool> {
+        let _ = (runtime, slot, expires_at);
+        Ok(false)
+    }
 }

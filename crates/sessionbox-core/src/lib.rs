@@ -28,7 +28,7 @@ pub use background::{
     BackgroundCommand, CommandOutput, MAX_COMMAND_ID_BYTES, MAX_OUTPUT_CHUNK, MAX_OUTPUT_WAIT,
     MAX_RUNNING_COMMANDS, OutputRequest, background_unsupported, validate_command_id,
 };
-pub use directory::{Directory, NetworkPolicy, RemoteSandbox};
+pub use directory::{Directory, NetworkPolicy, RemotePoolSlot, RemoteSandbox};
 pub use error::{
     DIRECTORY_NOT_EMPTY, EDIT_ABSENT, EDIT_AMBIGUOUS, EDIT_EMPTY, Error, Refusal, Result,
 };
@@ -44,4 +44,6 @@ pub use ids::{ConversationId, ConversationKey, ConversationRef, IdKind, TenantId
 pub use open::{OpenMode, Operation};
 pub use path::{MAX_PATH_BYTES, WorkspacePath};
 pub use patterns::{check_glob, check_grep};
-pub use runtime::{DestroyReport, DiskUsage, Runtime, RuntimeConversation, RuntimeInfo, Session};
+pub use runtime::{
+    DestroyReport, DiskUsage, PoolSizes, Runtime, RuntimeConversation, RuntimeInfo, Session,
+};

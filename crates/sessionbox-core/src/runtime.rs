@@ -333,6 +333,37 @@ pub trait Session: Send + Sync {
     async fn close(self: Box<Self>) -> Result<()>;
 }
 
+/// How many warm sandboxes each tenant's pool keeps: `default` for every tenant, `tenants`
+/// for those named. 0 turns a pool off. Shared by the runtimes that keep a warm pool
+/// (`isolated`, `opensandbox`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolSizes {
+    /// The size for a tenant not named in `tenants`.
+    pub default: usize,
+    /// Sizes of named tenants (by tenant id).
+    pub tenants: std::collections::BTreeMap<String, usize>,
+}
+
+impl PoolSizes {
+    /// The most any one tenant's pool may hold: each warm sandbox holds resources (a uid and a
+    /// volume for `isolated`, a container on the server for `opensandbox`) until it is used.
+    pub const MAX: usize = 64;
+
+    /// The pool size of `tenant`.
+    pub fn of(&self, tenant: &str) -> usize {
+        self.tenants
+            .get(tenant)
+            .copied()
+            .unwrap_or(self.default)
+            .min(Self::MAX)
+    }
+
+    /// True when no tenant has a pool.
+    pub fn is_off(&self) -> bool {
+        self.default == 0 && self.tenants.values().all(|&n| n == 0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -9,7 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sessionbox_core::{
-    ConversationKey, ConversationRef, Directory, Error, NetworkPolicy, RemoteSandbox, Result,
+    ConversationKey, ConversationRef, Directory, Error, NetworkPolicy, RemotePoolSlot,
+    RemoteSandbox, Result,
 };
 use sessionbox_egress::Policy;
 use sessionbox_skills::Skills;
@@ -236,6 +237,47 @@ impl Directory for StoreDirectory {
         let (key, id) = (key.clone(), sandbox_id.to_owned());
         self.store
             .run(move |s| s.delete_remote_sandbox(&key, &id))
+            .await
+    }
+
+    async fn add_remote_pool_slot(&self, slot: &RemotePoolSlot) -> Result<()> {
+        let slot = slot.clone();
+        self.store.run(move |s| s.add_pool_slot(&slot)).await
+    }
+
+    async fn bind_remote_pool_slot(
+        &self,
+        runtime: &str,
+        tenant: &str,
+        key: &ConversationKey,
+    ) -> Result<Option<RemotePoolSlot>> {
+        let (runtime, tenant, key) = (runtime.to_owned(), tenant.to_owned(), key.clone());
+        self.store
+            .run(move |s| s.bind_pool_slot(&runtime, &tenant, &key, Utc::now()))
+            .await
+    }
+
+    async fn remove_remote_pool_slot(&self, runtime: &str, slot: &str) -> Result<bool> {
+        let (runtime, slot) = (runtime.to_owned(), slot.to_owned());
+        self.store
+            .run(move |s| s.remove_pool_slot(&runtime, &slot))
+            .await
+    }
+
+    async fn remote_pool_slots(&self, runtime: &str) -> Result<Vec<RemotePoolSlot>> {
+        let runtime = runtime.to_owned();
+        self.store.run(move |s| s.pool_slots(&runtime)).await
+    }
+
+    async fn set_remote_pool_slot_expiry(
+        &self,
+        runtime: &str,
+        slot: &str,
+        expires_at: Option<DateTime<Utc>>,
+    ) -> Result<bool> {
+        let (runtime, slot) = (runtime.to_owned(), slot.to_owned());
+        self.store
+            .run(move |s| s.set_pool_slot_expiry(&runtime, &slot, expires_at))
             .await
     }
 }

@@ -45,6 +45,6 @@ pub use lifecycle::{
 };
 pub use metadata::{MAX_VALUE_LEN, Metadata, is_valid_key, is_valid_value};
 pub use runtime::{
-    AgentPath, DirectMode, EgressOptions, GatewayAccess, LABEL_NETWORK, OpenSandboxConfig,
-    OpenSandboxRuntime, WorkspaceVolumes,
+    AgentPath, DEFAULT_POOL_UNRECORDED_GRACE, DirectMode, EgressOptions, GatewayAccess,
+    LABEL_NETWORK, LABEL_POOL, OpenSandboxConfig, OpenSandboxRuntime, WorkspaceVolumes,
 };

@@ -14,4 +14,5 @@ mod egress;
 mod endpoint_cases;
 mod faults;
 mod lifecycle;
+mod pool;
 mod server;

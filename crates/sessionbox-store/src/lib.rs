@@ -45,6 +45,7 @@ mod keys;
 mod locks;
 mod pg;
 mod pg_tls;
+mod pool;
 mod remote;
 mod retention;
 mod schema;
@@ -74,7 +75,7 @@ pub use locks::ConversationLock;
 pub use retention::{LogRetention, LogsPruned, MAX_LOG_TEXT, PRUNE_BATCH};
 pub use schema::SCHEMA_VERSION;
 /// A conversation's remote sandbox, as recorded (core's type, so runtimes see it without the store).
-pub use sessionbox_core::RemoteSandbox;
+pub use sessionbox_core::{RemotePoolSlot, RemoteSandbox};
 pub use types::{
     AuditEntry, AuditFilter, AuditRecord, ConversationRecord, ConversationState, Lifecycle,
     LifecyclePolicy,

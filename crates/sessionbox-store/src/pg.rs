@@ -32,6 +32,7 @@ pub(crate) const CLASS_GLOBAL: i32 = 0x5342_0003; // migrations, uid allocation
 /// Second keys of [`CLASS_GLOBAL`].
 pub(crate) const GLOBAL_MIGRATE: i32 = 1;
 pub(crate) const GLOBAL_UIDS: i32 = 2;
+pub(crate) const GLOBAL_POOL: i32 = 3;
 
 pub(crate) struct PgBackend {
     config: Config,

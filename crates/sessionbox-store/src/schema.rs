@@ -275,6 +275,29 @@ const MIGRATIONS: &[Step] = &[
         reserved_at BIGINT NOT NULL
     );",
     },
+    // 11: the warm pool of a remote runtime (opensandbox): sandboxes made ahead, owned by no
+    // conversation yet, per tenant; a bind moves one to `remote_sandboxes` in one transaction
+    // (see `pool.rs`).
+    Step {
+        sqlite: "CREATE TABLE remote_pool_slots (
+        slot       TEXT PRIMARY KEY NOT NULL CHECK (length(slot) BETWEEN 1 AND 63),
+        runtime    TEXT NOT NULL,
+        tenant     TEXT NOT NULL,
+        sandbox_id TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER
+    );
+    CREATE INDEX remote_pool_slots_by_tenant ON remote_pool_slots (runtime, tenant, created_at);",
+        postgres: "CREATE TABLE remote_pool_slots (
+        slot       TEXT PRIMARY KEY NOT NULL CHECK (length(slot) BETWEEN 1 AND 63),
+        runtime    TEXT NOT NULL,
+        tenant     TEXT NOT NULL,
+        sandbox_id TEXT NOT NULL,
+        created_at BIGINT NOT NULL,
+        expires_at BIGINT
+    );
+    CREATE INDEX remote_pool_slots_by_tenant ON remote_pool_slots (runtime, tenant, created_at);",
+    },
 ];
 
 /// The schema version this build writes: the number of migrations.

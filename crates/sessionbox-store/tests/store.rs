@@ -1129,3 +1129,86 @@ fn restoring_something_that_is_not_a_store_backup_is_refused_and_changes_nothing
     assert_eq!(store.restore(&empty).unwrap_err().code(), "invalid_request");
     assert_eq!(store.list(None).unwrap().len(), 1);
 }
+
+// ---- The warm pool of a remote runtime, on both backends. ----
+
+fn slot(name: &str, tenant: &str, sandbox: &str, created: i64) -> sessionbox_store::RemotePoolSlot {
+    sessionbox_store::RemotePoolSlot {
+        runtime: "opensandbox".into(),
+        tenant: tenant.into(),
+        slot: name.into(),
+        sandbox_id: sandbox.into(),
+        created_at: t(created),
+        expires_at: Some(t(created + 1_000)),
+    }
+}
+
+both! {
+    pool_slots;
+    fn a_bind_takes_the_oldest_slot_of_its_tenant_once_and_records_it(fx) {
+        let store = fx.open();
+        store.add_pool_slot(&slot("a.2", "acme", "sb-2", 20)).unwrap();
+        store.add_pool_slot(&slot("a.1", "acme", "sb-1", 10)).unwrap();
+        store.add_pool_slot(&slot("b.1", "beta", "sb-3", 5)).unwrap();
+        assert_eq!(store.add_pool_slot(&slot("a.1", "acme", "sb-9", 1)).unwrap_err().code(), "conflict");
+        assert_eq!(store.add_pool_slot(&slot("a/1", "acme", "sb-9", 1)).unwrap_err().code(), "invalid_request");
+        assert_eq!(store.add_pool_slot(&slot(&"x".repeat(64), "acme", "sb-9", 1)).unwrap_err().code(), "invalid_request");
+        let names = |s: &Store| s.pool_slots("opensandbox").unwrap().into_iter().map(|s| s.slot).collect::<Vec<_>>();
+        assert_eq!(names(&store), ["b.1", "a.1", "a.2"]);
+        assert!(store.pool_slots("aio").unwrap().is_empty());
+
+        let k1 = conv("acme", "c1").key;
+        let got = store.bind_pool_slot("opensandbox", "acme", &k1, t(30)).unwrap().unwrap();
+        assert_eq!((got.slot.as_str(), got.sandbox_id.as_str()), ("a.1", "sb-1"));
+        let rec = store.remote_sandbox(&k1).unwrap().unwrap();
+        assert_eq!((rec.sandbox_id.as_str(), rec.expires_at), ("sb-1", Some(t(1_010))));
+        assert_eq!(names(&store), ["b.1", "a.2"]);
+        // A conversation with a sandbox takes nothing.
+        assert!(store.bind_pool_slot("opensandbox", "acme", &k1, t(31)).unwrap().is_none());
+        assert_eq!(names(&store), ["b.1", "a.2"]);
+        assert_eq!(store.remote_sandbox(&k1).unwrap().unwrap().sandbox_id, "sb-1");
+        // Another tenant's slot is never given.
+        let k2 = conv("acme", "c2").key;
+        assert_eq!(store.bind_pool_slot("opensandbox", "acme", &k2, t(32)).unwrap().unwrap().slot, "a.2");
+        let k3 = conv("acme", "c3").key;
+        assert!(store.bind_pool_slot("opensandbox", "acme", &k3, t(33)).unwrap().is_none());
+        assert!(store.remote_sandbox(&k3).unwrap().is_none());
+        // Expiry and removal.
+        assert!(store.set_pool_slot_expiry("opensandbox", "b.1", Some(t(9_000))).unwrap());
+        assert!(!store.set_pool_slot_expiry("opensandbox", "a.1", Some(t(9_000))).unwrap());
+        assert_eq!(store.pool_slots("opensandbox").unwrap()[0].expires_at, Some(t(9_000)));
+        assert!(!store.remove_pool_slot("aio", "b.1").unwrap());
+        assert!(store.remove_pool_slot("opensandbox", "b.1").unwrap());
+        assert!(!store.remove_pool_slot("opensandbox", "b.1").unwrap());
+        assert!(names(&store).is_empty());
+    }
+
+    fn concurrent_binds_never_take_one_slot_twice(fx) {
+        let store = fx.open();
+        for i in 0..6 {
+            store.add_pool_slot(&slot(&format!("s.{i}"), "acme", &format!("sb-{i}"), i)).unwrap();
+        }
+        let barrier = Arc::new(Barrier::new(10));
+        let handles: Vec<_> = (0..10)
+            .map(|i| {
+                let (fx, barrier) = (fx.clone(), barrier.clone());
+                thread::spawn(move || {
+                    let store = fx.open();
+                    let key = conv("acme", &format!("race{i}")).key;
+                    barrier.wait();
+                    let got = store.bind_pool_slot("opensandbox", "acme", &key, t(100)).unwrap();
+                    (key, got)
+                })
+            })
+            .collect();
+        let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let mut taken: Vec<String> = results.iter().filter_map(|(_, s)| s.as_ref().map(|s| s.slot.clone())).collect();
+        taken.sort();
+        assert_eq!(taken, (0..6).map(|i| format!("s.{i}")).collect::<Vec<_>>(), "each slot exactly once");
+        for (key, got) in &results {
+            let rec = store.remote_sandbox(key).unwrap();
+            assert_eq!(rec.map(|r| r.sandbox_id), got.as_ref().map(|s| s.sandbox_id.clone()));
+        }
+        assert!(store.pool_slots("opensandbox").unwrap().is_empty());
+    }
+}

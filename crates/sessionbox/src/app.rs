@@ -23,7 +23,8 @@ pub(crate) struct App {
     /// The runtime's name.
     pub runtime_name: &'static str,
     /// Tenants whose warm pool a long-lived process fills from its start: those named in
-    /// `[isolated.pool_tenants]` with a size, and the command's tenant when `pool_size` is set.
+    /// `[isolated.pool_tenants]` (or `[opensandbox.pool_tenants]` for that runtime) with a
+    /// size, and the command's tenant when `pool_size` is set.
     pub warm_tenants: Vec<TenantId>,
 }
 
@@ -105,18 +106,31 @@ pub(crate) async fn conversation(
     Ok((conv, kind, store))
 }
 
-/// [`App::warm_tenants`] of `settings`.
-fn warm_tenants(settings: &Settings) -> anyhow::Result<Vec<TenantId>> {
-    let iso = &settings.file.isolated;
+/// [`App::warm_tenants`] of `settings` for the runtime `kind` (only `isolated` and
+/// `opensandbox` keep a pool).
+fn warm_tenants(settings: &Settings, kind: RuntimeKind) -> anyhow::Result<Vec<TenantId>> {
+    let (section, pool_size, pool_tenants) = match kind {
+        RuntimeKind::Isolated => (
+            "isolated",
+            settings.file.isolated.pool_size,
+            &settings.file.isolated.pool_tenants,
+        ),
+        RuntimeKind::Opensandbox => (
+            "opensandbox",
+            settings.file.opensandbox.pool_size,
+            &settings.file.opensandbox.pool_tenants,
+        ),
+        RuntimeKind::Host | RuntimeKind::Aio => return Ok(Vec::new()),
+    };
     let mut tenants = Vec::new();
-    if iso.pool_size.unwrap_or(0) > 0 {
+    if pool_size.unwrap_or(0) > 0 {
         tenants.push(settings.tenant.clone());
     }
-    for (name, &n) in &iso.pool_tenants {
+    for (name, &n) in pool_tenants {
         if n > 0 {
             tenants.push(
                 TenantId::new(name.clone())
-                    .with_context(|| format!("[isolated.pool_tenants] {name:?}"))?,
+                    .with_context(|| format!("[{section}.pool_tenants] {name:?}"))?,
             );
         }
     }
@@ -155,7 +169,7 @@ impl App {
                 .with_skills(skills),
             tenant: settings.tenant.clone(),
             runtime_name: kind.name(),
-            warm_tenants: warm_tenants(settings)?,
+            warm_tenants: warm_tenants(settings, kind)?,
         })
     }
 }

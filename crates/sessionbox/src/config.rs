@@ -376,6 +376,51 @@ pub struct OpenSandboxSection {
     /// Where the volumes live on this host (default `<data dir>/opensandbox-volumes`); the
     /// server must allow it.
     pub volumes_dir: Option<std::path::PathBuf>,
+    /// Warm sandboxes kept ready on the server per tenant (default 0: no pool; at most 64). A
+    /// new conversation whose sandbox would be made like a pooled one (with `network_policy`,
+    /// its policy in force is `none`) takes one: its first exec needs no create. `serve` and
+    /// `mcp` refill the pool and renew pooled sandboxes in the background. Not used with
+    /// `disk_bytes` (volumes).
+    pub pool_size: Option<usize>,
+    /// Pool sizes of named tenants, overriding `pool_size` (`[opensandbox.pool_tenants]`,
+    /// `tenant = N`).
+    #[serde(default)]
+    pub pool_tenants: std::collections::BTreeMap<String, usize>,
+}
+
+impl OpenSandboxSection {
+    /// The warm pool's sizes these settings give.
+    ///
+    /// # Errors
+    /// When a size is above [`PoolSizes::MAX`](sessionbox_core::PoolSizes::MAX).
+    pub fn pool_sizes(&self) -> anyhow::Result<sessionbox_core::PoolSizes> {
+        pool_sizes("opensandbox", self.pool_size, &self.pool_tenants)
+    }
+}
+
+/// The pool sizes of section `[name]`, checked against [`PoolSizes::MAX`].
+///
+/// [`PoolSizes::MAX`]: sessionbox_core::PoolSizes::MAX
+fn pool_sizes(
+    name: &str,
+    pool_size: Option<usize>,
+    pool_tenants: &std::collections::BTreeMap<String, usize>,
+) -> anyhow::Result<sessionbox_core::PoolSizes> {
+    use sessionbox_core::PoolSizes;
+    let sizes = PoolSizes {
+        default: pool_size.unwrap_or(0),
+        tenants: pool_tenants.clone(),
+    };
+    if let Some((who, n)) = std::iter::once(("pool_size", sizes.default))
+        .chain(sizes.tenants.iter().map(|(t, n)| (t.as_str(), *n)))
+        .find(|(_, n)| *n > PoolSizes::MAX)
+    {
+        anyhow::bail!(
+            "[{name}] pool size {n} for {who} is above the most, {}",
+            PoolSizes::MAX
+        );
+    }
+    Ok(sizes)
 }
 
 /// `[isolated]` settings.
@@ -452,21 +497,7 @@ impl IsolatedSection {
     ///
     /// [`PoolSizes::MAX`]: sessionbox_local::isolated::PoolSizes::MAX
     pub fn pool_sizes(&self) -> anyhow::Result<sessionbox_local::isolated::PoolSizes> {
-        use sessionbox_local::isolated::PoolSizes;
-        let sizes = PoolSizes {
-            default: self.pool_size.unwrap_or(0),
-            tenants: self.pool_tenants.clone(),
-        };
-        if let Some((who, n)) = std::iter::once(("pool_size", sizes.default))
-            .chain(sizes.tenants.iter().map(|(t, n)| (t.as_str(), *n)))
-            .find(|(_, n)| *n > PoolSizes::MAX)
-        {
-            anyhow::bail!(
-                "[isolated] pool size {n} for {who} is above the most, {}",
-                PoolSizes::MAX
-            );
-        }
-        Ok(sizes)
+        pool_sizes("isolated", self.pool_size, &self.pool_tenants)
     }
 
     /// The sandbox limits these settings give (defaults for what they leave out).
@@ -575,6 +606,40 @@ mod tests {
         std::fs::write(&p, "[serve]\nmax_output_bytes = 1\n").unwrap();
         let err = FileConfig::load(&p, true).unwrap_err();
         assert!(format!("{err:#}").contains("max_output_bytes"), "{err:#}");
+    }
+
+    #[test]
+    fn opensandbox_pool_sizes_are_read_and_too_many_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sessionbox.toml");
+        std::fs::write(
+            &p,
+            "[opensandbox]\npool_size = 2\n[opensandbox.pool_tenants]\nacme = 5\nquiet = 0\n",
+        )
+        .unwrap();
+        let c = FileConfig::load(&p, true).unwrap();
+        let sizes = c.opensandbox.pool_sizes().unwrap();
+        assert_eq!(
+            (sizes.of("other"), sizes.of("acme"), sizes.of("quiet")),
+            (2, 5, 0)
+        );
+        assert!(
+            FileConfig::default()
+                .opensandbox
+                .pool_sizes()
+                .unwrap()
+                .is_off()
+        );
+        std::fs::write(&p, "[opensandbox]\npool_size = 65\n").unwrap();
+        let err = format!(
+            "{:#}",
+            FileConfig::load(&p, true)
+                .unwrap()
+                .opensandbox
+                .pool_sizes()
+                .unwrap_err()
+        );
+        assert!(err.contains("[opensandbox] pool size 65"), "{err}");
     }
 
     #[test]

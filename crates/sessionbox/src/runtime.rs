@@ -352,6 +352,13 @@ fn opensandbox_runtime(
             .context("[opensandbox] volumes_dir")?;
         config.volumes = Some(Arc::new(Volumes(volumes)));
     }
+    config.pool = section.pool_sizes()?;
+    if config.volumes.is_some() && !config.pool.is_off() {
+        tracing::warn!(
+            "[opensandbox] pool_size is not used with disk_bytes (volumes): every sandbox is \
+             created for its conversation's volume"
+        );
+    }
     Ok(OpenSandboxRuntime::new(
         config,
         Arc::new(StoreDirectory::new(store)),

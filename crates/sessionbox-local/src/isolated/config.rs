@@ -81,35 +81,7 @@ pub struct IsolatedConfig {
     pub pool: PoolSizes,
 }
 
-/// How many warm sandboxes each tenant's pool keeps: `default` for every tenant, `tenants`
-/// for those named. 0 turns a pool off.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PoolSizes {
-    /// The size for a tenant not named in `tenants`.
-    pub default: usize,
-    /// Sizes of named tenants (by tenant id).
-    pub tenants: std::collections::BTreeMap<String, usize>,
-}
-
-impl PoolSizes {
-    /// The most any one tenant's pool may hold: each warm sandbox holds a uid, a volume and a
-    /// few MiB of memory until it is used.
-    pub const MAX: usize = 64;
-
-    /// The pool size of `tenant`.
-    pub fn of(&self, tenant: &str) -> usize {
-        self.tenants
-            .get(tenant)
-            .copied()
-            .unwrap_or(self.default)
-            .min(Self::MAX)
-    }
-
-    /// True when no tenant has a pool.
-    pub fn is_off(&self) -> bool {
-        self.default == 0 && self.tenants.values().all(|&n| n == 0)
-    }
-}
+pub use sessionbox_core::PoolSizes;
 
 impl IsolatedConfig {
     /// The first host uid given to a conversation by default (`[isolated] uid_base`).

@@ -98,10 +98,11 @@ impl OpenSandboxRuntime {
         self.paths.get(sandbox_id)
     }
 
-    /// An execd client of the sandbox `id` of `key`, waiting until its agent answers: directly
-    /// when allowed and reachable, through the server's proxy otherwise (module
-    /// documentation).
-    pub(super) async fn connect(&self, id: &str, key: &ConversationKey) -> Result<ExecdClient> {
+    /// An execd client of the sandbox `id`, waiting until its agent answers: directly when
+    /// allowed and reachable, through the server's proxy otherwise (module documentation).
+    /// `subject` is what the agent's token derives from: the conversation key, or
+    /// `pool:<slot>` for a sandbox made as a warm pool slot (see `pool.rs`).
+    pub(super) async fn connect(&self, id: &str, subject: &str) -> Result<ExecdClient> {
         if self.config.direct == DirectMode::Off {
             self.paths.set(
                 id,
@@ -109,10 +110,10 @@ impl OpenSandboxRuntime {
                     reason: "direct = \"off\"".into(),
                 },
             );
-            return self.connect_proxy(id, key).await;
+            return self.connect_proxy(id, subject).await;
         }
         if let Some(AgentPath::Proxy { .. }) = self.paths.get(id) {
-            return self.connect_proxy(id, key).await;
+            return self.connect_proxy(id, subject).await;
         }
         let endpoint = match self.client.direct_endpoint(id, EXECD_PORT, true).await {
             Ok(e) => e,
@@ -127,11 +128,11 @@ impl OpenSandboxRuntime {
                         reason: e.to_string(),
                     },
                 );
-                return self.connect_proxy(id, key).await;
+                return self.connect_proxy(id, subject).await;
             }
         };
         let probe = self.config.direct_probe_timeout;
-        let direct = self.execd_client(&endpoint, key, probe)?;
+        let direct = self.execd_client(&endpoint, subject, probe)?;
         let answers = |c: ExecdClient| async move {
             matches!(tokio::time::timeout(probe, c.ping()).await, Ok(Ok(())))
         };
@@ -144,7 +145,7 @@ impl OpenSandboxRuntime {
         }
         // A new sandbox's agent may not be up yet: wait for it through the proxy, then ask
         // directly once more.
-        let proxied = self.connect_proxy(id, key).await?;
+        let proxied = self.connect_proxy(id, subject).await?;
         if answers(direct.clone()).await {
             self.paths.set(id, chosen);
             return Ok(direct);
@@ -163,11 +164,11 @@ impl OpenSandboxRuntime {
     }
 
     /// An execd client for `endpoint`, with the agent's token (the server's, when it sent
-    /// one; else the conversation's own).
+    /// one; else the one derived from `subject`).
     fn execd_client(
         &self,
         endpoint: &crate::endpoint::ValidatedEndpoint,
-        key: &ConversationKey,
+        subject: &str,
         connect_timeout: Duration,
     ) -> Result<ExecdClient> {
         let mut builder = ExecdClient::builder(Endpoint::Http(endpoint.url.clone()))
@@ -179,19 +180,19 @@ impl OpenSandboxRuntime {
         {
             builder = builder.token(token.clone());
         } else if let Some(k) = &self.config.agent_key {
-            builder = builder.token(k.agent_token(key.as_str()));
+            builder = builder.token(k.agent_token(subject));
         }
         builder.build().map_err(Error::from)
     }
 
     /// The agent through the server's proxy, once it answers `/ping`.
-    async fn connect_proxy(&self, id: &str, key: &ConversationKey) -> Result<ExecdClient> {
+    async fn connect_proxy(&self, id: &str, subject: &str) -> Result<ExecdClient> {
         let endpoint = self
             .client
             .endpoint(id, EXECD_PORT)
             .await
             .map_err(to_core_error)?;
-        let client = self.execd_client(&endpoint, key, self.config.client.connect_timeout)?;
+        let client = self.execd_client(&endpoint, subject, self.config.client.connect_timeout)?;
         // Create answers once the container started, not when execd inside answers.
         let deadline = Instant::now() + self.config.ready_timeout;
         let mut wait = Duration::from_millis(20);

@@ -41,14 +41,17 @@
 //!
 //! Files: this one holds the configuration, the runtime and its [`Runtime`] implementation;
 //! `sandbox.rs` finds, makes, renews, resumes and sweeps the conversation's sandbox on the
-//! server; `direct.rs` reaches its agent, straight or through the proxy; `session.rs` is the open conversation ([`Session`]) and the count of operations in
+//! server; `pool.rs` keeps the warm pool of sandboxes made ahead and binds them to new
+//! conversations; `direct.rs` reaches its agent, straight or through the proxy; `session.rs` is the open conversation ([`Session`]) and the count of operations in
 //! use that keeps an idle stop away from a busy sandbox.
 
 mod direct;
+mod pool;
 mod sandbox;
 mod session;
 
 pub use self::direct::{AgentPath, DirectMode};
+pub use self::pool::LABEL_POOL;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -58,8 +61,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sessionbox_core::{
     CappedSink, ConversationKey, ConversationRef, DestroyReport, DirEntry, Directory, EditRequest,
-    EditResult, Error, ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch, GrepRequest, Result,
-    Runtime, RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
+    EditResult, Error, ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch, GrepRequest,
+    PoolSizes, Result, Runtime, RuntimeConversation, RuntimeInfo, Session, WorkspacePath,
 };
 use sessionbox_egress::Policy;
 pub use sessionbox_egress::token::GatewayAccess;
@@ -174,7 +177,20 @@ pub struct OpenSandboxConfig {
     /// How long the probe of a direct endpoint may take (its `/ping`, connect included), and
     /// the connect timeout of direct connections (default [`DEFAULT_DIRECT_PROBE_TIMEOUT`]).
     pub direct_probe_timeout: Duration,
+    /// The warm pool: how many created, empty sandboxes each tenant keeps ready, bound to a
+    /// new conversation on its first open (see `pool.rs`). Empty (the default): no pool. Not
+    /// used with [`OpenSandboxConfig::volumes`].
+    pub pool: PoolSizes,
+    /// How old a pool-labelled sandbox of this instance that the store does not record must be
+    /// before [`OpenSandboxRuntime::prune_pool`] deletes it (younger ones may be slots being
+    /// made: created, not yet recorded). Default [`DEFAULT_POOL_UNRECORDED_GRACE`]; keep it
+    /// above the create timeout plus the ready timeout.
+    pub pool_unrecorded_grace: Duration,
 }
+
+/// How old an unrecorded pool sandbox must be before it is deleted, by default: the default
+/// create timeout (120 s) plus the default ready timeout (60 s), with room to spare.
+pub const DEFAULT_POOL_UNRECORDED_GRACE: Duration = Duration::from_secs(300);
 
 /// How long a direct endpoint's probe may take by default.
 pub const DEFAULT_DIRECT_PROBE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -200,6 +216,8 @@ impl OpenSandboxConfig {
             agent_key: None,
             direct: DirectMode::Auto,
             direct_probe_timeout: DEFAULT_DIRECT_PROBE_TIMEOUT,
+            pool: PoolSizes::default(),
+            pool_unrecorded_grace: DEFAULT_POOL_UNRECORDED_GRACE,
         }
     }
 }
@@ -212,6 +230,8 @@ pub struct OpenSandboxRuntime {
     config: Arc<OpenSandboxConfig>,
     in_use: InUse,
     paths: self::direct::Paths,
+    /// Serialises this process's refills of the warm pools.
+    pool_refill: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Converts a lifecycle failure into the one error type, keeping the server's words.
@@ -294,8 +314,8 @@ impl Runtime for OpenSandboxRuntime {
 
     async fn open(&self, conversation: &ConversationRef) -> Result<Box<dyn Session>> {
         let key = conversation.key.clone();
-        let (id, state_lost) = self.ensure_sandbox(conversation).await?;
-        let client = match self.connect(&id, &key).await {
+        let (id, state_lost, subject) = self.ensure_sandbox(conversation).await?;
+        let client = match self.connect(&id, &subject).await {
             Ok(c) => c,
             Err(e) => return Err(e),
         };
@@ -367,10 +387,10 @@ impl Runtime for OpenSandboxRuntime {
                 "a command or file operation is running in its sandbox; left running".into(),
             ));
         }
-        let Some(id) = self.running_sandbox(key).await? else {
+        let Some((id, subject)) = self.running_sandbox(key).await? else {
             return Ok(false);
         };
-        if let Some(n) = self.running_background(&id, key).await? {
+        if let Some(n) = self.running_background(&id, &subject).await? {
             return Err(Error::Busy(format!(
                 "{n} background command(s) run in its sandbox; left running"
             )));
@@ -397,9 +417,17 @@ impl Runtime for OpenSandboxRuntime {
         if self.in_use.any(key) {
             return Ok(false);
         }
-        let Some(id) = self.running_sandbox(key).await? else {
+        let Some((id, subject)) = self.running_sandbox(key).await? else {
             return Ok(false);
         };
-        Ok(self.running_background(&id, key).await?.is_none())
+        Ok(self.running_background(&id, &subject).await?.is_none())
+    }
+
+    async fn refill_pool(&self, tenant: &sessionbox_core::TenantId) -> Result<usize> {
+        OpenSandboxRuntime::refill_pool(self, tenant).await
+    }
+
+    async fn prune_pool(&self, drain: bool) -> Result<usize> {
+        OpenSandboxRuntime::prune_pool(self, drain).await
     }
 }

@@ -35,6 +35,7 @@ impl OpenSandboxRuntime {
             config: Arc::new(config),
             in_use: InUse::default(),
             paths: Default::default(),
+            pool_refill: Arc::default(),
         })
     }
 
@@ -88,7 +89,7 @@ impl OpenSandboxRuntime {
     }
 
     /// `now + timeout`, in whole milliseconds (what the store keeps).
-    fn expiry_from_now(&self) -> DateTime<Utc> {
+    pub(super) fn expiry_from_now(&self) -> DateTime<Utc> {
         let t = Utc::now()
             + chrono::Duration::from_std(self.config.timeout).unwrap_or(chrono::Duration::zero());
         DateTime::from_timestamp_millis(t.timestamp_millis()).unwrap_or(t)
@@ -236,24 +237,27 @@ impl OpenSandboxRuntime {
         n
     }
 
-    /// Finds or makes the conversation's sandbox: `(sandbox id, whether a vanished one was
-    /// replaced)`.
+    /// Finds, binds from the warm pool, or makes the conversation's sandbox: `(sandbox id,
+    /// whether a vanished one was replaced, what its agent token derives from)`.
     pub(super) async fn ensure_sandbox(
         &self,
         conversation: &ConversationRef,
-    ) -> Result<(String, bool)> {
+    ) -> Result<(String, bool, String)> {
         let key = &conversation.key;
         let mut lost = false;
         for _ in 0..5 {
             let recorded = self.directory.remote_sandbox(key).await?;
             let Some(record) = recorded else {
+                if let Some((id, subject)) = self.bind_from_pool(conversation).await? {
+                    return Ok((id, lost, subject));
+                }
                 let (id, expires) = self.create_sandbox(conversation).await?;
                 let inserted = self
                     .directory
                     .record_remote_sandbox(key, RUNTIME_NAME, &id, Some(expires))
                     .await;
                 match inserted {
-                    Ok((_, true)) => return Ok((id, lost)),
+                    Ok((_, true)) => return Ok((id, lost, key.as_str().to_owned())),
                     Ok((winner, false)) => {
                         // Another open won: delete only our own sandbox, by id, and use theirs.
                         tracing::debug!(ours = %id, theirs = %winner.sandbox_id, "lost the create race");
@@ -274,7 +278,8 @@ impl OpenSandboxRuntime {
                     }
                     self.renew_if_due(key, &record.sandbox_id, record.expires_at)
                         .await?;
-                    return Ok((record.sandbox_id, lost));
+                    let subject = super::pool::token_subject(key, &s.metadata);
+                    return Ok((record.sandbox_id, lost, subject));
                 }
                 Ok(_) | Err(OpenSandboxError::NotFound { .. }) => {
                     // Vanished: expired, deleted elsewhere, or failed. Replace it.
@@ -301,7 +306,7 @@ impl OpenSandboxRuntime {
                     // With a volume, the files were not in the sandbox: nothing is lost.
                     let files_lost = self.config.volumes.is_none();
                     match replaced {
-                        Ok(true) => return Ok((id, files_lost)),
+                        Ok(true) => return Ok((id, files_lost, key.as_str().to_owned())),
                         Ok(false) => {
                             let _ = self.client.delete(&id).await;
                             lost = files_lost;
@@ -345,7 +350,7 @@ impl OpenSandboxRuntime {
 
     /// Renews the sandbox to `now + timeout` when half the timeout has passed since the last
     /// renewal, or when the store holds no expiry. The store's expiry is written first-hand.
-    async fn renew_if_due(
+    pub(super) async fn renew_if_due(
         &self,
         key: &ConversationKey,
         id: &str,
@@ -389,14 +394,21 @@ impl OpenSandboxRuntime {
         }
     }
 
-    /// The mapped sandbox of `key` when the server says it is running: what an idle stop
-    /// would pause. `None` for no mapping, a sandbox gone, or one in any other state.
-    pub(super) async fn running_sandbox(&self, key: &ConversationKey) -> Result<Option<String>> {
+    /// The mapped sandbox of `key` when the server says it is running, with what its agent
+    /// token derives from: what an idle stop would pause. `None` for no mapping, a sandbox
+    /// gone, or one in any other state.
+    pub(super) async fn running_sandbox(
+        &self,
+        key: &ConversationKey,
+    ) -> Result<Option<(String, String)>> {
         let Some(id) = self.sandbox_id(key).await? else {
             return Ok(None);
         };
         match self.client.get(&id).await {
-            Ok(s) if s.status.state == SandboxState::Running => Ok(Some(id)),
+            Ok(s) if s.status.state == SandboxState::Running => {
+                let subject = super::pool::token_subject(key, &s.metadata);
+                Ok(Some((id, subject)))
+            }
             Ok(_) | Err(OpenSandboxError::NotFound { .. }) => Ok(None),
             Err(e) => Err(to_core_error(e)),
         }
@@ -424,9 +436,9 @@ impl OpenSandboxRuntime {
     pub(super) async fn running_background(
         &self,
         id: &str,
-        key: &ConversationKey,
+        subject: &str,
     ) -> Result<Option<usize>> {
-        let client = self.connect(id, key).await?;
+        let client = self.connect(id, subject).await?;
         let commands = client.background_commands().await.map_err(|e| {
             Error::Backend(format!(
                 "cannot ask the agent of sandbox {id} whether a background command runs: {e}"
