@@ -79,14 +79,29 @@ async fn serve_and_measure(
     created: &mut Vec<ConversationRef>,
     key: &str,
 ) -> anyhow::Result<Value> {
-    let state = AppState::new(
-        manager.clone(),
+    let state = AppState::new(manager.clone(), {
+        // Room in the output budget for every request the load and the levels have in
+        // flight at once, twice over (a reservation ends just after its answer is sent, so
+        // a client's next request can overlap it): each reserves 2x the default output
+        // limit. The default budget (128 such requests) is what a production server needs,
+        // and a measurement at 128 concurrent requests would be refused at its edge.
+        let in_flight = load
+            .levels
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(1)
+            .max(load.clients) as u64;
+        let budget = (4 * in_flight * sessionbox_core::DEFAULT_OUTPUT_LIMIT as u64)
+            .max(sessionbox_server::DEFAULT_MAX_OUTPUT_BYTES_PER_TENANT);
         ServerConfig {
             // Every exec of the load may wait behind the others of its conversation.
             max_queue: load.execs.max(64),
+            max_output_bytes_per_tenant: budget,
+            max_output_bytes_total: budget.max(sessionbox_server::DEFAULT_MAX_OUTPUT_BYTES_TOTAL),
             ..ServerConfig::default()
-        },
-    );
+        }
+    });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .context("cannot listen on a loopback port")?;

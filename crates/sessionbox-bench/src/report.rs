@@ -185,7 +185,10 @@ pub(crate) fn judge(kind: RuntimeKind, r: &Value, baseline: &Stats) -> Vec<Value
             "ms",
         ));
     }
-    if let Some(v) = r["cli_call"]["stats"]["ratio_to_baseline_p50"].as_f64() {
+    if r["cli_call"].is_object() {
+        let v = r["cli_call"]["stats"]["ratio_to_baseline_p50"]
+            .as_f64()
+            .unwrap_or(f64::INFINITY);
         out.push(target(
             "cli_call_ratio",
             format!(

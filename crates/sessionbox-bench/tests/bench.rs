@@ -305,6 +305,7 @@ fn check_report(r: &Value, runtimes: &[&str], stdout: &str) {
             // bench's (in a workspace build it is).
             if r["results"][*rt]["cli_call"].is_object() {
                 let c = &r["results"][*rt]["cli_call"];
+                assert!(c.get("error").is_none(), "the CLI call failed: {c}");
                 check_stats(&c["stats"], WARM.min(200), Some(base_p50), "cli call");
                 want.push(format!("{rt}/cli_call_ratio"));
             }
