@@ -201,7 +201,8 @@ fn drop_to(uid: u32, gid: u32) -> Result<()> {
 /// `sessionbox-agent confined-exec [--user UID:GID] [--writable DIR]... -- PROGRAM [ARG]...`:
 /// applies the same confinement as the agent's `--user` and `--writable`, then executes
 /// `PROGRAM` in place (what a bootstrap runs its container's main process through, so that not
-/// even that process keeps root). Exit code 2 for a bad command line, 126 when the confinement
+/// even that process keeps root). As PID 1 it runs `PROGRAM` as its child instead and reaps
+/// every orphan of the namespace ([`crate::init`]). Exit code 2 for a bad command line, 126 when the confinement
 /// or the `exec` fails; it never runs `PROGRAM` less confined than asked.
 pub fn confined_exec(args: &[std::ffi::OsString]) -> std::process::ExitCode {
     use std::os::unix::process::CommandExt;
@@ -243,6 +244,10 @@ pub fn confined_exec(args: &[std::ffi::OsString]) -> std::process::ExitCode {
     if let Err(e) = apply(&c) {
         eprintln!("sessionbox-agent confined-exec: {e}");
         return std::process::ExitCode::from(126);
+    }
+    if rustix::process::getpid().is_init() {
+        // PID 1 of a container: stay, reap and forward signals (see `crate::init`).
+        return crate::init::run(program, it.cloned());
     }
     let e = std::process::Command::new(program).args(it).exec();
     eprintln!(

@@ -52,6 +52,7 @@ pub mod egress_sidecar;
 mod files;
 mod framing;
 mod fs_ext;
+mod init;
 mod metrics;
 mod proxy;
 mod server;

@@ -12,5 +12,6 @@ mod background;
 mod commands;
 mod files;
 mod http;
+mod init;
 mod proxy;
 mod sdk;

@@ -302,3 +302,68 @@ fn a_command_cannot_use_another_conversations_agent_over_the_bridge() {
         o.cli(&["destroy", "-c", c]);
     }
 }
+
+/// Attack: a conversation's commands leave orphans (a child whose parent exits first, as
+/// every `(cmd &)` does), 600 of them, more than the server's PIDs limit (512). Each orphan
+/// goes to the container's PID 1, which must reap it: with a PID 1 that never waits (the
+/// default `tail -f /dev/null`), each would stay a zombie holding a process id until the
+/// sandbox ends, and the conversation could never start a process again. After the attack no
+/// zombie is left in the sandbox or added on the host, the conversation still runs commands,
+/// and a second conversation is untouched.
+#[test]
+fn orphans_of_a_conversations_commands_are_reaped_and_do_not_use_up_its_pids() {
+    if !opensandbox_server() {
+        return;
+    }
+    let host_zombies = || {
+        let out = Command::new("ps").args(["-eo", "stat="]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|s| s.starts_with('Z'))
+            .count()
+    };
+    let o = Osb::new("reap", 0);
+    let (code, out) = o.sh("bystander", "echo up");
+    assert_eq!((code, out.trim()), (0, "up"));
+    let before = host_zombies();
+    let zombies = "z=0; for f in /proc/[0-9]*/stat; do \
+                   [ \"$(cut -d' ' -f3 $f 2>/dev/null)\" = Z ] && z=$((z+1)); done; echo zombies=$z";
+    let (code, out) = o.sh(
+        "orphans",
+        &format!(
+            "i=0; while [ $i -lt 600 ]; do (true &) || {{ echo fork-failed-at=$i; break; }}; \
+             i=$((i+1)); done; echo made=$i; sleep 1; {zombies}; \
+             echo pid1=$(cat /proc/1/comm)"
+        ),
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("made=600"),
+        "the orphans used up the PIDs: {out}"
+    );
+    assert!(!out.contains("fork-failed"), "{out}");
+    assert!(
+        out.contains("zombies=0"),
+        "orphans were left unreaped: {out}"
+    );
+    assert!(
+        out.contains("pid1=execd"),
+        "PID 1 is not sessionbox's init: {out}"
+    );
+    // Still usable afterwards, and the host gained no zombies.
+    let (code, out) = o.sh("orphans", &format!("(sleep 0.2 &); sleep 1; {zombies}"));
+    assert_eq!((code, out.trim()), (0, "zombies=0"), "{out}");
+    // (Other tests' processes may be between exit and reaping at either count: a margin far
+    // below the 600 an unreaping PID 1 leaves.)
+    assert!(
+        host_zombies() < before + 50,
+        "zombies on the host: {} before, {} after",
+        before,
+        host_zombies()
+    );
+    let (code, out) = o.sh("bystander", "echo still-up");
+    assert_eq!((code, out.trim()), (0, "still-up"));
+    for c in ["orphans", "bystander"] {
+        o.cli(&["destroy", "-c", c]);
+    }
+}
