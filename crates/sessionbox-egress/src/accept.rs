@@ -1,10 +1,13 @@
-//! The gateway's accept loops and its connection cap ([`GatewayConfig::max_connections`]):
-//! permits, the answer to a connection over the cap, the once-per-episode log of refusals and
-//! of accept errors, and the descriptor limit that keeps `EMFILE` away.
+//! The gateway's accept loops and its connection caps ([`GatewayConfig::max_connections`], and
+//! on a token gateway [`GatewayConfig::max_connections_per_source`]): permits, the answer to a
+//! connection over a cap, the once-per-episode log of refusals and of accept errors, and the
+//! descriptor limit that keeps `EMFILE` away.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -28,11 +31,62 @@ pub(crate) struct Admission {
     accept_failing: AtomicBool,
     /// Over-cap connections being answered ([`REFUSALS_IN_FLIGHT`]).
     refusals: Arc<Semaphore>,
+    /// The per-source cap of a token gateway (`None` on a conversation's own gateway, whose
+    /// every connection comes from its one sandbox).
+    sources: Option<Arc<Sources>>,
+}
+
+/// Connections held per source address, against [`GatewayConfig::max_connections_per_source`].
+/// A token gateway serves many sandboxes, each from its own address: without this one sandbox
+/// could hold every permit, unauthenticated even, and the others would get `503`.
+struct Sources {
+    max: usize,
+    held: Mutex<HashMap<IpAddr, usize>>,
+    /// Some source at its cap since a connection was last admitted under it (for the log).
+    saturated: AtomicBool,
+}
+
+impl Sources {
+    /// Counts one more connection from `ip`; false at the cap.
+    fn take(&self, ip: IpAddr) -> bool {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let n = held.entry(ip).or_insert(0);
+        if *n >= self.max {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    fn give_back(&self, ip: IpAddr) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = held.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&ip);
+            }
+        }
+    }
+}
+
+/// What one admitted connection holds: a permit of the gateway's cap, and its place under its
+/// source's cap (given back on drop).
+pub(crate) struct Permit {
+    _permit: OwnedSemaphorePermit,
+    source: Option<(Arc<Sources>, IpAddr)>,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some((sources, ip)) = &self.source {
+            sources.give_back(*ip);
+        }
+    }
 }
 
 /// What a connection holds while it is served: its permit, shared by the tasks that serve
 /// it (the client connection, then its tunnel or the forwarded request's target connection).
-pub(crate) type Hold = Arc<OwnedSemaphorePermit>;
+pub(crate) type Hold = Arc<Permit>;
 
 /// What a connection over the cap is told before it is closed.
 pub(crate) const OVER_CAP: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\ncontent-length: 75\r\n\r\nsessionbox egress: refused: too many connections at once; close some first\n";
@@ -50,8 +104,17 @@ const REFUSAL_LINGER: Duration = Duration::from_secs(1);
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 impl Admission {
-    pub(crate) fn new(max: usize, auth: &Auth) -> Admission {
+    /// `max` connections at once; on a token gateway at most `max_per_source` of them from one
+    /// address (at least 1, at most `max`).
+    pub(crate) fn new(max: usize, max_per_source: usize, auth: &Auth) -> Admission {
         let max = max.clamp(1, Semaphore::MAX_PERMITS);
+        let sources = matches!(auth, Auth::Token(_)).then(|| {
+            Arc::new(Sources {
+                max: max_per_source.clamp(1, max),
+                held: Mutex::default(),
+                saturated: AtomicBool::new(false),
+            })
+        });
         Admission {
             permits: Arc::new(Semaphore::new(max)),
             max,
@@ -65,11 +128,31 @@ impl Admission {
             refused: AtomicU64::new(0),
             accept_failing: AtomicBool::new(false),
             refusals: Arc::new(Semaphore::new(REFUSALS_IN_FLIGHT)),
+            sources,
         }
     }
 
-    /// A permit, or `None` at the cap (counted, and logged when it starts an episode).
-    pub(crate) fn admit(&self) -> Option<Hold> {
+    /// A permit for a connection from `source` (`None`: a Unix socket), or `None` at the
+    /// gateway's cap or at the source's (counted, and logged when it starts an episode).
+    pub(crate) fn admit(&self, source: Option<IpAddr>) -> Option<Hold> {
+        let source = match (&self.sources, source) {
+            (Some(sources), Some(ip)) => {
+                if !sources.take(ip) {
+                    self.refused.fetch_add(1, Ordering::SeqCst);
+                    if !sources.saturated.swap(true, Ordering::SeqCst) {
+                        tracing::warn!(
+                            "egress: {}: {ip} holds {} connections, the cap for one source ([egress] max_connections_per_source): its new connections are refused with 503 until some close (logged once until a source is admitted again)",
+                            self.who,
+                            sources.max
+                        );
+                    }
+                    return None;
+                }
+                sources.saturated.store(false, Ordering::SeqCst);
+                Some((sources.clone(), ip))
+            }
+            _ => None,
+        };
         match self.permits.clone().try_acquire_owned() {
             Ok(p) => {
                 if self.saturated.swap(false, Ordering::SeqCst) {
@@ -80,9 +163,12 @@ impl Admission {
                         self.max
                     );
                 }
-                Some(Arc::new(p))
+                Some(Arc::new(Permit { _permit: p, source }))
             }
             Err(_) => {
+                if let Some((sources, ip)) = source {
+                    sources.give_back(ip);
+                }
                 self.refused.fetch_add(1, Ordering::SeqCst);
                 if !self.saturated.swap(true, Ordering::SeqCst) {
                     tracing::warn!(
@@ -127,6 +213,10 @@ async fn answer_over_cap<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) -> std::io
 impl GatewayConfig {
     /// [`GatewayConfig::max_connections`] by default (`[egress] max_connections`).
     pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+    /// [`GatewayConfig::max_connections_per_source`] by default
+    /// (`[egress] max_connections_per_source`): an eighth of the default cap, so that at
+    /// least eight sandboxes must each hold all of theirs to fill it.
+    pub const DEFAULT_MAX_CONNECTIONS_PER_SOURCE: usize = 32;
     /// Descriptors one admitted connection can hold at once: the client's, the target's, and
     /// a DNS socket or a second target connection while one closes and the next opens.
     pub const DESCRIPTORS_PER_CONNECTION: u64 = 3;
@@ -163,11 +253,12 @@ impl Gateway {
 
     /// Serves one client connection (HTTP/1.1, with CONNECT upgrades) until it closes, counted
     /// against [`GatewayConfig::max_connections`]: at the cap it is answered `503` and closed.
+    /// (Its source address is unknown here: the per-source cap applies to [`Gateway::serve_tcp`].)
     pub async fn serve_connection<IO>(&self, io: IO)
     where
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        match self.inner.admission.admit() {
+        match self.inner.admission.admit(None) {
             Some(hold) => self.serve_held(io, hold).await,
             None => {
                 let _ = tokio::time::timeout(REFUSAL_LINGER, answer_over_cap(io)).await;
@@ -195,15 +286,15 @@ impl Gateway {
         }
     }
 
-    /// Admits an accepted stream (a task serves it), or answers it `503` and closes it (at
-    /// most [`REFUSALS_IN_FLIGHT`] at once, for at most [`REFUSAL_LINGER`] each; past that it
-    /// is closed at once).
-    fn admit<S>(&self, s: S)
+    /// Admits a stream accepted from `source` (a task serves it), or answers it `503` and
+    /// closes it (at most [`REFUSALS_IN_FLIGHT`] at once, for at most [`REFUSAL_LINGER`] each;
+    /// past that it is closed at once).
+    fn admit<S>(&self, s: S, source: Option<IpAddr>)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let a = &self.inner.admission;
-        match a.admit() {
+        match a.admit(source) {
             Some(hold) => {
                 let g = self.clone();
                 tokio::spawn(async move { g.serve_held(s, hold).await });
@@ -219,18 +310,19 @@ impl Gateway {
         }
     }
 
-    /// Accepts on a TCP listener forever, one task per admitted connection. Accept errors are
-    /// logged once per episode and retried; this returns only if the task is cancelled.
+    /// Accepts on a TCP listener forever, one task per admitted connection (on a token gateway,
+    /// at most [`GatewayConfig::max_connections_per_source`] from one address). Accept errors
+    /// are logged once per episode and retried; this returns only if the task is cancelled.
     ///
     /// # Errors
     /// None today: the `Result` is kept for callers that `?` it.
     pub async fn serve_tcp(&self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
         loop {
             match listener.accept().await {
-                Ok((s, _)) => {
+                Ok((s, peer)) => {
                     self.inner.admission.accepted();
                     let _ = s.set_nodelay(true);
-                    self.admit(s);
+                    self.admit(s, Some(peer.ip().to_canonical()));
                 }
                 Err(e) => self.inner.admission.accept_failed(&e).await,
             }
@@ -247,7 +339,7 @@ impl Gateway {
             match listener.accept().await {
                 Ok((s, _)) => {
                     self.inner.admission.accepted();
-                    self.admit(s);
+                    self.admit(s, None);
                 }
                 Err(e) => self.inner.admission.accept_failed(&e).await,
             }
@@ -272,22 +364,57 @@ mod tests {
 
     #[test]
     fn permits_run_out_at_the_cap_and_come_back() {
-        let a = Admission::new(2, &Auth::Conversation("k".repeat(64)));
-        let (p1, p2) = (a.admit().unwrap(), a.admit().unwrap());
-        assert!(a.admit().is_none() && a.admit().is_none());
+        let a = Admission::new(2, 1, &Auth::Conversation("k".repeat(64)));
+        // A conversation's own gateway has no per-source cap.
+        let ip = Some(IpAddr::from([127, 0, 0, 1]));
+        let (p1, p2) = (a.admit(ip).unwrap(), a.admit(ip).unwrap());
+        assert!(a.admit(None).is_none() && a.admit(ip).is_none());
         assert_eq!(a.refused.load(Ordering::SeqCst), 2);
         assert!(a.saturated.load(Ordering::SeqCst));
         // A permit shared by a connection's tasks is released when the last of them ends.
         let shared = p1.clone();
         drop(p1);
-        assert!(a.admit().is_none());
+        assert!(a.admit(None).is_none());
         drop(shared);
-        let p3 = a.admit().unwrap();
+        let p3 = a.admit(None).unwrap();
         assert!(!a.saturated.load(Ordering::SeqCst));
         assert_eq!(a.refused.load(Ordering::SeqCst), 0);
         drop((p2, p3));
         assert_eq!(a.permits.available_permits(), 2);
         // A cap of 0 would refuse everything: it is raised to 1.
-        assert_eq!(Admission::new(0, &Auth::Conversation("k".into())).max, 1);
+        assert_eq!(Admission::new(0, 0, &Auth::Conversation("k".into())).max, 1);
+    }
+
+    #[test]
+    fn a_token_gateway_caps_each_source_and_gives_its_places_back() {
+        let key = crate::token::TokenKey::from_bytes([7; 32]);
+        let a = Admission::new(4, 2, &Auth::Token(key));
+        let (x, y) = (
+            Some(IpAddr::from([172, 17, 0, 2])),
+            Some(IpAddr::from([172, 17, 0, 3])),
+        );
+        let (x1, x2) = (a.admit(x).unwrap(), a.admit(x).unwrap());
+        assert!(a.admit(x).is_none(), "a third from one source");
+        // Another source still gets in, up to the gateway's cap.
+        let (y1, y2) = (a.admit(y).unwrap(), a.admit(y).unwrap());
+        assert_eq!(a.permits.available_permits(), 0);
+        assert!(a.admit(Some(IpAddr::from([172, 17, 0, 4]))).is_none());
+        // A refusal at the gateway's cap gives the source's place back.
+        drop(y1);
+        let z = a.admit(Some(IpAddr::from([172, 17, 0, 4]))).unwrap();
+        drop(x1);
+        let x3 = a.admit(x).unwrap();
+        drop((x2, x3, y2, z));
+        assert!(a.sources.as_ref().unwrap().held.lock().unwrap().is_empty());
+        assert_eq!(a.permits.available_permits(), 4);
+        // A cap per source above the gateway's is the gateway's.
+        let key = crate::token::TokenKey::from_bytes([7; 32]);
+        assert_eq!(
+            Admission::new(3, 99, &Auth::Token(key))
+                .sources
+                .unwrap()
+                .max,
+            3
+        );
     }
 }

@@ -17,7 +17,9 @@
 //!    denied, target, rule or reason, address, bytes, how it ended) goes to [`Control::record`].
 //!    The URL path and query are never logged (they may carry secrets).
 //!
-//! What one gateway may spend is bounded ([`GatewayConfig::max_connections`]): a client
+//! What one gateway may spend is bounded ([`GatewayConfig::max_connections`], and on a token
+//! gateway shared by many sandboxes [`GatewayConfig::max_connections_per_source`] of them from
+//! one address, taken before the request is authenticated): a client
 //! connection, with the tunnel or forwarded request it carries, holds one of
 //! `max_connections` permits from its accept to its end. A connection accepted when none is
 //! free is answered `503` at once and closed, and nothing else happens: no policy read, no
@@ -71,6 +73,11 @@ pub struct GatewayConfig {
     /// gateway of the `isolated` runtime serves one conversation, so this is that
     /// conversation's cap; a `--listen` gateway shares it among every token's conversation.
     pub max_connections: usize,
+    /// On a token gateway ([`Auth::Token`], served with [`Gateway::serve_tcp`]): most of those
+    /// connections held at once from one source address, authenticated or not, so that one
+    /// sandbox (each has its own address) cannot take every permit from the others. At least
+    /// 1, at most `max_connections`; a conversation's own gateway has no such cap.
+    pub max_connections_per_source: usize,
 }
 
 impl Default for GatewayConfig {
@@ -82,6 +89,7 @@ impl Default for GatewayConfig {
             idle_timeout: Duration::from_secs(300),
             total_timeout: Duration::from_secs(3600),
             max_connections: Self::DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_source: Self::DEFAULT_MAX_CONNECTIONS_PER_SOURCE,
         }
     }
 }
@@ -237,7 +245,11 @@ impl Gateway {
         opts.use_hosts_file = ResolveHosts::Never;
         opts.ip_strategy = hickory_resolver::config::LookupIpStrategy::Ipv4AndIpv6;
         let resolver = builder.build();
-        let admission = Admission::new(config.max_connections, &auth);
+        let admission = Admission::new(
+            config.max_connections,
+            config.max_connections_per_source,
+            &auth,
+        );
         Ok(Gateway {
             inner: Arc::new(Inner {
                 config,

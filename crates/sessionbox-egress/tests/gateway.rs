@@ -683,3 +683,71 @@ async fn a_tcp_gateway_over_its_cap_answers_a_complete_503() {
     echo_round_trip(&mut held, b"the held tunnel").await;
     assert_eq!(accepts.count(), 1);
 }
+
+/// Opens a TCP connection to `proxy` from the local address `from` (any of 127.0.0.0/8).
+async fn connect_from(from: &str, proxy: SocketAddr) -> tokio::net::TcpStream {
+    let s = tokio::net::TcpSocket::new_v4().unwrap();
+    s.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    s.connect(proxy).await.unwrap()
+}
+
+/// Attack on the token gateway that remote sandboxes share: one sandbox (source 127.0.0.2)
+/// opens connections and sends nothing, so it never even authenticates. With a cap per source
+/// it holds at most its share (4 of 8) and its further connections get `503`; another
+/// sandbox (127.0.0.1) with a valid token still gets its tunnel and relays. Without one (a
+/// source may hold all 8) the second sandbox is refused: what the cap prevents.
+#[tokio::test]
+async fn one_source_cannot_take_every_connection_of_a_token_gateway() {
+    let net = TestNet::new();
+    let l = net.listen(0);
+    let port = l.local_addr().unwrap().port();
+    let accepts = echo_server(l);
+    let key = TokenKey::from_bytes([5; 32]);
+    let policy = Policy::allowlist(&[&net.cidr], &[]).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let auth = format!(
+        "Proxy-Authorization: Bearer {}\r\n",
+        key.issue(CONV, &policy.hash(), now, 60)
+    );
+    let target = format!("{}:{port}", net.peer_ip);
+    for per_source in [4, 8] {
+        let s = start_with(Auth::Token(key.clone()), |c| {
+            c.max_connections = 8;
+            c.max_connections_per_source = per_source;
+        })
+        .await;
+        s.control.set(policy.clone());
+        let mut hogs = Vec::new();
+        let mut refused = 0;
+        for _ in 0..20 {
+            let mut c = connect_from("127.0.0.2", s.proxy).await;
+            // An admitted connection waits for a request head that never comes; a refused one
+            // is answered at once.
+            let mut buf = [0u8; 12];
+            match tokio::time::timeout(Duration::from_millis(300), c.read(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => {
+                    assert!(buf.starts_with(b"HTTP/1.1 503"), "{buf:?}");
+                    refused += 1;
+                }
+                Ok(other) => panic!("the gateway closed a waiting connection: {other:?}"),
+                Err(_) => hogs.push(c),
+            }
+        }
+        assert_eq!(hogs.len(), per_source, "connections one source holds");
+        assert_eq!(refused, 20 - per_source);
+        let (status, mut r) = connect(s.proxy, &target, &auth).await;
+        if per_source == 4 {
+            assert_eq!(status, 200, "another sandbox was refused");
+            echo_round_trip(&mut r, b"a fair share").await;
+        } else {
+            assert_eq!(
+                status, 503,
+                "without a per-source cap the hog takes every permit"
+            );
+        }
+    }
+    assert_eq!(accepts.count(), 1);
+}

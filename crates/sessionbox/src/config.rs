@@ -230,6 +230,10 @@ pub struct EgressSection {
     /// Most connections one conversation's gateway serves at once (default 256, at least 1);
     /// over it a new connection is answered 503 (`--max-connections` of `egress-gateway` wins).
     pub max_connections: Option<std::num::NonZeroU32>,
+    /// On the gateway that `egress-gateway --listen` serves to remote sandboxes: most of those
+    /// connections from one source address at once (default 32, at most `max_connections`),
+    /// so one sandbox cannot hold them all.
+    pub max_connections_per_source: Option<std::num::NonZeroU32>,
     /// Most itemized log rows per conversation per second (default 20); identical verdicts
     /// within a second are one row with a count, and verdicts past this are counted in one
     /// row per kind (allowed, denied).

@@ -105,6 +105,9 @@ fn gateway_config(section: &EgressSection, args: &GatewayArgs) -> GatewayConfig 
     {
         c.max_connections = n.max(1) as usize;
     }
+    if let Some(n) = section.max_connections_per_source {
+        c.max_connections_per_source = n.get() as usize;
+    }
     if !section.nameservers.is_empty() {
         c.nameservers = Some(section.nameservers.clone());
     }

@@ -92,6 +92,12 @@ fn the_gateway_connection_cap_is_read_and_zero_is_refused() {
     std::fs::write(&p, "[egress]\nmax_connections = 32\n").unwrap();
     let c = FileConfig::load(&p, true).unwrap();
     assert_eq!(c.egress.max_connections.map(|n| n.get()), Some(32));
+    std::fs::write(&p, "[egress]\nmax_connections_per_source = 8\n").unwrap();
+    let c = FileConfig::load(&p, true).unwrap();
+    assert_eq!(
+        c.egress.max_connections_per_source.map(|n| n.get()),
+        Some(8)
+    );
     std::fs::write(&p, "[egress]\nmax_connections = 0\n").unwrap();
     let err = format!("{:#}", FileConfig::load(&p, true).unwrap_err());
     assert!(err.contains("line 2") && err.contains("nonzero"), "{err}");
