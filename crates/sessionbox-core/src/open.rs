@@ -115,6 +115,31 @@ impl Operation {
         }
     }
 
+    /// True when this operation only reads the workspace: a read, a listing, a stat, a glob
+    /// or a grep. A server may run these beside a running command of the same conversation
+    /// instead of after it; everything else keeps its arrival order.
+    pub const fn reads_only(self) -> bool {
+        match self {
+            Operation::Read
+            | Operation::List
+            | Operation::Stat
+            | Operation::Glob
+            | Operation::Grep => true,
+            Operation::Open
+            | Operation::Exec
+            | Operation::Spawn
+            | Operation::Write
+            | Operation::Upload
+            | Operation::Mkdir
+            | Operation::Edit
+            | Operation::Remove
+            | Operation::Commands
+            | Operation::CommandStatus
+            | Operation::CommandOutput
+            | Operation::KillCommand => false,
+        }
+    }
+
     /// The mode to open the conversation in for this operation.
     pub const fn open_mode(self) -> OpenMode {
         if self.creates() {
@@ -128,6 +153,25 @@ impl Operation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_only_are_the_workspace_reads_and_none_of_them_creates() {
+        let reads: Vec<Operation> = Operation::ALL
+            .into_iter()
+            .filter(|o| o.reads_only())
+            .collect();
+        assert_eq!(
+            reads,
+            [
+                Operation::Read,
+                Operation::List,
+                Operation::Stat,
+                Operation::Glob,
+                Operation::Grep
+            ]
+        );
+        assert!(reads.iter().all(|o| !o.creates()));
+    }
 
     #[test]
     fn only_operations_that_make_something_create_the_conversation() {

@@ -141,7 +141,7 @@ impl Commands {
 /// waits.
 async fn watch(state: AppState, conv: ConversationRef, id: String) {
     let opened = match state.open(&conv, Operation::CommandOutput).await {
-        Ok(opened) => opened.detach(),
+        Ok(opened) => opened.detach().await,
         Err(error) => {
             tracing::debug!(%error, "cannot watch a background command");
             state.commands.ended(&conv.key, &id);

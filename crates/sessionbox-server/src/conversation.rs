@@ -10,7 +10,9 @@
 //! manager's; this module adds only the turn and the cache.
 //!
 //! [`AppState::with_conversation`] is the whole sequence around one closure, and the way
-//! handlers use it: the session always goes back to the cache. Only a response that outlives
+//! handlers use it: the session always goes back to the cache. A foreground command's session
+//! is published while it runs, and a read-only operation of the same conversation runs on it
+//! at once instead of waiting for its turn (`running.rs`). Only a response that outlives
 //! its handler (an event stream) takes an [`Opened`] from [`AppState::open`] and ends it itself
 //! with [`Opened::finish`] or [`Opened::detach`].
 //!
@@ -33,13 +35,17 @@ use sessionbox_store::ConversationLock;
 
 use crate::AppState;
 use crate::queue::Turn;
+use crate::running::{self, Published};
 use crate::sessions::{self, Cached, Sessions};
 
 /// An open conversation and the turn that orders it. End it with [`Opened::finish`] (or
 /// [`Opened::detach`]); dropping it closes the session instead of keeping it.
 pub(crate) struct Opened {
-    /// The session.
-    pub(crate) conv: Conversation,
+    /// Withdraws the session from reads beside it (a foreground command's) when dropped;
+    /// declared first so that it is withdrawn first.
+    published: Option<Published>,
+    /// The session (shared only with the reads beside a foreground command).
+    pub(crate) conv: Arc<Conversation>,
     /// True when this request created the conversation.
     created: bool,
     sessions: Arc<Sessions>,
@@ -90,14 +96,23 @@ impl Opened {
     /// The session alone: the turn and the cross-process hold end here, so a long wait on the
     /// session (following a background command) does not hold up the conversation's other
     /// requests. The caller closes the session.
-    pub(crate) fn detach(self) -> Conversation {
-        self.conv
+    pub(crate) async fn detach(self) -> Conversation {
+        let Opened {
+            published,
+            conv,
+            _held,
+            _turn,
+            ..
+        } = self;
+        drop(published);
+        running::exclusive(conv).await
     }
 
     /// Keeps the session for the conversation's next request (closing one that the cache lets
     /// go), then ends the turn.
     pub(crate) async fn finish(self) {
         let Opened {
+            published,
             conv,
             sessions,
             _held,
@@ -105,6 +120,9 @@ impl Opened {
             _turn,
             ..
         } = self;
+        // No new read starts on the session; those running end before it is kept.
+        drop(published);
+        let conv = running::exclusive(conv).await;
         let key = conv.conversation().key.clone();
         let cached = Cached {
             conv,
@@ -129,7 +147,22 @@ impl AppState {
         operation: Operation,
         work: impl AsyncFnOnce(InUse<'_>) -> T,
     ) -> Result<T> {
-        let opened = self.open(conv, operation).await?;
+        let opened = if operation.reads_only() {
+            match self.open_or_share(conv, operation).await? {
+                Ok(opened) => opened,
+                Err(reader) => {
+                    // Beside the conversation's running command, on its session, under its
+                    // turn.
+                    return Ok(work(InUse {
+                        conv: &reader.conv,
+                        created: false,
+                    })
+                    .await);
+                }
+            }
+        } else {
+            self.open(conv, operation).await?
+        };
         let result = work(InUse {
             conv: &opened.conv,
             created: opened.created,
@@ -137,6 +170,30 @@ impl AppState {
         .await;
         opened.finish().await;
         Ok(result)
+    }
+
+    /// For a read-only operation: the session of the conversation's running foreground
+    /// command when there is one (`Err`, the reader), else the conversation opened in its
+    /// turn. A command that takes the turn while the read waits for it and publishes its
+    /// session ends the wait: the read runs beside it instead of after it.
+    async fn open_or_share(
+        &self,
+        conv: &ConversationRef,
+        operation: Operation,
+    ) -> Result<std::result::Result<Opened, running::Reader>> {
+        loop {
+            let publication = self.running.next_publication();
+            tokio::pin!(publication);
+            publication.as_mut().enable();
+            if let Some(reader) = self.running.reader(&conv.key)? {
+                return Ok(Err(reader));
+            }
+            tokio::select! {
+                opened = self.open(conv, operation) => return opened.map(Ok),
+                // Waiting for the turn is given up (its place in the queue with it); look again.
+                () = &mut publication => {}
+            }
+        }
     }
 
     /// This server's turn on `key`: one request at a time per conversation, in arrival order.
@@ -155,7 +212,9 @@ impl AppState {
     /// Waits for the conversation's turn, holds it, then takes its kept session if the
     /// manager still vouches for it, else opens it for `operation`. An operation that does not
     /// create finds a conversation that does not exist (or expired) `not_found`, and nothing is
-    /// created. Prefer [`AppState::with_conversation`]; the caller must end what this returns.
+    /// created. A foreground command's session ([`Operation::Exec`]) is published for reads
+    /// beside it until it ends. Prefer [`AppState::with_conversation`]; the caller must end what
+    /// this returns.
     pub(crate) async fn open(
         &self,
         conv: &ConversationRef,
@@ -172,8 +231,10 @@ impl AppState {
             let kept = &cached.conv;
             match self.manager.revalidate(kept, kept.policy_hash()).await {
                 Ok(true) => {
+                    let conv = Arc::new(cached.conv);
                     return Ok(Opened {
-                        conv: cached.conv,
+                        published: self.publish(conv.conversation(), &conv, operation),
+                        conv,
                         created: false,
                         sessions: self.sessions.clone(),
                         _held: held,
@@ -195,13 +256,30 @@ impl AppState {
             .await
             .map_err(|error| with_api_advice(error, mode))?;
         let (conv, held) = opened.into_parts();
+        let conv = Arc::new(conv);
         Ok(Opened {
+            published: self.publish(conv.conversation(), &conv, operation),
             created: conv.created(),
             conv,
             sessions: self.sessions.clone(),
             _held: held,
             generation,
             _turn: turn,
+        })
+    }
+}
+
+impl AppState {
+    /// Publishes the session of a foreground command for the reads beside it.
+    fn publish(
+        &self,
+        conversation: &ConversationRef,
+        conv: &Arc<Conversation>,
+        operation: Operation,
+    ) -> Option<Published> {
+        (operation == Operation::Exec).then(|| {
+            self.running
+                .publish(&conversation.key, conv, self.config.max_queue)
         })
     }
 }

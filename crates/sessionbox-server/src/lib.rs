@@ -51,6 +51,7 @@ mod output;
 mod policy;
 mod queue;
 mod routes;
+mod running;
 mod sessions;
 mod skills;
 pub mod tls;
@@ -143,6 +144,7 @@ pub struct SharedState {
     budget: Arc<budget::OutputBudget>,
     mcp_sessions: Arc<mcp::Owners>,
     sessions: Arc<sessions::Sessions>,
+    running: Arc<running::Running>,
     audit: audit::AuditWriter,
     metrics: metrics::Metrics,
 }
@@ -178,6 +180,7 @@ impl AppState {
             )),
             mcp_sessions: Arc::new(mcp::Owners::new(config.max_mcp_sessions_per_tenant)),
             sessions: Arc::new(sessions::Sessions::new(config.max_open_sessions)),
+            running: Arc::default(),
             audit: audit::AuditWriter::start(manager.store().clone()),
             metrics: metrics::Metrics::new(),
             manager,

@@ -103,6 +103,10 @@ type TestFn = fn() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
 const TESTS: &[(&str, TestFn)] = &[
     (
+        "reads_answer_while_a_long_command_runs_and_writes_keep_their_order",
+        || Box::pin(reads_answer_while_a_long_command_runs_and_writes_keep_their_order()),
+    ),
+    (
         "event_stream_output_arrives_while_a_sandboxed_command_runs",
         || Box::pin(event_stream_output_arrives_while_a_sandboxed_command_runs()),
     ),
@@ -710,4 +714,137 @@ async fn an_output_flood_from_one_key_is_refused_at_its_budget_and_spares_anothe
             .send()
             .await;
     }
+}
+
+/// A read, a listing, a stat, a glob and a grep of a conversation answer while a foreground
+/// command of it runs (a JSON exec, then an event-stream exec), and see the files as the
+/// command leaves them so far; a write sent meanwhile waits for the command (writes,
+/// edits and commands keep their arrival order), so the command's last write comes before it.
+async fn reads_answer_while_a_long_command_runs_and_writes_keep_their_order() {
+    let s = Server::start().await;
+    let c = "/v1/conversations/iso-overlap";
+    let r = s
+        .req(Method::PUT, &format!("{c}/files/notes.txt"))
+        .body("before\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    for stream in [false, true] {
+        // The command writes progress, runs on, then writes its last line.
+        let started = Instant::now();
+        let mut exec = s.json(
+            Method::POST,
+            &format!("{c}/exec"),
+            &json!({"command": "echo progress > progress.txt; sleep 4; echo done >> notes.txt"}),
+        );
+        if stream {
+            exec = exec.header("accept", "text/event-stream");
+        }
+        let exec = tokio::spawn(async move {
+            let r = exec.send().await.unwrap();
+            let status = r.status();
+            let text = r.text().await.unwrap();
+            (status, text, started.elapsed())
+        });
+        // Once the command has written its progress, every read answers at once.
+        assert!(
+            until(10, || async {
+                s.req(Method::GET, &format!("{c}/files/progress.txt"))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    == StatusCode::OK
+            })
+            .await,
+            "the progress file was never read"
+        );
+        let reads_started = started.elapsed();
+        let (st, v) = body(s.req(Method::GET, &format!("{c}/ls")).send().await.unwrap()).await;
+        assert_eq!(st, StatusCode::OK, "{v}");
+        let names: Vec<&str> = v["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|e| e["name"].as_str())
+            .collect();
+        assert!(names.contains(&"progress.txt"), "{v}");
+        let (st, v) = body(
+            s.req(Method::GET, &format!("{c}/stat?path=notes.txt"))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(st, StatusCode::OK, "{v}");
+        let (st, v) = body(
+            s.req(Method::GET, &format!("{c}/glob?pattern=*.txt"))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(st, StatusCode::OK, "{v}");
+        let (st, v) = body(
+            s.json(
+                Method::POST,
+                &format!("{c}/grep"),
+                &json!({"pattern": "progress"}),
+            )
+            .send()
+            .await
+            .unwrap(),
+        )
+        .await;
+        assert_eq!(st, StatusCode::OK, "{v}");
+        assert_eq!(v["matches"][0]["path"], "progress.txt", "{v}");
+        let r = s
+            .req(Method::GET, &format!("{c}/files/notes.txt"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.text().await.unwrap(), "before\n");
+        let reads_done = started.elapsed();
+        assert!(
+            !exec.is_finished(),
+            "the command ended before the reads did: the test proves nothing"
+        );
+        // A write now waits for the command: the command's `done` comes first.
+        let r = s
+            .req(Method::PUT, &format!("{c}/files/notes.txt"))
+            .body("replaced\n")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::NO_CONTENT);
+        let (status, text, ended) = exec.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{text}");
+        assert!(
+            reads_done < Duration::from_secs(4),
+            "reads from {reads_started:?} to {reads_done:?}, the command ended at {ended:?}"
+        );
+        // The command's `done` was appended before the write replaced the file: had the
+        // write gone first, `done` would follow `replaced`.
+        let r = s
+            .req(Method::GET, &format!("{c}/files/notes.txt"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.text().await.unwrap(), "replaced\n");
+        // And back for the next round.
+        let r = s
+            .req(Method::PUT, &format!("{c}/files/notes.txt"))
+            .body("before\n")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::NO_CONTENT);
+        s.req(Method::DELETE, &format!("{c}/files/progress.txt"))
+            .send()
+            .await
+            .unwrap();
+    }
+    let r = s.req(Method::DELETE, c).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
 }

@@ -580,3 +580,114 @@ async fn rest_json_and_sse_carry_the_exact_bytes_on_every_runtime() {
         served.stop();
     }
 }
+
+/// Issue 21 on every runtime, through `sessionbox serve`: a read, a listing, a stat, a glob
+/// and a grep of a conversation answer while a foreground command of it runs (4 s here; in
+/// practice minutes), seeing what it wrote so far; a write sent meanwhile keeps its place
+/// after the command (the command's last append comes before it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_answer_beside_a_running_command_on_every_runtime() {
+    for rt in exact::runtimes("overlap") {
+        let key = create_key(&rt.data, "default");
+        let served = Served::start(&rt.data);
+        let base = format!("{}/v1/conversations/overlap", served.base);
+        let client = Client::builder()
+            .timeout(Duration::from_secs(120))
+            .build()
+            .unwrap();
+        let name = rt.name;
+        let r = client
+            .put(format!("{base}/files/notes.txt"))
+            .bearer_auth(&key)
+            .body("before\n")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::NO_CONTENT, "{name}");
+        let started = std::time::Instant::now();
+        let exec = client
+            .post(format!("{base}/exec"))
+            .bearer_auth(&key)
+            .header("content-type", "application/json")
+            .body(
+                json!({"command": "echo progress > progress.txt; sleep 4; echo done >> notes.txt"})
+                    .to_string(),
+            )
+            .send();
+        let exec = tokio::spawn(async move {
+            let (st, v) = json_of(exec.await.unwrap()).await;
+            (st, v, started.elapsed())
+        });
+        let get = |path: String| {
+            client
+                .get(format!("{base}/{path}"))
+                .bearer_auth(&key)
+                .send()
+        };
+        // Once the command has written its progress (the file is read beside it)...
+        let mut seen = false;
+        while started.elapsed() < Duration::from_secs(30) && !seen {
+            seen = get("files/progress.txt".into()).await.unwrap().status() == StatusCode::OK;
+            if !seen {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        assert!(seen, "{name}: the progress file was never read");
+        // ... every read answers while it still runs.
+        let (st, v) = json_of(get("ls".into()).await.unwrap()).await;
+        assert_eq!(st, StatusCode::OK, "{name}: {v}");
+        assert!(v.to_string().contains("progress.txt"), "{name}: {v}");
+        let (st, v) = json_of(get("stat?path=notes.txt".into()).await.unwrap()).await;
+        assert_eq!(st, StatusCode::OK, "{name}: {v}");
+        let (st, v) = json_of(get("glob?pattern=*.txt".into()).await.unwrap()).await;
+        assert_eq!(st, StatusCode::OK, "{name}: {v}");
+        let (st, v) = json_of(
+            client
+                .post(format!("{base}/grep"))
+                .bearer_auth(&key)
+                .header("content-type", "application/json")
+                .body(json!({"pattern": "progress"}).to_string())
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(st, StatusCode::OK, "{name}: {v}");
+        assert_eq!(v["matches"][0]["path"], "progress.txt", "{name}: {v}");
+        let r = get("files/notes.txt".into()).await.unwrap();
+        assert_eq!(r.text().await.unwrap(), "before\n", "{name}");
+        let reads_done = started.elapsed();
+        assert!(
+            !exec.is_finished(),
+            "{name}: the command ended before the reads did ({reads_done:?}): nothing proven"
+        );
+        // A write waits for the command.
+        let r = client
+            .put(format!("{base}/files/notes.txt"))
+            .bearer_auth(&key)
+            .body("replaced\n")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::NO_CONTENT, "{name}");
+        let (st, v, ended) = exec.await.unwrap();
+        assert_eq!(
+            (st, &v["exit_code"]),
+            (StatusCode::OK, &json!(0)),
+            "{name}: {v}"
+        );
+        assert!(
+            reads_done < ended,
+            "{name}: reads done at {reads_done:?}, the command ended at {ended:?}"
+        );
+        let r = get("files/notes.txt".into()).await.unwrap();
+        assert_eq!(
+            r.text().await.unwrap(),
+            "replaced\n",
+            "{name}: the write overtook the command"
+        );
+        let r = client.delete(&base).bearer_auth(&key).send().await.unwrap();
+        assert!(r.status().is_success(), "{name}: destroy {}", r.status());
+        served.stop();
+    }
+}

@@ -183,14 +183,14 @@ pub(crate) async fn logs(
             .commands
             .observe(&state, &conv, std::slice::from_ref(&first));
         if follow {
-            return Ok(follow_command(opened.detach(), cmd, read, waiter));
+            return Ok(follow_command(opened.detach().await, cmd, read, waiter));
         }
         if read.wait.is_zero() {
             let output = opened.conv.command_output(&cmd, read).await;
             opened.finish().await;
             return Ok(Json(CommandLogsView::of(&output?)).into_response());
         }
-        let session = opened.detach();
+        let session = opened.detach().await;
         let output = session.command_output(&cmd, read).await;
         let _ = Box::new(session).close().await;
         drop(waiter);
