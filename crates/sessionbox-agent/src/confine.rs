@@ -137,6 +137,26 @@ fn kept() -> CapabilitySet {
     CapabilitySet::CHOWN | CapabilitySet::FOWNER | CapabilitySet::DAC_OVERRIDE
 }
 
+/// Empties every capability set of the calling thread (and so of every thread and process it
+/// starts afterwards): what a process that keeps no file API needs, such as the container's
+/// init. Checked after it is applied.
+///
+/// # Errors
+/// [`Error::RuntimeUnavailable`] when the sets cannot be emptied.
+pub(crate) fn drop_all_capabilities() -> Result<()> {
+    let none = CapabilitySets {
+        effective: CapabilitySet::empty(),
+        permitted: CapabilitySet::empty(),
+        inheritable: CapabilitySet::empty(),
+    };
+    rustix::thread::set_capabilities(None, none).map_err(|e| fail("capset", e))?;
+    let have = rustix::thread::capabilities(None).map_err(|e| fail("capget", e))?;
+    if !(have.effective.is_empty() && have.permitted.is_empty() && have.inheritable.is_empty()) {
+        return Err(fail("capabilities", format!("{have:?} are left")));
+    }
+    Ok(())
+}
+
 /// Becomes `uid`/`gid` with no supplementary group, an empty bounding set and ambient set, and
 /// only [`kept`] in the permitted and effective sets.
 fn drop_to(uid: u32, gid: u32) -> Result<()> {
@@ -246,7 +266,12 @@ pub fn confined_exec(args: &[std::ffi::OsString]) -> std::process::ExitCode {
         return std::process::ExitCode::from(126);
     }
     if rustix::process::getpid().is_init() {
-        // PID 1 of a container: stay, reap and forward signals (see `crate::init`).
+        // PID 1 of a container: stay, reap and forward signals (see `crate::init`), holding
+        // not even the file-owner capabilities a program loses at `exec`.
+        if let Err(e) = drop_all_capabilities() {
+            eprintln!("sessionbox-agent confined-exec: {e}");
+            return std::process::ExitCode::from(126);
+        }
         return crate::init::run(program, it.cloned());
     }
     let e = std::process::Command::new(program).args(it).exec();
