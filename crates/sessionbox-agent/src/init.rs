@@ -30,7 +30,7 @@ const FORWARDED: [(SignalKind, Signal); 6] = [
 ];
 
 /// Runs `program` with `args` as a child and stays PID 1 until it exits; returns its status.
-/// 126 when the program cannot be started, 1 when the init's own signal handling cannot be set
+/// 127 when there is no such program, 126 when it cannot be started otherwise, 1 when the init's own signal handling cannot be set
 /// up (the program is killed first: it never runs unreaped).
 pub(crate) fn run(program: &OsString, args: impl Iterator<Item = OsString>) -> ExitCode {
     let child = match Command::new(program).args(args).spawn() {
@@ -40,7 +40,13 @@ pub(crate) fn run(program: &OsString, args: impl Iterator<Item = OsString>) -> E
                 "sessionbox-agent confined-exec: cannot run {}: {e}",
                 program.to_string_lossy()
             );
-            return ExitCode::from(126);
+            // As shells and other inits say it: 127 when there is no such program.
+            let code = if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+            return ExitCode::from(code);
         }
     };
     let pid = Pid::from_child(&child);

@@ -41,28 +41,42 @@ pub(crate) struct Admission {
 /// could hold every permit, unauthenticated even, and the others would get `503`.
 struct Sources {
     max: usize,
-    held: Mutex<HashMap<IpAddr, usize>>,
-    /// Some source at its cap since a connection was last admitted under it (for the log).
-    saturated: AtomicBool,
+    held: Mutex<HashMap<IpAddr, Source>>,
+}
+
+/// One source's connections, and whether its refusal at the cap has been logged since it was
+/// last below it (one line per source per episode, whatever other sources do).
+#[derive(Default)]
+struct Source {
+    connections: usize,
+    warned: bool,
+}
+
+/// What [`Sources::take`] says of a connection from one address.
+enum Taken {
+    Admitted,
+    /// At the cap: `true` the first time in this episode (to be logged).
+    Refused(bool),
 }
 
 impl Sources {
-    /// Counts one more connection from `ip`; false at the cap.
-    fn take(&self, ip: IpAddr) -> bool {
+    /// Counts one more connection from `ip`, unless it is at the cap.
+    fn take(&self, ip: IpAddr) -> Taken {
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        let n = held.entry(ip).or_insert(0);
-        if *n >= self.max {
-            return false;
+        let source = held.entry(ip).or_default();
+        if source.connections >= self.max {
+            return Taken::Refused(!std::mem::replace(&mut source.warned, true));
         }
-        *n += 1;
-        true
+        source.connections += 1;
+        Taken::Admitted
     }
 
     fn give_back(&self, ip: IpAddr) {
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = held.get_mut(&ip) {
-            *n -= 1;
-            if *n == 0 {
+        if let Some(source) = held.get_mut(&ip) {
+            source.connections -= 1;
+            source.warned = false;
+            if source.connections == 0 {
                 held.remove(&ip);
             }
         }
@@ -112,7 +126,6 @@ impl Admission {
             Arc::new(Sources {
                 max: max_per_source.clamp(1, max),
                 held: Mutex::default(),
-                saturated: AtomicBool::new(false),
             })
         });
         Admission {
@@ -136,21 +149,19 @@ impl Admission {
     /// gateway's cap or at the source's (counted, and logged when it starts an episode).
     pub(crate) fn admit(&self, source: Option<IpAddr>) -> Option<Hold> {
         let source = match (&self.sources, source) {
-            (Some(sources), Some(ip)) => {
-                if !sources.take(ip) {
-                    self.refused.fetch_add(1, Ordering::SeqCst);
-                    if !sources.saturated.swap(true, Ordering::SeqCst) {
+            (Some(sources), Some(ip)) => match sources.take(ip) {
+                Taken::Admitted => Some((sources.clone(), ip)),
+                Taken::Refused(first) => {
+                    if first {
                         tracing::warn!(
-                            "egress: {}: {ip} holds {} connections, the cap for one source ([egress] max_connections_per_source): its new connections are refused with 503 until some close (logged once until a source is admitted again)",
+                            "egress: {}: {ip} holds {} connections, the cap for one source ([egress] max_connections_per_source): its new connections are refused with 503 until one of its own closes (logged once until then)",
                             self.who,
                             sources.max
                         );
                     }
                     return None;
                 }
-                sources.saturated.store(false, Ordering::SeqCst);
-                Some((sources.clone(), ip))
-            }
+            },
             _ => None,
         };
         match self.permits.clone().try_acquire_owned() {
@@ -395,6 +406,9 @@ mod tests {
         );
         let (x1, x2) = (a.admit(x).unwrap(), a.admit(x).unwrap());
         assert!(a.admit(x).is_none(), "a third from one source");
+        // A refusal at a source's cap is not one of the gateway's cap.
+        assert_eq!(a.refused.load(Ordering::SeqCst), 0);
+        assert!(!a.saturated.load(Ordering::SeqCst));
         // Another source still gets in, up to the gateway's cap.
         let (y1, y2) = (a.admit(y).unwrap(), a.admit(y).unwrap());
         assert_eq!(a.permits.available_permits(), 0);

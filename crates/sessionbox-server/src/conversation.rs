@@ -35,7 +35,7 @@ use sessionbox_store::ConversationLock;
 
 use crate::AppState;
 use crate::queue::Turn;
-use crate::running::{self, Published};
+use crate::running::{self, Order, Published};
 use crate::sessions::{self, Cached, Sessions};
 
 /// An open conversation and the turn that orders it. End it with [`Opened::finish`] (or
@@ -49,11 +49,12 @@ pub(crate) struct Opened {
     /// True when this request created the conversation.
     created: bool,
     sessions: Arc<Sessions>,
-    /// The conversation held across processes and replicas ([`sessionbox_manager::Manager::hold`]).
-    _held: ConversationLock,
     /// The session cache's generation before this session was opened or taken.
     generation: u64,
-    _turn: Turn,
+    /// The conversation held across processes and replicas
+    /// ([`sessionbox_manager::Manager::hold`]) and the turn, shared with the reads beside a
+    /// foreground command: released when this and they have all ended.
+    _order: Order,
 }
 
 /// What the work of [`AppState::with_conversation`] gets: the open session and how it was
@@ -100,11 +101,12 @@ impl Opened {
         let Opened {
             published,
             conv,
-            _held,
-            _turn,
+            _order,
             ..
         } = self;
-        drop(published);
+        if let Some(published) = published {
+            published.end().await;
+        }
         running::exclusive(conv).await
     }
 
@@ -115,13 +117,14 @@ impl Opened {
             published,
             conv,
             sessions,
-            _held,
             generation,
-            _turn,
+            _order,
             ..
         } = self;
         // No new read starts on the session; those running end before it is kept.
-        drop(published);
+        if let Some(published) = published {
+            published.end().await;
+        }
         let conv = running::exclusive(conv).await;
         let key = conv.conversation().key.clone();
         let cached = Cached {
@@ -181,6 +184,10 @@ impl AppState {
         conv: &ConversationRef,
         operation: Operation,
     ) -> Result<std::result::Result<Opened, running::Reader>> {
+        // One wait for the turn, kept across publications: only a read that runs beside a
+        // command gives its place in the queue up. Nothing but the wait is raced.
+        let turn = self.turn(&conv.key);
+        tokio::pin!(turn);
         loop {
             let publication = self.running.next_publication();
             tokio::pin!(publication);
@@ -189,8 +196,8 @@ impl AppState {
                 return Ok(Err(reader));
             }
             tokio::select! {
-                opened = self.open(conv, operation) => return opened.map(Ok),
-                // Waiting for the turn is given up (its place in the queue with it); look again.
+                turn = &mut turn => return self.open_in_turn(turn?, conv, operation).await.map(Ok),
+                // Some conversation's command published its session: look again.
                 () = &mut publication => {}
             }
         }
@@ -221,6 +228,16 @@ impl AppState {
         operation: Operation,
     ) -> Result<Opened> {
         let turn = self.turn(&conv.key).await?;
+        self.open_in_turn(turn, conv, operation).await
+    }
+
+    /// [`AppState::open`] once the turn is this request's.
+    async fn open_in_turn(
+        &self,
+        turn: Turn,
+        conv: &ConversationRef,
+        operation: Operation,
+    ) -> Result<Opened> {
         let held = self.manager.hold(conv).await?;
         let generation = self.sessions.generation();
         if let Some(cached) = self.sessions.take(&conv.key) {
@@ -231,16 +248,7 @@ impl AppState {
             let kept = &cached.conv;
             match self.manager.revalidate(kept, kept.policy_hash()).await {
                 Ok(true) => {
-                    let conv = Arc::new(cached.conv);
-                    return Ok(Opened {
-                        published: self.publish(conv.conversation(), &conv, operation),
-                        conv,
-                        created: false,
-                        sessions: self.sessions.clone(),
-                        _held: held,
-                        generation,
-                        _turn: turn,
-                    });
+                    return Ok(self.opened(cached.conv, false, generation, held, turn, operation));
                 }
                 Ok(false) => sessions::close_all(vec![cached.conv]).await,
                 Err(error) => {
@@ -256,31 +264,37 @@ impl AppState {
             .await
             .map_err(|error| with_api_advice(error, mode))?;
         let (conv, held) = opened.into_parts();
-        let conv = Arc::new(conv);
-        Ok(Opened {
-            published: self.publish(conv.conversation(), &conv, operation),
-            created: conv.created(),
-            conv,
-            sessions: self.sessions.clone(),
-            _held: held,
-            generation,
-            _turn: turn,
-        })
+        let created = conv.created();
+        Ok(self.opened(conv, created, generation, held, turn, operation))
     }
 }
 
 impl AppState {
-    /// Publishes the session of a foreground command for the reads beside it.
-    fn publish(
+    /// An [`Opened`] of `conv`; a foreground command's session is published for the reads
+    /// beside it.
+    fn opened(
         &self,
-        conversation: &ConversationRef,
-        conv: &Arc<Conversation>,
+        conv: Conversation,
+        created: bool,
+        generation: u64,
+        held: ConversationLock,
+        turn: Turn,
         operation: Operation,
-    ) -> Option<Published> {
-        (operation == Operation::Exec).then(|| {
+    ) -> Opened {
+        let conv = Arc::new(conv);
+        let order: Order = Arc::new(std::sync::Mutex::new((held, turn)));
+        let published = (operation == Operation::Exec).then(|| {
             self.running
-                .publish(&conversation.key, conv, self.config.max_queue)
-        })
+                .publish(&conv.conversation().key, &conv, &order)
+        });
+        Opened {
+            published,
+            conv,
+            created,
+            sessions: self.sessions.clone(),
+            generation,
+            _order: order,
+        }
     }
 }
 
