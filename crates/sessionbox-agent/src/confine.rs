@@ -221,9 +221,10 @@ fn drop_to(uid: u32, gid: u32) -> Result<()> {
 /// `sessionbox-agent confined-exec [--user UID:GID] [--writable DIR]... -- PROGRAM [ARG]...`:
 /// applies the same confinement as the agent's `--user` and `--writable`, then executes
 /// `PROGRAM` in place (what a bootstrap runs its container's main process through, so that not
-/// even that process keeps root). As PID 1 it runs `PROGRAM` as its child instead and reaps
-/// every orphan of the namespace ([`crate::init`]). Exit code 2 for a bad command line, 126 when the confinement
-/// or the `exec` fails; it never runs `PROGRAM` less confined than asked.
+/// even that process keeps root). As PID 1 it runs `PROGRAM` as its child instead, holding no
+/// capability, and reaps every orphan of the namespace (see `init.rs`). Exit code 2 for a bad
+/// command line, 126 when the confinement or the `exec` fails (127 for a missing program as
+/// PID 1); it never runs `PROGRAM` less confined than asked.
 pub fn confined_exec(args: &[std::ffi::OsString]) -> std::process::ExitCode {
     use std::os::unix::process::CommandExt;
     let mut c = Confinement::default();
