@@ -103,6 +103,10 @@ type TestFn = fn() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
 const TESTS: &[(&str, TestFn)] = &[
     (
+        "a_command_whose_client_goes_away_gives_its_turn_back_with_reads_beside_it",
+        || Box::pin(a_command_whose_client_goes_away_gives_its_turn_back_with_reads_beside_it()),
+    ),
+    (
         "reads_answer_while_a_long_command_runs_and_writes_keep_their_order",
         || Box::pin(reads_answer_while_a_long_command_runs_and_writes_keep_their_order()),
     ),
@@ -845,6 +849,90 @@ async fn reads_answer_while_a_long_command_runs_and_writes_keep_their_order() {
             .await
             .unwrap();
     }
+    let r = s.req(Method::DELETE, c).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+}
+
+/// A foreground command that shared its session with reads, and whose client then goes away
+/// (the client's 1.5 s timeout), is killed, and its turn and hold come back: a write sent
+/// afterwards is served at once, and the command's last step never ran. (The turn and hold
+/// are shared with the reads through the published session: were one leaked with it, the
+/// write would wait forever.)
+async fn a_command_whose_client_goes_away_gives_its_turn_back_with_reads_beside_it() {
+    let s = Server::start().await;
+    let c = "/v1/conversations/iso-gone";
+    let impatient = Client::builder()
+        .timeout(Duration::from_millis(1500))
+        .build()
+        .unwrap();
+    let base = s.base.clone();
+    let exec = tokio::spawn(async move {
+        impatient
+            .post(format!("{base}{c}/exec"))
+            .header("content-type", "application/json")
+            .body(
+                json!({"command": "echo started > started.txt; sleep 5; echo late > late.txt"})
+                    .to_string(),
+            )
+            .send()
+            .await
+    });
+    assert!(
+        until(10, || async {
+            s.req(Method::GET, &format!("{c}/files/started.txt"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                == StatusCode::OK
+        })
+        .await,
+        "the command never started"
+    );
+    // Reads beside it, then its client gives up.
+    let mut reads = Vec::new();
+    for _ in 0..4 {
+        let r = s.req(Method::GET, &format!("{c}/ls"));
+        reads.push(tokio::spawn(
+            async move { r.send().await.unwrap().status() },
+        ));
+    }
+    assert!(
+        exec.await.unwrap().is_err(),
+        "the impatient client got an answer"
+    );
+    for r in reads {
+        let st = r.await.unwrap();
+        assert!(
+            st == StatusCode::OK || st == StatusCode::TOO_MANY_REQUESTS,
+            "{st}"
+        );
+    }
+    // The turn is back: a write is served at once, long before the command would have ended.
+    let started = Instant::now();
+    let r = s
+        .req(Method::PUT, &format!("{c}/files/after.txt"))
+        .body("after\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let r = s
+        .req(Method::GET, &format!("{c}/files/late.txt"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::NOT_FOUND,
+        "the cancelled command ran on"
+    );
     let r = s.req(Method::DELETE, c).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
 }
