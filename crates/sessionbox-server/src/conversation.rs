@@ -94,10 +94,9 @@ impl Opened {
         previous_expired_at(&self.conv, self.created)
     }
 
-    /// The session alone: the turn and the cross-process hold end here, so a long wait on the
-    /// session (following a background command) does not hold up the conversation's other
-    /// requests. The caller closes the session.
-    pub(crate) async fn detach(self) -> Conversation {
+    /// The session, withdrawn from reads beside it once those running have ended, and the
+    /// turn and hold (released when the caller drops them).
+    async fn take(self) -> (Conversation, Order) {
         let Opened {
             published,
             conv,
@@ -107,25 +106,22 @@ impl Opened {
         if let Some(published) = published {
             published.end().await;
         }
-        running::exclusive(conv).await
+        (running::exclusive(conv).await, _order)
+    }
+
+    /// The session alone: the turn and the cross-process hold end here, so a long wait on the
+    /// session (following a background command) does not hold up the conversation's other
+    /// requests. The caller closes the session.
+    pub(crate) async fn detach(self) -> Conversation {
+        self.take().await.0
     }
 
     /// Keeps the session for the conversation's next request (closing one that the cache lets
     /// go), then ends the turn.
     pub(crate) async fn finish(self) {
-        let Opened {
-            published,
-            conv,
-            sessions,
-            generation,
-            _order,
-            ..
-        } = self;
-        // No new read starts on the session; those running end before it is kept.
-        if let Some(published) = published {
-            published.end().await;
-        }
-        let conv = running::exclusive(conv).await;
+        let sessions = self.sessions.clone();
+        let generation = self.generation;
+        let (conv, _order) = self.take().await;
         let key = conv.conversation().key.clone();
         let cached = Cached {
             conv,
