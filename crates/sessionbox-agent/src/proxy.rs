@@ -24,10 +24,11 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, header};
+use axum::http::{HeaderName, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use hyper_util::rt::TokioIo;
+use sessionbox_execd::hop::{set_upgrade, strip_hop_by_hop, upgrade_of};
 use sessionbox_execd::wire::{self, error_code};
 
 use crate::server::ApiError;
@@ -145,45 +146,6 @@ fn bad_gateway(port: u16, why: impl std::fmt::Display) -> Response {
     .into_response()
 }
 
-/// Hop-by-hop headers, which describe one connection and are never forwarded.
-const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-];
-
-/// The `Upgrade` value when `headers` ask for a protocol upgrade (`Connection: upgrade`).
-fn upgrade_of(headers: &HeaderMap) -> Option<HeaderValue> {
-    let asks = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
-    asks.then(|| headers.get(header::UPGRADE).cloned())
-        .flatten()
-}
-
-/// Removes hop-by-hop headers, those `Connection` names included, and `Upgrade`.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::try_from(t.trim()).ok())
-        .collect();
-    for h in named.iter().chain(HOP_BY_HOP.iter()) {
-        headers.remove(h);
-    }
-    headers.remove(header::UPGRADE);
-}
-
 async fn forward(port: u16, uri: Uri, mut req: Request) -> Response {
     let stream = match tokio::time::timeout(
         CONNECT_TIMEOUT,
@@ -221,8 +183,7 @@ async fn forward(port: u16, uri: Uri, mut req: Request) -> Response {
         HeaderValue::from_static("http"),
     );
     if let Some(u) = &upgrade {
-        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        headers.insert(header::UPGRADE, u.clone());
+        set_upgrade(headers, u.clone());
     }
     let mut resp = match sender
         .send_request(axum::http::Request::from_parts(parts, body))
@@ -248,11 +209,8 @@ async fn forward(port: u16, uri: Uri, mut req: Request) -> Response {
         let (mut parts, _) = resp.into_parts();
         let upgrade = parts.headers.get(header::UPGRADE).cloned();
         strip_hop_by_hop(&mut parts.headers);
-        parts
-            .headers
-            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         if let Some(u) = upgrade {
-            parts.headers.insert(header::UPGRADE, u);
+            set_upgrade(&mut parts.headers, u);
         }
         return Response::from_parts(parts, Body::empty());
     }
@@ -277,32 +235,5 @@ mod tests {
         for bad in ["0", "65536", "-1", "+80", "80a", "", " 80"] {
             assert_eq!(parse_port(bad), None, "{bad:?}");
         }
-    }
-
-    #[test]
-    fn hop_by_hop_headers_are_dropped() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            header::CONNECTION,
-            HeaderValue::from_static("close, x-secret"),
-        );
-        h.insert("x-secret", HeaderValue::from_static("1"));
-        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        h.insert(
-            header::TRANSFER_ENCODING,
-            HeaderValue::from_static("chunked"),
-        );
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-        assert_eq!(upgrade_of(&h), None);
-        strip_hop_by_hop(&mut h);
-        assert_eq!(h.len(), 1);
-        assert!(h.contains_key(header::CONTENT_TYPE));
-        let mut u = HeaderMap::new();
-        u.insert(
-            header::CONNECTION,
-            HeaderValue::from_static("keep-alive, Upgrade"),
-        );
-        u.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-        assert_eq!(upgrade_of(&u), Some(HeaderValue::from_static("websocket")));
     }
 }

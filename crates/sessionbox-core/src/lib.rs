@@ -13,6 +13,7 @@
 //!
 //! Architecture invariant: this crate does no I/O and depends on no runtime crate.
 
+mod agent;
 mod background;
 mod directory;
 mod error;
@@ -24,6 +25,7 @@ mod path;
 pub mod patterns;
 mod runtime;
 
+pub use agent::{AgentAccess, AgentEndpoint, no_agent};
 pub use background::{
     BackgroundCommand, CommandOutput, MAX_COMMAND_ID_BYTES, MAX_OUTPUT_CHUNK, MAX_OUTPUT_WAIT,
     MAX_RUNNING_COMMANDS, OutputRequest, background_unsupported, validate_command_id,

@@ -67,11 +67,16 @@ pub enum Operation {
     CommandOutput,
     /// Killing a background command (CLI `kill`, REST `.../kill`).
     KillCommand,
+    /// Opening a terminal in the sandbox (CLI `shell`, REST `.../pty`).
+    Terminal,
+    /// Reaching the sandbox's agent for a relay that makes nothing: a preview of a port, a
+    /// watch of the workspace, stdin to a running background command.
+    Attach,
 }
 
 impl Operation {
     /// Every operation, for tests and tables.
-    pub const ALL: [Operation; 17] = [
+    pub const ALL: [Operation; 19] = [
         Operation::Open,
         Operation::Exec,
         Operation::Spawn,
@@ -89,6 +94,8 @@ impl Operation {
         Operation::CommandStatus,
         Operation::CommandOutput,
         Operation::KillCommand,
+        Operation::Terminal,
+        Operation::Attach,
     ];
 
     /// True when this operation makes its conversation if it does not exist (or expired): an
@@ -100,8 +107,10 @@ impl Operation {
             | Operation::Spawn
             | Operation::Write
             | Operation::Upload
-            | Operation::Mkdir => true,
-            Operation::Read
+            | Operation::Mkdir
+            | Operation::Terminal => true,
+            Operation::Attach
+            | Operation::Read
             | Operation::Edit
             | Operation::List
             | Operation::Stat
@@ -136,8 +145,18 @@ impl Operation {
             | Operation::Commands
             | Operation::CommandStatus
             | Operation::CommandOutput
-            | Operation::KillCommand => false,
+            | Operation::KillCommand
+            | Operation::Terminal
+            | Operation::Attach => false,
         }
+    }
+
+    /// True when a server may open this operation's conversation beside a running foreground
+    /// command instead of after it: the reads ([`Operation::reads_only`]), and what only
+    /// reaches the agent to relay a stream ([`Operation::Terminal`], [`Operation::Attach`]),
+    /// which holds the conversation no longer than it takes to learn where the agent is.
+    pub const fn beside_commands(self) -> bool {
+        self.reads_only() || matches!(self, Operation::Terminal | Operation::Attach)
     }
 
     /// The mode to open the conversation in for this operation.
@@ -184,7 +203,8 @@ mod tests {
                 Operation::Spawn,
                 Operation::Write,
                 Operation::Upload,
-                Operation::Mkdir
+                Operation::Mkdir,
+                Operation::Terminal
             ]
         );
         for o in Operation::ALL {

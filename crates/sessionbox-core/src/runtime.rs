@@ -3,6 +3,7 @@
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use crate::agent::AgentAccess;
 use crate::background::{BackgroundCommand, CommandOutput, OutputRequest, background_unsupported};
 use crate::error::Result;
 use crate::exec::{ExecRequest, ExecResult, ExecSink, OutputStream};
@@ -327,6 +328,13 @@ pub trait Session: Send + Sync {
     /// lost. Runtimes whose state cannot vanish always say false.
     fn state_lost(&self) -> bool {
         false
+    }
+
+    /// How to reach the agent in this conversation's sandbox, for what a front end relays to
+    /// it unchanged (terminals, previews, file watching, a background command's stdin; see
+    /// [`AgentAccess`]). `None` (the default) for runtimes whose sandbox runs no agent.
+    fn agent(&self) -> Option<AgentAccess> {
+        None
     }
 
     /// Releases this handle. All state (files, sandbox) is kept for the next `open`.

@@ -41,6 +41,7 @@ mod client;
 pub mod commands_ext;
 mod error;
 pub mod fs_ext;
+pub mod hop;
 pub mod multipart;
 mod outcome;
 mod stream;
@@ -50,8 +51,8 @@ pub mod wire;
 
 #[cfg(feature = "client")]
 pub use client::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, Endpoint, EventStream, ExecdClient,
-    ExecdClientBuilder, STREAM_GRACE,
+    AgentLink, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, Endpoint, EventStream,
+    ExecdClient, ExecdClientBuilder, STREAM_GRACE,
 };
 pub use error::ExecdError;
 pub use outcome::{CommandOutcome, OutcomeCollector};

@@ -673,6 +673,10 @@ impl Session for Conversation {
         self.session.state_lost()
     }
 
+    fn agent(&self) -> Option<sessionbox_core::AgentAccess> {
+        self.session.agent()
+    }
+
     async fn exec(&self, request: ExecRequest) -> Result<ExecResult> {
         let r = self.session.exec(request).await;
         self.audited("exec", exec_detail(&r), r).await

@@ -146,7 +146,7 @@ impl AppState {
         operation: Operation,
         work: impl AsyncFnOnce(InUse<'_>) -> T,
     ) -> Result<T> {
-        let opened = if operation.reads_only() {
+        let opened = if operation.beside_commands() {
             match self.open_or_share(conv, operation).await? {
                 Ok(opened) => opened,
                 Err(reader) => {

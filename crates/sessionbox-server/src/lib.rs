@@ -50,6 +50,7 @@ mod openapi;
 mod output;
 mod policy;
 mod queue;
+mod relay;
 mod routes;
 mod running;
 mod sessions;

@@ -23,6 +23,9 @@ use crate::wire;
 mod background;
 mod commands;
 mod files;
+mod link;
+
+pub use link::AgentLink;
 
 /// Default deadline for opening a connection.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -227,6 +230,18 @@ impl ExecdClient {
     /// Where this client connects.
     pub fn endpoint(&self) -> &Endpoint {
         &self.endpoint
+    }
+
+    /// This client's endpoint and token, for a relay to the same agent ([`AgentLink`]).
+    pub fn access(&self) -> sessionbox_core::AgentAccess {
+        let endpoint = match &self.endpoint {
+            Endpoint::Unix(path) => sessionbox_core::AgentEndpoint::Unix(path.clone()),
+            Endpoint::Http(url) => sessionbox_core::AgentEndpoint::Http(url.clone()),
+        };
+        sessionbox_core::AgentAccess::new(
+            endpoint,
+            self.token.as_ref().map(|t| t.expose().to_owned()),
+        )
     }
 
     // ----- health -----

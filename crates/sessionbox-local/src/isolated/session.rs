@@ -155,6 +155,10 @@ impl FsSession for IsolatedSession {
 
 #[async_trait]
 impl Session for IsolatedSession {
+    fn agent(&self) -> Option<sessionbox_core::AgentAccess> {
+        Some(self.client.access())
+    }
+
     fn key(&self) -> &ConversationKey {
         &self.conversation.key
     }

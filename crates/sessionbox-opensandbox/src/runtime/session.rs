@@ -175,6 +175,10 @@ impl Session for OpenSandboxSession {
         self.state_lost
     }
 
+    fn agent(&self) -> Option<sessionbox_core::AgentAccess> {
+        Some(self.client.access())
+    }
+
     async fn exec(&self, request: ExecRequest) -> Result<ExecResult> {
         self.run(request, None).await
     }

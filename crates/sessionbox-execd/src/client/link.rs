@@ -1,0 +1,198 @@
+//! [`AgentLink`]: one HTTP/1 connection to an agent per request, for what a front end relays
+//! unchanged (a terminal's WebSocket, a preview, a watch's event stream), upgrades included.
+//!
+//! [`ExecdClient`](super::ExecdClient) parses what it asks for; a relay does not, so it needs
+//! the raw response, and the connection after a `101 Switching Protocols`. Only plain
+//! `http://` endpoints and Unix sockets are linked: an `https://` agent endpoint is refused with
+//! [`ExecdError::InvalidEndpoint`].
+
+use std::time::Duration;
+
+use http::{HeaderValue, Request, Response, Uri, header};
+use hyper::body::{Body, Incoming};
+use hyper_util::rt::TokioIo;
+use sessionbox_core::{AgentAccess, AgentEndpoint};
+
+use crate::error::ExecdError;
+use crate::wire;
+
+/// How long connecting to the agent may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where a link connects, parsed once.
+#[derive(Debug, Clone)]
+enum Target {
+    Unix(std::path::PathBuf),
+    Tcp {
+        /// `HOST:PORT`, for the connection and the `Host` header.
+        authority: String,
+    },
+}
+
+/// A relay's way to the agent of one conversation: its endpoint, path prefix and token.
+///
+/// Each [`AgentLink::send`] opens a connection of its own, so a long-lived upgrade never
+/// holds up another request. `Debug` never prints the token.
+#[derive(Debug, Clone)]
+pub struct AgentLink {
+    target: Target,
+    /// The endpoint's path prefix (the OpenSandbox server's proxy path), without a trailing
+    /// `/`; empty for none.
+    prefix: String,
+    access: AgentAccess,
+}
+
+impl AgentLink {
+    /// A link to the agent `access` names.
+    ///
+    /// # Errors
+    /// [`ExecdError::InvalidEndpoint`] for an endpoint that is not a Unix socket or an
+    /// `http://HOST:PORT[/PREFIX]` URL.
+    pub fn new(access: AgentAccess) -> Result<Self, ExecdError> {
+        let (target, prefix) = match &access.endpoint {
+            AgentEndpoint::Unix(path) => (Target::Unix(path.clone()), String::new()),
+            AgentEndpoint::Http(url) => {
+                let invalid = || ExecdError::InvalidEndpoint(url.clone());
+                let uri: Uri = url.parse().map_err(|_| invalid())?;
+                if uri.scheme_str() != Some("http") {
+                    return Err(invalid());
+                }
+                let authority = uri.authority().ok_or_else(invalid)?;
+                let authority = match authority.port_u16() {
+                    Some(_) => authority.as_str().to_owned(),
+                    None => format!("{}:80", authority.host()),
+                };
+                let prefix = uri.path().trim_end_matches('/').to_owned();
+                (Target::Tcp { authority }, prefix)
+            }
+        };
+        Ok(AgentLink {
+            target,
+            prefix,
+            access,
+        })
+    }
+
+    /// Sends `request` to the agent. Its URI is the agent's path and query (such as
+    /// `/proxy/8000/index.html?x=1`); the link adds its prefix, `Host` and the access token
+    /// (replacing any the caller set). The caller keeps hop-by-hop headers right (see
+    /// [`crate::hop`]); an upgrade answered `101` is available with `hyper::upgrade::on` on
+    /// the response.
+    ///
+    /// # Errors
+    /// [`ExecdError::Connect`] when the agent cannot be reached or breaks the exchange,
+    /// [`ExecdError::Timeout`] when connecting takes longer than 10 s,
+    /// [`ExecdError::InvalidRequest`] for a URI that is not a path.
+    pub async fn send<B>(&self, mut request: Request<B>) -> Result<Response<Incoming>, ExecdError>
+    where
+        B: Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let path = request
+            .uri()
+            .path_and_query()
+            .map(|p| p.as_str().to_owned())
+            .filter(|p| p.starts_with('/'))
+            .ok_or_else(|| ExecdError::InvalidRequest("a relayed request needs a path".into()))?;
+        *request.uri_mut() = format!("{}{path}", self.prefix)
+            .parse()
+            .map_err(|_| ExecdError::InvalidRequest("the relayed path is not valid".into()))?;
+        *request.version_mut() = http::Version::HTTP_11;
+        let headers = request.headers_mut();
+        headers.remove(wire::ACCESS_TOKEN_HEADER);
+        if let Some(token) = self.access.token() {
+            let mut value = HeaderValue::from_str(token).map_err(|_| {
+                ExecdError::InvalidRequest("the agent token is not a header value".into())
+            })?;
+            value.set_sensitive(true);
+            headers.insert(wire::ACCESS_TOKEN_HEADER, value);
+        }
+        let host = match &self.target {
+            Target::Unix(_) => "localhost",
+            Target::Tcp { authority } => authority.as_str(),
+        };
+        headers.insert(
+            header::HOST,
+            HeaderValue::from_str(host)
+                .map_err(|_| ExecdError::InvalidEndpoint(host.to_owned()))?,
+        );
+
+        let endpoint = self.endpoint_text();
+        let connect_error = |e: &dyn std::fmt::Display| ExecdError::Connect {
+            endpoint: endpoint.clone(),
+            reason: e.to_string(),
+        };
+        let connecting = async {
+            match &self.target {
+                Target::Unix(path) => tokio::net::UnixStream::connect(path)
+                    .await
+                    .map(|s| Box::new(s) as Box<dyn Stream>),
+                Target::Tcp { authority } => {
+                    let s = tokio::net::TcpStream::connect(authority.as_str()).await?;
+                    let _ = s.set_nodelay(true);
+                    Ok(Box::new(s) as Box<dyn Stream>)
+                }
+            }
+        };
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
+            .await
+            .map_err(|_| ExecdError::Timeout {
+                operation: "relay connect",
+                after: CONNECT_TIMEOUT,
+            })?
+            .map_err(|e| connect_error(&e))?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| connect_error(&e))?;
+        // The connection's end, with an error or not, reaches the caller through the response
+        // body or the upgrade.
+        tokio::spawn(async move {
+            let _ = connection.with_upgrades().await;
+        });
+        sender
+            .send_request(request)
+            .await
+            .map_err(|e| connect_error(&e))
+    }
+
+    /// The endpoint as an error names it (never the token).
+    fn endpoint_text(&self) -> String {
+        match &self.access.endpoint {
+            AgentEndpoint::Unix(p) => p.display().to_string(),
+            AgentEndpoint::Http(u) => u.clone(),
+        }
+    }
+}
+
+/// What a link's connection is: a Unix or a TCP stream.
+trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Stream for T {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_http_and_unix_endpoints_are_linked() {
+        let http = |u: &str| AgentLink::new(AgentAccess::new(AgentEndpoint::Http(u.into()), None));
+        let l = http("http://127.0.0.1:9000/sandboxes/x/proxy/44772/").unwrap();
+        assert_eq!(l.prefix, "/sandboxes/x/proxy/44772");
+        assert!(matches!(l.target, Target::Tcp { ref authority } if authority == "127.0.0.1:9000"));
+        let l = http("http://agent.local").unwrap();
+        assert!(matches!(l.target, Target::Tcp { ref authority } if authority == "agent.local:80"));
+        assert!(matches!(
+            http("https://h:1"),
+            Err(ExecdError::InvalidEndpoint(_))
+        ));
+        assert!(matches!(
+            http("not a url"),
+            Err(ExecdError::InvalidEndpoint(_))
+        ));
+        let u = AgentLink::new(AgentAccess::new(
+            AgentEndpoint::Unix("/run/a.sock".into()),
+            None,
+        ));
+        assert!(u.unwrap().prefix.is_empty());
+    }
+}
