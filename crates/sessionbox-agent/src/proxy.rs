@@ -91,12 +91,24 @@ impl Proxy {
         let Some((port, rest)) = split(&path) else {
             return ApiError::bad_request("port is required: use /proxy/PORT/PATH").into_response();
         };
-        let Some(port) = parse_port(port) else {
+        let Some(mut port) = parse_port(port) else {
             return ApiError::bad_request(format!(
                 "invalid port {port:?} in /proxy/PORT: give a number from 1 to 65535"
             ))
             .into_response();
         };
+        let mut rest = rest;
+        // The server names this agent `host:mapped/proxy/44772` in bridge mode, so a relay
+        // to another port through that name nests one proxy path: `/proxy/44772/proxy/PORT`
+        // is `/proxy/PORT`. One level only: this agent through itself again is refused below.
+        if self.is_own(port)
+            && let Some((inner, inner_rest)) = split(rest)
+            && let Some(inner) = parse_port(inner)
+            && !self.is_own(inner)
+        {
+            port = inner;
+            rest = inner_rest;
+        }
         let target = match req.uri().query() {
             Some(q) => format!("{rest}?{q}"),
             None => rest.to_owned(),
@@ -105,7 +117,7 @@ impl Proxy {
             return ApiError::bad_request("the proxied path is not a valid request target")
                 .into_response();
         };
-        if port == EXECD_PORT || Some(port) == self.own_port {
+        if self.is_own(port) {
             // A fresh request, not this one with a new URI: the outer route's matched path
             // parameters (`{port}`, `{*rest}`) live in its extensions, and an inner route such
             // as `/command/status/{id}` would see them as extra parameters.
@@ -118,6 +130,11 @@ impl Proxy {
             return self.internal_call(inner).await;
         }
         forward(port, uri, req).await
+    }
+
+    /// True for a port that means this agent: 44772, or the port it listens on.
+    fn is_own(&self, port: u16) -> bool {
+        port == EXECD_PORT || Some(port) == self.own_port
     }
 
     /// Serves the request with the agent's own router.

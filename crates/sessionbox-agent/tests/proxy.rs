@@ -255,6 +255,22 @@ async fn execd_port_and_own_port_reach_the_agent_itself() {
         .raw(&request("GET", "/proxy/44772/no-such-endpoint", &[], b""))
         .await;
     assert_eq!(r.status, 404);
+    // Through the name the server gives this agent in bridge mode (`host:mapped/proxy/44772`),
+    // a relay to another port nests one proxy path; the agent through itself twice does not.
+    let port = target().await;
+    let r = a
+        .raw(&request(
+            "GET",
+            &format!("/proxy/44772/proxy/{port}/headers/x"),
+            &[],
+            b"",
+        ))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = a
+        .raw(&request("GET", "/proxy/44772/proxy/44772/ping", &[], b""))
+        .await;
+    assert_eq!(r.status, 404);
     // Routes with path parameters of their own (the SDKs' status and logs of a background
     // command, through `/proxy/44772` on their default settings).
     let o = a

@@ -39,17 +39,36 @@ pub struct Claims {
     pub expires: u64,
 }
 
+const PREVIEW_PREFIX: &str = "sbxp1.";
+
+/// What a preview link token states: one port of one conversation, until a time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreviewClaims {
+    /// The conversation's tenant.
+    #[serde(rename = "t")]
+    pub tenant: String,
+    /// The conversation's id.
+    #[serde(rename = "i")]
+    pub conversation: String,
+    /// The port inside the sandbox.
+    #[serde(rename = "p")]
+    pub port: u16,
+    /// Expiry, seconds since the Unix epoch.
+    #[serde(rename = "e")]
+    pub expires: u64,
+}
+
 /// Why a token was refused (never carries the token).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TokenError {
     /// Not a token of this format.
-    #[error("the proxy token is malformed")]
+    #[error("the token is malformed")]
     Malformed,
     /// The signature does not match.
-    #[error("the proxy token's signature does not match")]
+    #[error("the token's signature does not match")]
     BadSignature,
     /// It expired.
-    #[error("the proxy token expired; ask for a new one")]
+    #[error("the token expired; ask for a new one")]
     Expired,
 }
 
@@ -105,10 +124,53 @@ impl TokenKey {
     }
 
     fn mac(&self, payload: &str) -> Hmac<Sha256> {
+        self.mac_of(PREFIX, payload)
+    }
+
+    /// The MAC of `prefix` and `payload`: each kind of token signs under its own prefix, so
+    /// no token of one kind is ever a valid token of another.
+    fn mac_of(&self, prefix: &str, payload: &str) -> Hmac<Sha256> {
         let mut m = Hmac::<Sha256>::new_from_slice(&self.0).expect("any key length");
-        m.update(PREFIX.as_bytes());
+        m.update(prefix.as_bytes());
         m.update(payload.as_bytes());
         m
+    }
+
+    /// Issues a preview link token: "port `port` of conversation `id` of `tenant`, until
+    /// `now + ttl_secs`" (`sbxp1.<base64url(JSON)>.<base64url(HMAC-SHA256)>`). Whoever holds
+    /// it may reach that port through `serve` until it expires, and nothing else.
+    pub fn issue_preview(&self, claims: &PreviewClaims) -> String {
+        let payload = B64.encode(serde_json::to_vec(claims).unwrap_or_default());
+        let sig = B64.encode(
+            self.mac_of(PREVIEW_PREFIX, &payload)
+                .finalize()
+                .into_bytes(),
+        );
+        format!("{PREVIEW_PREFIX}{payload}.{sig}")
+    }
+
+    /// Checks a preview link token's signature (in constant time) and expiry at `now`.
+    ///
+    /// # Errors
+    /// [`TokenError`].
+    pub fn verify_preview(&self, token: &str, now: u64) -> Result<PreviewClaims, TokenError> {
+        let rest = token
+            .strip_prefix(PREVIEW_PREFIX)
+            .ok_or(TokenError::Malformed)?;
+        let (payload, sig) = rest.split_once('.').ok_or(TokenError::Malformed)?;
+        let sig = B64.decode(sig).map_err(|_| TokenError::Malformed)?;
+        self.mac_of(PREVIEW_PREFIX, payload)
+            .verify_slice(&sig)
+            .map_err(|_| TokenError::BadSignature)?;
+        let claims: PreviewClaims = B64
+            .decode(payload)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .ok_or(TokenError::Malformed)?;
+        if now >= claims.expires {
+            return Err(TokenError::Expired);
+        }
+        Ok(claims)
     }
 
     /// The access token of the agent in `conversation`'s remote sandbox (a conversation key):
@@ -308,6 +370,37 @@ mod tests {
         );
         assert_eq!(key.verify("nope", 120), Err(TokenError::Malformed));
         assert_eq!(key.verify(&t, 160), Err(TokenError::Expired));
+    }
+
+    #[test]
+    fn a_preview_token_names_one_port_and_is_never_a_proxy_token() {
+        let key = TokenKey::from_bytes([1; 32]);
+        let claims = PreviewClaims {
+            tenant: "t".into(),
+            conversation: "c".into(),
+            port: 8000,
+            expires: 160,
+        };
+        let t = key.issue_preview(&claims);
+        assert_eq!(key.verify_preview(&t, 120), Ok(claims.clone()));
+        assert_eq!(key.verify_preview(&t, 160), Err(TokenError::Expired));
+        // Neither kind passes as the other, even with the prefix swapped.
+        let proxy = key.issue("c", "h", 100, 60);
+        assert_eq!(key.verify(&t, 120), Err(TokenError::Malformed));
+        assert_eq!(key.verify_preview(&proxy, 120), Err(TokenError::Malformed));
+        let disguised = t.replacen("sbxp1.", "sbx1.", 1);
+        assert_eq!(key.verify(&disguised, 120), Err(TokenError::BadSignature));
+        // Another port, same signature.
+        let other = key.issue_preview(&PreviewClaims {
+            port: 8001,
+            ..claims
+        });
+        let (_, sig) = t.rsplit_once('.').unwrap();
+        let (head, _) = other.rsplit_once('.').unwrap();
+        assert_eq!(
+            key.verify_preview(&format!("{head}.{sig}"), 120),
+            Err(TokenError::BadSignature)
+        );
     }
 
     #[test]

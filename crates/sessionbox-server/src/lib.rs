@@ -102,7 +102,19 @@ pub struct ServerConfig {
     /// [`DEFAULT_MAX_MCP_SESSIONS_PER_TENANT`]); one more `initialize` is refused with 429
     /// `busy`. A session ends with its DELETE or after rmcp's keep-alive (5 minutes idle).
     pub max_mcp_sessions_per_tenant: usize,
+    /// The key that signs preview links (`POST .../previews`); `None` refuses to issue them
+    /// (the key-authenticated `.../ports/{port}/...` route works without it). Replicas that
+    /// should honour each other's links share the key.
+    pub preview_key: Option<sessionbox_egress::token::TokenKey>,
+    /// Most requests and tunnels relayed to one conversation's agent at once (previews,
+    /// terminals, watches; default [`DEFAULT_MAX_RELAYS_PER_CONVERSATION`]); one more is
+    /// refused with 429 `busy`.
+    pub max_relays_per_conversation: usize,
 }
+
+/// Default of [`ServerConfig::max_relays_per_conversation`]: 32 (a browser opens about six
+/// connections per host; a few tabs of a preview and a few terminals fit).
+pub const DEFAULT_MAX_RELAYS_PER_CONVERSATION: usize = 32;
 
 /// Default of [`ServerConfig::max_output_bytes_per_tenant`]: 256 MiB, room for 8 commands at
 /// the largest `output_limit` (16 MiB, so 32 MiB each) or 128 at the default (1 MiB).
@@ -124,6 +136,8 @@ impl Default for ServerConfig {
             max_output_bytes_per_tenant: DEFAULT_MAX_OUTPUT_BYTES_PER_TENANT,
             max_output_bytes_total: DEFAULT_MAX_OUTPUT_BYTES_TOTAL,
             max_mcp_sessions_per_tenant: DEFAULT_MAX_MCP_SESSIONS_PER_TENANT,
+            preview_key: None,
+            max_relays_per_conversation: DEFAULT_MAX_RELAYS_PER_CONVERSATION,
         }
     }
 }
@@ -146,6 +160,7 @@ pub struct SharedState {
     mcp_sessions: Arc<mcp::Owners>,
     sessions: Arc<sessions::Sessions>,
     running: Arc<running::Running>,
+    relays: Arc<relay::Relays>,
     audit: audit::AuditWriter,
     metrics: metrics::Metrics,
 }
@@ -182,6 +197,7 @@ impl AppState {
             mcp_sessions: Arc::new(mcp::Owners::new(config.max_mcp_sessions_per_tenant)),
             sessions: Arc::new(sessions::Sessions::new(config.max_open_sessions)),
             running: Arc::default(),
+            relays: Arc::new(relay::Relays::new(config.max_relays_per_conversation)),
             audit: audit::AuditWriter::start(manager.store().clone()),
             metrics: metrics::Metrics::new(),
             manager,

@@ -14,7 +14,7 @@ use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder
 use utoipa::openapi::{RefOr, ResponseBuilder};
 use utoipa::{IntoResponses, Modify, OpenApi, ToSchema};
 
-use crate::routes::{commands, conversations, exec, files, fs, health};
+use crate::routes::{commands, conversations, exec, files, fs, health, preview};
 use crate::views::{ErrorBody, ExitStatusView, FileKindView};
 
 /// The error answers of the routes on one conversation, besides 401 (see [`Unauthorized`]).
@@ -143,6 +143,9 @@ impl Modify for Security {
         conversations::open,
         conversations::destroy,
         exec::exec,
+        preview::link,
+        preview::by_key,
+        preview::by_link,
         commands::list,
         commands::status,
         commands::logs,
@@ -171,6 +174,8 @@ impl Modify for Security {
     ),
     components(schemas(
         ErrorBody,
+        preview::PreviewLinkRequest,
+        preview::PreviewLinkView,
         ExitStatusView,
         FileKindView,
         crate::output::OutputText,

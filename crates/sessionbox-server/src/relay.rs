@@ -11,12 +11,16 @@
 //! between the caller's connection and the agent's until either closes. Hop-by-hop headers
 //! are dropped both ways (`sessionbox_execd::hop`).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
+use futures::StreamExt;
 use hyper_util::rt::TokioIo;
-use sessionbox_core::{ConversationRef, Error, Operation, Result, Session};
+use sessionbox_core::{ConversationKey, ConversationRef, Error, Operation, Result, Session};
 use sessionbox_execd::AgentLink;
 use sessionbox_execd::hop::{set_upgrade, strip_hop_by_hop, upgrade_of};
 
@@ -48,7 +52,8 @@ pub(crate) async fn agent_link(
 
 /// Sends `request` to the agent at `agent_path` (path and query) and answers with the agent's
 /// response, tunnelling an upgrade. `request`'s headers reach the agent without hop-by-hop
-/// ones; the caller removes what the agent must not see (its credentials) first.
+/// ones; the caller removes what the agent must not see (its credentials) first. `hold` (a
+/// [`RelaySlot`], say) is kept until the response body ends or the tunnel closes.
 ///
 /// # Errors
 /// The link's, when the agent cannot be reached (the caller's answer is then 502).
@@ -56,6 +61,7 @@ pub(crate) async fn forward(
     link: &AgentLink,
     agent_path: &str,
     mut request: Request,
+    hold: impl Send + Sync + 'static,
 ) -> Result<Response> {
     let upgrade = upgrade_of(request.headers());
     let caller_side = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
@@ -82,6 +88,7 @@ pub(crate) async fn forward(
         };
         let agent_side = hyper::upgrade::on(&mut response);
         tokio::spawn(async move {
+            let _hold = hold;
             let (Ok(caller), Ok(agent)) = tokio::join!(caller_side, agent_side) else {
                 return;
             };
@@ -99,7 +106,11 @@ pub(crate) async fn forward(
     }
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    Ok(Response::from_parts(parts, Body::new(body)))
+    let body = http_body_util::BodyExt::into_data_stream(body).map(move |chunk| {
+        let _ = &hold;
+        chunk
+    });
+    Ok(Response::from_parts(parts, Body::from_stream(body)))
 }
 
 /// Removes `names` (case-insensitive) from `headers`: what a relay's caller presented to the
@@ -107,5 +118,92 @@ pub(crate) async fn forward(
 pub(crate) fn without(headers: &mut HeaderMap, names: &[&str]) {
     for name in names {
         headers.remove(*name);
+    }
+}
+
+/// The relays open to each conversation now, capped (see
+/// [`crate::ServerConfig::max_relays_per_conversation`]).
+#[derive(Debug)]
+pub(crate) struct Relays {
+    max: usize,
+    open: Arc<Mutex<HashMap<ConversationKey, usize>>>,
+}
+
+/// One relay's place in its conversation's count, given back when dropped.
+#[derive(Debug)]
+pub(crate) struct RelaySlot {
+    key: ConversationKey,
+    open: Arc<Mutex<HashMap<ConversationKey, usize>>>,
+}
+
+impl Relays {
+    pub(crate) fn new(max: usize) -> Self {
+        Relays {
+            max: max.max(1),
+            open: Arc::default(),
+        }
+    }
+
+    /// A slot for one more relay to `key`'s agent.
+    ///
+    /// # Errors
+    /// [`Error::Busy`] when the conversation has its most relays open.
+    pub(crate) fn slot(&self, key: &ConversationKey) -> Result<RelaySlot> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.entry(key.clone()).or_default();
+        if *n >= self.max {
+            return Err(Error::Busy(format!(
+                "this conversation has {} previews, terminals and watches open, the most a \
+                 server relays to one conversation; close one and retry",
+                self.max
+            )));
+        }
+        *n += 1;
+        Ok(RelaySlot {
+            key: key.clone(),
+            open: self.open.clone(),
+        })
+    }
+
+    /// Relays open to `key` now.
+    #[cfg(test)]
+    pub(crate) fn open(&self, key: &ConversationKey) -> usize {
+        let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.get(key).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for RelaySlot {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_conversation_gets_at_most_its_relays_and_each_comes_back_when_dropped() {
+        let relays = Relays::new(2);
+        let a = ConversationRef::parse("t", "a").unwrap().key;
+        let b = ConversationRef::parse("t", "b").unwrap().key;
+        let one = relays.slot(&a).unwrap();
+        let two = relays.slot(&a).unwrap();
+        assert!(matches!(relays.slot(&a), Err(Error::Busy(_))));
+        // Another conversation is not held back by the first.
+        let other = relays.slot(&b).unwrap();
+        drop(one);
+        let three = relays.slot(&a).unwrap();
+        assert_eq!(relays.open(&a), 2);
+        drop((two, three, other));
+        assert_eq!(relays.open(&a), 0);
+        assert!(relays.open.lock().unwrap().is_empty());
     }
 }

@@ -66,7 +66,7 @@ async def main():
             return {t["name"]: t["inputSchema"] for t in (dump(await session.list_tools()))["tools"]}
 
         tools = await with_session("alice", list_tools)
-        assert set(tools) == {"bash", "read", "write", "edit", "ls", "glob", "grep", "skill", "network"}, tools
+        assert set(tools) == {"bash", "read", "write", "edit", "ls", "glob", "grep", "skill", "network", "preview"}, tools
         required = {name: set(s.get("required", [])) for name, s in tools.items()}
         assert required["bash"] == {"command"}, required
         assert required["read"] == {"path"}, required
@@ -77,6 +77,7 @@ async def main():
         assert required["ls"] == set(), required
         assert required["skill"] == set(), required
         assert required["network"] == set(), required
+        assert required["preview"] == {"port"}, required
         assert set(tools["grep"]["properties"]["output_mode"]["enum"]) == {
             "content", "files_with_matches", "count"}
 

@@ -77,6 +77,7 @@ async def with_policy(session):
         "glob": {"pattern": "*"},
         "grep": {"pattern": "y"},
         "skill": {},
+        "preview": {"port": 8000},
     }
     assert set(required) | {"network"} == set(tools), tools
     for name, args in required.items():

@@ -91,6 +91,8 @@ pub struct ServeSection {
     pub max_output_bytes_total: Option<u64>,
     /// Most MCP sessions one tenant may have open at once; default 256.
     pub max_mcp_sessions_per_tenant: Option<usize>,
+    /// Most previews, terminals and watches relayed to one conversation at once; default 32.
+    pub max_relays_per_conversation: Option<usize>,
     /// PEM certificate chain for HTTPS (with `tls_key`); reloaded on SIGHUP and on change.
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of `tls_cert`.

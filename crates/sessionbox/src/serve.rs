@@ -56,6 +56,11 @@ pub(crate) struct ServeArgs {
     /// max_mcp_sessions_per_tenant`, else 256.
     #[arg(long, env = "SESSIONBOX_MAX_MCP_SESSIONS_PER_TENANT", value_name = "N")]
     max_mcp_sessions_per_tenant: Option<usize>,
+    /// Most previews, terminals and watches relayed to one conversation at once (each HTTP
+    /// request in flight or WebSocket open counts); past it, 429. Default: `[serve]
+    /// max_relays_per_conversation`, else 32.
+    #[arg(long, env = "SESSIONBOX_MAX_RELAYS_PER_CONVERSATION", value_name = "N")]
+    max_relays_per_conversation: Option<usize>,
     /// Serve HTTPS with this PEM certificate chain (the server's certificate first); needs
     /// --tls-key. Both files are read again on SIGHUP and when they change; a pair that does
     /// not load is logged and the previous one stays. Default: `[serve] tls_cert`.
@@ -161,6 +166,12 @@ pub(crate) async fn run(
             .or(file.max_mcp_sessions_per_tenant)
             .unwrap_or(sessionbox_server::DEFAULT_MAX_MCP_SESSIONS_PER_TENANT)
             .max(1),
+        preview_key: Some(preview_key(data_dir)?),
+        max_relays_per_conversation: args
+            .max_relays_per_conversation
+            .or(file.max_relays_per_conversation)
+            .unwrap_or(sessionbox_server::DEFAULT_MAX_RELAYS_PER_CONVERSATION)
+            .max(1),
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -242,6 +253,18 @@ pub(crate) async fn run(
             .context("the HTTP server failed")?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The key that signs preview links: `preview.key` in the data directory (32 random bytes,
+/// 0600, made on first use). Replicas that should honour each other's links share the file.
+fn preview_key(data_dir: &Path) -> anyhow::Result<sessionbox_egress::token::TokenKey> {
+    let path = data_dir.join("preview.key");
+    sessionbox_egress::token::TokenKey::load_or_create(&path).with_context(|| {
+        format!(
+            "cannot read or make the preview link key {}",
+            path.display()
+        )
+    })
 }
 
 async fn shutdown_signal() {

@@ -57,12 +57,15 @@ struct Served {
 
 impl Served {
     fn start(data: &Path) -> Served {
+        Self::start_with(data, &[])
+    }
+
+    /// A server with these environment variables set (its flags' `env` names).
+    fn start_with(data: &Path, env: &[(&str, &str)]) -> Served {
         setup(data);
-        let (child, base) = spawn_serve(&mut serve_command(
-            env!("CARGO_BIN_EXE_sessionbox"),
-            data,
-            &[],
-        ));
+        let mut command = serve_command(env!("CARGO_BIN_EXE_sessionbox"), data, &[]);
+        command.envs(env.iter().copied());
+        let (child, base) = spawn_serve(&mut command);
         Served { child, base }
     }
 
@@ -688,6 +691,312 @@ async fn reads_answer_beside_a_running_command_on_every_runtime() {
         );
         let r = client.delete(&base).bearer_auth(&key).send().await.unwrap();
         assert!(r.status().is_success(), "{name}: destroy {}", r.status());
+        served.stop();
+    }
+}
+
+/// The static busybox `scripts/opensandbox-up` keeps (its sandbox image is made of it): the
+/// web server the preview test starts in a sandbox, uploaded where the sandbox has none.
+fn static_busybox() -> Option<Vec<u8>> {
+    let state = std::env::var_os("OPENSANDBOX_STATE").map_or_else(
+        || {
+            let cache = std::env::var_os("XDG_CACHE_HOME").map_or_else(
+                || Path::new(&std::env::var_os("HOME").unwrap_or_default()).join(".cache"),
+                std::path::PathBuf::from,
+            );
+            cache.join("sessionbox/opensandbox")
+        },
+        std::path::PathBuf::from,
+    );
+    std::fs::read(state.join("busybox")).ok()
+}
+
+/// Issue 21, previews, through `sessionbox serve` on every runtime. A web server started by a
+/// command in the sandbox (busybox httpd on 127.0.0.1:8000, CGI on) is reached through
+/// `/v1/conversations/{id}/ports/8000/...` with the caller's key and through a signed link
+/// with none. Attacks and limits:
+/// - the program in the sandbox never sees the caller's key or the link's token (a CGI script
+///   prints every header it was sent);
+/// - another tenant's key, a tampered link and a link whose conversation was destroyed reach
+///   nothing;
+/// - a conversation's relays are capped (`--max-relays-per-conversation 3`): with 3 slow
+///   requests in flight the 4th is refused 429 at once, and the next after them is served;
+/// - a port nothing listens on is 502, a port out of range 400.
+///
+/// On runtimes whose sandboxes run no agent (host, aio), both routes refuse with 503
+/// `runtime_unavailable`, and the sandbox's network stays closed to the host either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_in_the_sandbox_is_previewed_through_serve_with_a_key_or_a_signed_link() {
+    let busybox = static_busybox();
+    for rt in exact::runtimes("preview") {
+        let name = rt.name;
+        let relays = matches!(name, "isolated" | "opensandbox");
+        let key = create_key(&rt.data, "default");
+        let stranger = create_key(&rt.data, "stranger");
+        let served =
+            Served::start_with(&rt.data, &[("SESSIONBOX_MAX_RELAYS_PER_CONVERSATION", "3")]);
+        let base = format!("{}/v1/conversations/web", served.base);
+        let client = Client::builder()
+            .timeout(Duration::from_secs(60))
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let put = async |path: &str, body: Vec<u8>| {
+            let r = client
+                .put(format!("{base}/files/{path}"))
+                .bearer_auth(&key)
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::NO_CONTENT, "{name}: put {path}");
+        };
+        let marker = format!("preview of {name} {}", std::process::id());
+        put("site/index.html", marker.clone().into_bytes()).await;
+        put(
+            "site/cgi-bin/env",
+            b"#!/bin/sh\nprintf 'Content-Type: text/plain\\r\\n\\r\\n'\nenv\n".to_vec(),
+        )
+        .await;
+        put(
+            "site/cgi-bin/slow",
+            b"#!/bin/sh\nsleep 3\nprintf 'Content-Type: text/plain\\r\\n\\r\\nslow\\n'\n".to_vec(),
+        )
+        .await;
+        if !relays {
+            let r = client
+                .get(format!("{base}/ports/8000/index.html"))
+                .bearer_auth(&key)
+                .send()
+                .await
+                .unwrap();
+            let (st, v) = json_of(r).await;
+            assert_eq!(
+                (st, v["code"].as_str()),
+                (StatusCode::SERVICE_UNAVAILABLE, Some("runtime_unavailable")),
+                "{name}: {v}"
+            );
+            let r = client
+                .post(format!("{base}/previews"))
+                .bearer_auth(&key)
+                .json(&json!({"port": 8000}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE, "{name}");
+            let r = client.delete(&base).bearer_auth(&key).send().await.unwrap();
+            assert!(r.status().is_success(), "{name}: destroy {}", r.status());
+            served.stop();
+            continue;
+        }
+        let Some(busybox) = &busybox else {
+            panic!("{name}: no static busybox (scripts/opensandbox-up keeps one)");
+        };
+        put(".bin/busybox", busybox.clone()).await;
+        let r = client
+            .post(format!("{base}/exec"))
+            .bearer_auth(&key)
+            .json(&json!({
+                "command": "chmod +x .bin/busybox site/cgi-bin/*; \
+                            exec ./.bin/busybox httpd -f -p 127.0.0.1:8000 -h site",
+                "background": true
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::ACCEPTED, "{name}");
+
+        // With the key: the page, once the server listens.
+        let page = format!("{base}/ports/8000/index.html");
+        let started = std::time::Instant::now();
+        let response = loop {
+            let r = client.get(&page).bearer_auth(&key).send().await.unwrap();
+            if r.status() == StatusCode::OK || started.elapsed() > Duration::from_secs(30) {
+                break r;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let status = response.status();
+        if status != StatusCode::OK {
+            panic!("{name}: {status}: {}", response.text().await.unwrap());
+        }
+        let csp = response
+            .headers()
+            .get("content-security-policy")
+            .map(|v| v.to_str().unwrap().to_owned());
+        assert!(
+            csp.as_deref()
+                .is_some_and(|c| c.starts_with("sandbox ") && !c.contains("allow-same-origin")),
+            "{name}: a preview runs in an opaque origin: {csp:?}"
+        );
+        assert_eq!(response.text().await.unwrap(), marker, "{name}");
+        // Without its slash the prefix redirects, so relative links resolve under it.
+        let r = client
+            .get(format!("{base}/ports/8000"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::PERMANENT_REDIRECT, "{name}");
+        assert_eq!(
+            r.headers()["location"],
+            "/v1/conversations/web/ports/8000/",
+            "{name}"
+        );
+        // The program sees the request, never the key.
+        let env = client
+            .get(format!("{base}/ports/8000/cgi-bin/env?q=1"))
+            .bearer_auth(&key)
+            .header("x-custom", "passed")
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(env.contains("QUERY_STRING=q=1"), "{name}: {env}");
+        assert!(env.contains("HTTP_X_CUSTOM=passed"), "{name}: {env}");
+        assert!(
+            !env.contains(&key),
+            "{name}: the key reached the sandbox: {env}"
+        );
+        assert!(!env.contains("HTTP_AUTHORIZATION"), "{name}: {env}");
+        assert!(
+            env.contains("HTTP_X_FORWARDED_PREFIX=/v1/conversations/web/ports/8000"),
+            "{name}: {env}"
+        );
+        // Another tenant's key reaches nothing: its conversation "web" does not exist.
+        let r = client
+            .get(&page)
+            .bearer_auth(&stranger)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::NOT_FOUND, "{name}");
+        // Ports nothing listens on, and ports that are not ports.
+        let r = client
+            .get(format!("{base}/ports/8001/"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_GATEWAY, "{name}");
+        for bad in ["0", "65536", "http"] {
+            let r = client
+                .get(format!("{base}/ports/{bad}/"))
+                .bearer_auth(&key)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{name}: port {bad}");
+        }
+
+        // A signed link: no key needed, the token never reaches the program.
+        let (st, link) = json_of(
+            client
+                .post(format!("{base}/previews"))
+                .bearer_auth(&key)
+                .json(&json!({"port": 8000, "ttl_secs": 600}))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(st, StatusCode::OK, "{name}: {link}");
+        let path = link["path"].as_str().unwrap().to_owned();
+        assert!(
+            path.starts_with("/v1/previews/") && path.ends_with('/'),
+            "{path}"
+        );
+        let token = path
+            .trim_start_matches("/v1/previews/")
+            .trim_end_matches('/');
+        let r = client
+            .get(format!("{}{path}index.html", served.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{name}");
+        assert_eq!(r.text().await.unwrap(), marker, "{name}");
+        let env = client
+            .get(format!("{}{path}cgi-bin/env", served.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(env.contains("REQUEST_METHOD=GET"), "{name}: {env}");
+        assert!(
+            !env.contains(token),
+            "{name}: the link's token reached the sandbox"
+        );
+        // A tampered link, and a link the stranger asks for this conversation, reach nothing.
+        let mut forged = token.to_owned();
+        let last = forged.pop().unwrap();
+        forged.push(if last == 'A' { 'B' } else { 'A' });
+        let r = client
+            .get(format!("{}/v1/previews/{forged}/index.html", served.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{name}");
+        let r = client
+            .post(format!("{base}/previews"))
+            .bearer_auth(&stranger)
+            .json(&json!({"port": 8000}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::NOT_FOUND, "{name}");
+        let r = client
+            .post(format!("{base}/previews"))
+            .bearer_auth(&key)
+            .json(&json!({"port": 8000, "ttl_secs": 100_000}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{name}");
+
+        // The relay cap: three slow requests hold the conversation's three slots; a fourth is
+        // refused at once; once they end, the next is served.
+        let slow = format!("{base}/ports/8000/cgi-bin/slow");
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            let request = client.get(&slow).bearer_auth(&key).send();
+            held.push(tokio::spawn(async move {
+                let r = request.await.unwrap();
+                (r.status(), r.text().await.unwrap())
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let refused_at = std::time::Instant::now();
+        let (st, v) = json_of(client.get(&page).bearer_auth(&key).send().await.unwrap()).await;
+        assert_eq!(
+            (st, v["code"].as_str()),
+            (StatusCode::TOO_MANY_REQUESTS, Some("busy")),
+            "{name}: {v}"
+        );
+        assert!(
+            refused_at.elapsed() < Duration::from_secs(1),
+            "{name}: not refused at once"
+        );
+        for h in held {
+            let (st, body) = h.await.unwrap();
+            assert_eq!((st, body.as_str()), (StatusCode::OK, "slow\n"), "{name}");
+        }
+        let r = client.get(&page).bearer_auth(&key).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{name}: the slots came back");
+
+        // Destroyed, the conversation's link reaches nothing.
+        let r = client.delete(&base).bearer_auth(&key).send().await.unwrap();
+        assert!(r.status().is_success(), "{name}: destroy {}", r.status());
+        let r = client
+            .get(format!("{}{path}index.html", served.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::NOT_FOUND, "{name}");
         served.stop();
     }
 }

@@ -13,7 +13,7 @@ use sessionbox_core::{
 
 use super::schema::{
     BashArgs, DEFAULT_NETWORK_VERDICTS, EditArgs, GlobArgs, GrepArgs, LsArgs, MAX_NETWORK_VERDICTS,
-    NetworkArgs, ReadArgs, SkillArgs, WriteArgs, args,
+    NetworkArgs, PreviewArgs, ReadArgs, SkillArgs, WriteArgs, args,
 };
 use super::{Caller, Tools};
 use crate::AppState;
@@ -97,6 +97,24 @@ impl Tools {
             })?;
             return Self::network(state, conv, a).await;
         }
+        if name == "preview" {
+            // Issues a link: the conversation is opened only to learn that it exists and
+            // runs an agent; nothing in it changes.
+            let a: PreviewArgs = args(name, a)?;
+            let link = crate::routes::preview::issue_link(state, conv, a.port, a.ttl_secs).await?;
+            return Ok(format!(
+                "Port {} of this sandbox is reachable at this server's path {} (open it in a \
+                 browser, no key needed; relative links work, absolute ones (/...) do not) until \
+                 {}. Whoever has the link can see what that port serves: give it only to the \
+                 user. Nothing answers until a command in the sandbox listens on the port (on \
+                 127.0.0.1 or 0.0.0.0), e.g. run `python3 -m http.server {} &` with bash.",
+                link.port,
+                link.path,
+                link.expires_at
+                    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                link.port
+            ));
+        }
         let op = match name {
             "bash" => {
                 let b: BashArgs = args(name, a)?;
@@ -152,7 +170,7 @@ impl Tools {
             }
             other => {
                 return Err(Error::InvalidRequest(format!(
-                    "no tool named {other:?}; the tools are bash, read, write, edit, ls, glob, grep, skill, network"
+                    "no tool named {other:?}; the tools are bash, read, write, edit, ls, glob, grep, skill, network, preview"
                 )));
             }
         };

@@ -132,6 +132,24 @@ pub(super) fn tools() -> Vec<Tool> {
             })),
         ),
         Tool::new(
+            "preview",
+            "Get a link that shows the user what a program in this sandbox serves on a port \
+             (a web app, a dev server, a report): start the server with bash first (in the \
+             background, listening on the port), then call this and give the user the link. \
+             The link works without a key until it expires.",
+            schema(json!({
+                "type": "object",
+                "properties": {
+                    "port": {"type": "integer", "minimum": 1, "maximum": 65535,
+                             "description": "The port the program listens on inside the sandbox."},
+                    "ttl_secs": {"type": "integer", "minimum": 1, "maximum": crate::routes::preview::MAX_LINK_TTL_SECS,
+                                 "description": "How long the link works, in seconds (default 900)."}
+                },
+                "required": ["port"],
+                "additionalProperties": false
+            })),
+        ),
+        Tool::new(
             "grep",
             "Search file contents with a regular expression (Rust regex syntax).",
             schema(json!({
@@ -201,6 +219,13 @@ pub(super) struct SkillArgs {
 #[serde(deny_unknown_fields)]
 pub(super) struct NetworkArgs {
     pub(super) limit: Option<usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PreviewArgs {
+    pub(super) port: u16,
+    pub(super) ttl_secs: Option<u64>,
 }
 
 #[derive(Deserialize)]

@@ -12,13 +12,14 @@ pub(crate) mod exec;
 pub(crate) mod files;
 pub(crate) mod fs;
 pub(crate) mod health;
+pub(crate) mod preview;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::middleware::from_fn_with_state;
 use axum::response::Response;
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use sessionbox_core::{ConversationId, ConversationRef};
 
 use crate::audit::Audited;
@@ -45,6 +46,13 @@ pub fn router(state: AppState) -> Router {
                 .delete(conversations::destroy),
         )
         .route(&at("/exec"), post(exec::exec))
+        .route(&at("/previews"), post(preview::link))
+        .route(&at("/ports/{port}"), any(preview::by_key))
+        .route(&at("/ports/{port}/"), any(preview::by_key))
+        .route(&at("/ports/{port}/{*rest}"), any(preview::by_key))
+        .route("/v1/previews/{token}", any(preview::by_link))
+        .route("/v1/previews/{token}/", any(preview::by_link))
+        .route("/v1/previews/{token}/{*rest}", any(preview::by_link))
         .route(&at("/commands"), get(commands::list))
         .route(
             &at("/commands/{cmd}"),
