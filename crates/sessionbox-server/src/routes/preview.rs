@@ -33,6 +33,7 @@ use crate::AppState;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::extract::{JsonBody, PathArgs};
+use crate::openapi::ConversationErrors;
 use crate::relay;
 use crate::views::ErrorBody;
 
@@ -270,10 +271,7 @@ pub(crate) async fn issue_link(
     operation_id = "create_preview_link",
     params(("id" = String, Path, description = "conversation id")),
     request_body = PreviewLinkRequest,
-    responses((status = 200, body = PreviewLinkView),
-              (status = 400, description = "invalid input", body = ErrorBody),
-              (status = 404, description = "no such conversation", body = ErrorBody),
-              (status = 503, description = "no preview key, or the runtime runs no agent", body = ErrorBody)))]
+    responses((status = 200, body = PreviewLinkView), ConversationErrors))]
 pub(crate) async fn link(
     State(state): State<AppState>,
     principal: Principal,
