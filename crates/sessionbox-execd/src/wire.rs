@@ -49,6 +49,15 @@ pub const DIRECTORIES: &str = "/directories";
 /// `GET`: a snapshot of CPU and memory use.
 pub const METRICS: &str = "/metrics";
 
+/// The agent's path for `rest` (no leading `/`) on `port` inside the sandbox, with `query`
+/// as sent: upstream's reverse proxy, `/proxy/{port}/{rest}[?query]`.
+pub fn proxy_path(port: u16, rest: &str, query: Option<&str>) -> String {
+    match query {
+        Some(q) => format!("/proxy/{port}/{rest}?{q}"),
+        None => format!("/proxy/{port}/{rest}"),
+    }
+}
+
 /// Query parameter names.
 pub mod query {
     /// Command id for `DELETE /command` (the spec calls it a session id; it is the command id

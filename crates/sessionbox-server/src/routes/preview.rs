@@ -61,16 +61,6 @@ fn port_of(s: &str) -> Result<u16, Error> {
         })
 }
 
-/// The agent path for `port`, the part of the request path after the preview's prefix, and
-/// the query as sent.
-fn agent_path(port: u16, rest: Option<&str>, query: Option<&str>) -> String {
-    let rest = rest.unwrap_or("");
-    match query {
-        Some(q) => format!("/proxy/{port}/{rest}?{q}"),
-        None => format!("/proxy/{port}/{rest}"),
-    }
-}
-
 /// Relays `request` to `port` of `conv`, in one of its relay slots; `prefix` (the path the
 /// app is served under) goes to the app as `X-Forwarded-Prefix` when it holds no secret.
 async fn relay_to(
@@ -83,7 +73,7 @@ async fn relay_to(
 ) -> Result<Response, Error> {
     let slot = state.relays.slot(&conv.key)?;
     let link = relay::agent_link(state, conv, Operation::Attach, "previews").await?;
-    let path = agent_path(port, rest, request.uri().query());
+    let path = sessionbox_execd::wire::proxy_path(port, rest.unwrap_or(""), request.uri().query());
     relay::without(request.headers_mut(), &CREDENTIALS);
     if let Some(prefix) = prefix.and_then(|p| HeaderValue::from_str(&p).ok()) {
         request
@@ -307,6 +297,9 @@ mod tests {
         );
         assert_eq!(slash_rest("/v1/conversations/a/ports/80/", p), Some(""));
         assert_eq!(slash_rest("/v1/conversations/a/ports/80", p), None);
-        assert_eq!(agent_path(80, Some("x"), Some("q=1")), "/proxy/80/x?q=1");
+        assert_eq!(
+            sessionbox_execd::wire::proxy_path(80, "x", Some("q=1")),
+            "/proxy/80/x?q=1"
+        );
     }
 }
