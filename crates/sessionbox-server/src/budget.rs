@@ -12,6 +12,11 @@
 //! refused at once with `busy` (429) naming the limit: the server refuses new work instead of
 //! growing. A command that could never fit (twice its `output_limit` above a limit) is
 //! `too_large` (413). Nothing is opened or created before the reservation is made.
+//!
+//! A file read's body is counted in the same budget, from the moment it is read until the
+//! client has taken its last byte ([`OutputBudget::reserve_body`]): a client that reads slowly
+//! or not at all keeps the file in the server's memory that long, so a tenant's slow readers
+//! are refused (429) before they can make the server hold more than its limit.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -86,22 +91,57 @@ impl OutputBudget {
                 });
             }
         }
+        self.take(
+            tenant,
+            bytes,
+            "(2 × output_limit)",
+            "or ask for a smaller output_limit",
+        )
+    }
+
+    /// Reserves the `bytes` of a response body of `tenant` (a file being sent), until the
+    /// reservation is dropped.
+    ///
+    /// # Errors
+    /// [`Error::Busy`] naming the limit the reservation would pass (wait for a transfer or a
+    /// command to end, or read the file in ranges).
+    pub(crate) fn reserve_body(
+        self: &Arc<Self>,
+        tenant: &TenantId,
+        bytes: usize,
+    ) -> Result<Reservation, Error> {
+        let bytes = u64::try_from(bytes).unwrap_or(u64::MAX);
+        self.take(
+            tenant,
+            bytes,
+            "(a file being sent)",
+            "or read the file in ranges (Range: bytes=A-B)",
+        )
+    }
+
+    /// Takes `bytes` for `tenant` if both limits allow; `what` and `instead` finish the refusal.
+    fn take(
+        self: &Arc<Self>,
+        tenant: &TenantId,
+        bytes: u64,
+        what: &str,
+        instead: &str,
+    ) -> Result<Reservation, Error> {
         let mut used = self.lock();
         let mine = used.tenants.get(tenant).copied().unwrap_or(0);
-        if mine + bytes > self.per_tenant {
+        if mine.saturating_add(bytes) > self.per_tenant {
             return Err(Error::Busy(format!(
                 "{PER_TENANT_KEY} = {} bytes reached: this tenant's running commands and \
-                 requests already reserve {mine} bytes of output and this one needs {bytes} (2 × \
-                 output_limit); wait for one to end or kill a background command, or ask for a \
-                 smaller output_limit",
+                 requests already reserve {mine} bytes of output and this one needs {bytes} \
+                 {what}; wait for one to end or kill a background command, {instead}",
                 self.per_tenant
             )));
         }
-        if used.total + bytes > self.total {
+        if used.total.saturating_add(bytes) > self.total {
             return Err(Error::Busy(format!(
                 "{TOTAL_KEY} = {} bytes reached: the server's running commands and requests \
-                 already reserve {} bytes of output and this one needs {bytes} (2 × \
-                 output_limit); retry later, or ask for a smaller output_limit",
+                 already reserve {} bytes of output and this one needs {bytes} {what}; retry \
+                 later, {instead}",
                 self.total, used.total
             )));
         }

@@ -41,6 +41,7 @@ mod audit;
 mod auth;
 mod budget;
 mod commands;
+mod connections;
 mod conversation;
 mod error;
 mod extract;
@@ -110,7 +111,22 @@ pub struct ServerConfig {
     /// terminals, watches; default [`DEFAULT_MAX_RELAYS_PER_CONVERSATION`]); one more is
     /// refused with 429 `busy`.
     pub max_relays_per_conversation: usize,
+    /// Most connections open at once (default [`DEFAULT_MAX_CONNECTIONS`]); one more is closed
+    /// as soon as it is accepted.
+    pub max_connections: usize,
+    /// Most connections open at once from one IP address (default
+    /// [`DEFAULT_MAX_CONNECTIONS_PER_SOURCE`]); behind a reverse proxy every client shares the
+    /// proxy's address, so set it to `max_connections` there.
+    pub max_connections_per_source: usize,
+    /// How long a request's head (request line and headers) may take to arrive, from the
+    /// connection's start or the previous response (default 15 s).
+    pub header_read_timeout: std::time::Duration,
 }
+
+/// Default of [`ServerConfig::max_connections`]: 4096.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Default of [`ServerConfig::max_connections_per_source`]: 1024, a quarter of the total.
+pub const DEFAULT_MAX_CONNECTIONS_PER_SOURCE: usize = 1024;
 
 /// Default of [`ServerConfig::max_relays_per_conversation`]: 32 (a browser opens about six
 /// connections per host; a few tabs of a preview and a few terminals fit).
@@ -138,6 +154,9 @@ impl Default for ServerConfig {
             max_mcp_sessions_per_tenant: DEFAULT_MAX_MCP_SESSIONS_PER_TENANT,
             preview_key: None,
             max_relays_per_conversation: DEFAULT_MAX_RELAYS_PER_CONVERSATION,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_source: DEFAULT_MAX_CONNECTIONS_PER_SOURCE,
+            header_read_timeout: std::time::Duration::from_secs(15),
         }
     }
 }
@@ -279,22 +298,33 @@ pub fn check_transport(addr: &SocketAddr, tls: bool, insecure_plain_http: bool) 
 }
 
 /// Serves `state` on `listener` (a [`tokio::net::TcpListener`], or a [`tls::TlsListener`])
-/// until `shutdown` completes, then finishes the requests in flight.
+/// until `shutdown` completes, then finishes the requests in flight. Connections are capped
+/// in all and per source address, and a request's head must arrive within
+/// [`ServerConfig::header_read_timeout`] (see the `connections` module).
 ///
 /// # Errors
-/// The listener's I/O errors.
+/// None today: accept errors are logged and retried; the `Result` keeps room for listener
+/// failures.
 pub async fn serve<L>(
     listener: L,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()>
 where
-    L: axum::serve::Listener,
-    L::Addr: std::fmt::Debug,
+    L: axum::serve::Listener<Addr = std::net::SocketAddr>,
 {
-    let result = axum::serve(listener, router(state.clone()))
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let caps = connections::Caps::new(
+        state.config.max_connections,
+        state.config.max_connections_per_source,
+    );
+    connections::serve(
+        listener,
+        router(state.clone()),
+        caps,
+        state.config.header_read_timeout,
+        shutdown,
+    )
+    .await;
     state.flush_audit().await;
-    result
+    Ok(())
 }

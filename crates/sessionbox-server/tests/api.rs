@@ -1314,6 +1314,9 @@ async fn the_openapi_document_lists_every_route_and_matches_the_responses() {
             ("/v1/egress-log".into(), "get"),
             (format!("{c}/egress-log"), "get"),
             ("/metrics".into(), "get"),
+            (format!("{c}/previews"), "post"),
+            (format!("{c}/ports/{{port}}/{{path}}"), "get"),
+            ("/v1/previews/{token}/{path}".into(), "get"),
         ];
         let mut count = 0;
         for (path, ops) in doc["paths"].as_object().unwrap() {

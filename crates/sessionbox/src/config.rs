@@ -93,6 +93,12 @@ pub struct ServeSection {
     pub max_mcp_sessions_per_tenant: Option<usize>,
     /// Most previews, terminals and watches relayed to one conversation at once; default 32.
     pub max_relays_per_conversation: Option<usize>,
+    /// Most connections open at once; default 4096.
+    pub max_connections: Option<usize>,
+    /// Most connections open at once from one IP address; default 1024.
+    pub max_connections_per_source: Option<usize>,
+    /// Seconds a request's head may take to arrive; default 15.
+    pub header_read_timeout_secs: Option<u64>,
     /// PEM certificate chain for HTTPS (with `tls_key`); reloaded on SIGHUP and on change.
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of `tls_cert`.

@@ -61,6 +61,20 @@ pub(crate) struct ServeArgs {
     /// max_relays_per_conversation`, else 32.
     #[arg(long, env = "SESSIONBOX_MAX_RELAYS_PER_CONVERSATION", value_name = "N")]
     max_relays_per_conversation: Option<usize>,
+    /// Most connections open at once; one more is closed as soon as it is accepted. Default:
+    /// `[serve] max_connections`, else 4096.
+    #[arg(long, env = "SESSIONBOX_MAX_CONNECTIONS", value_name = "N")]
+    max_connections: Option<usize>,
+    /// Most connections open at once from one IP address (behind a reverse proxy, set it to
+    /// --max-connections: every client shares the proxy's address). Default: `[serve]
+    /// max_connections_per_source`, else 1024.
+    #[arg(long, env = "SESSIONBOX_MAX_CONNECTIONS_PER_SOURCE", value_name = "N")]
+    max_connections_per_source: Option<usize>,
+    /// Seconds a request's head may take to arrive (from the connection's start or the
+    /// previous response); then the connection is closed. Default: `[serve]
+    /// header_read_timeout_secs`, else 15.
+    #[arg(long, env = "SESSIONBOX_HEADER_READ_TIMEOUT_SECS", value_name = "SECS")]
+    header_read_timeout_secs: Option<u64>,
     /// Serve HTTPS with this PEM certificate chain (the server's certificate first); needs
     /// --tls-key. Both files are read again on SIGHUP and when they change; a pair that does
     /// not load is logged and the previous one stays. Default: `[serve] tls_cert`.
@@ -172,6 +186,22 @@ pub(crate) async fn run(
             .or(file.max_relays_per_conversation)
             .unwrap_or(sessionbox_server::DEFAULT_MAX_RELAYS_PER_CONVERSATION)
             .max(1),
+        max_connections: args
+            .max_connections
+            .or(file.max_connections)
+            .unwrap_or(sessionbox_server::DEFAULT_MAX_CONNECTIONS)
+            .max(1),
+        max_connections_per_source: args
+            .max_connections_per_source
+            .or(file.max_connections_per_source)
+            .unwrap_or(sessionbox_server::DEFAULT_MAX_CONNECTIONS_PER_SOURCE)
+            .max(1),
+        header_read_timeout: std::time::Duration::from_secs(
+            args.header_read_timeout_secs
+                .or(file.header_read_timeout_secs)
+                .unwrap_or(15)
+                .max(1),
+        ),
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

@@ -1006,3 +1006,184 @@ async fn a_port_in_the_sandbox_is_previewed_through_serve_with_a_key_or_a_signed
         served.stop();
     }
 }
+
+/// Open file descriptors of process `pid`.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// A data directory whose conversations run on the `host` runtime (what these tests attack is
+/// the server, not a sandbox).
+fn host_data(dir: &Path) -> std::path::PathBuf {
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("sessionbox.toml"), "runtime = \"host\"\n").unwrap();
+    data
+}
+
+/// The attack (found by issue 19's review): open connections that send half a request head
+/// and never the rest, until `serve` runs out of file descriptors and every other client (and
+/// its own garbage collection) fails. Now one source holds at most
+/// `--max-connections-per-source` (20 here) connections, the rest are closed as soon as they are
+/// accepted, a head that does not arrive within `--header-read-timeout-secs` (2 here) ends its
+/// connection, and another source is served throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_request_heads_cannot_take_every_connection_of_serve() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let d = tempfile::tempdir().unwrap();
+    let data = host_data(d.path());
+    let served = Served::start_with(
+        &data,
+        &[
+            ("SESSIONBOX_MAX_CONNECTIONS_PER_SOURCE", "20"),
+            ("SESSIONBOX_HEADER_READ_TIMEOUT_SECS", "2"),
+        ],
+    );
+    let pid = served.child.id();
+    let addr = served.base.trim_start_matches("http://").to_owned();
+    let fds_before = open_fds(pid);
+    // 200 connections from 127.0.0.1, each with half a head.
+    let mut held = Vec::new();
+    for _ in 0..200 {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let _ = s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").await;
+        held.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Those past the cap were closed at once: a read ends (EOF or reset) without waiting.
+    let mut closed = 0;
+    let mut open = Vec::new();
+    for mut s in held {
+        let mut b = [0u8; 64];
+        match tokio::time::timeout(Duration::from_millis(50), s.read(&mut b)).await {
+            Ok(Ok(0) | Err(_)) => closed += 1,
+            Ok(Ok(_)) => panic!("a half-sent head got an answer"),
+            Err(_) => open.push(s),
+        }
+    }
+    assert_eq!(
+        open.len(),
+        20,
+        "one source keeps exactly its cap ({closed} closed)"
+    );
+    let fds_during = open_fds(pid);
+    assert!(
+        fds_during < fds_before + 40,
+        "serve holds {fds_during} descriptors during the attack ({fds_before} before)"
+    );
+    // Another source is served meanwhile.
+    let other = Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let r = other
+        .get(format!("{}/healthz", served.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    // The held ones end when their head's time is up.
+    let started = std::time::Instant::now();
+    for mut s in open {
+        let mut b = [0u8; 256];
+        let ended = tokio::time::timeout(Duration::from_secs(5), s.read(&mut b)).await;
+        assert!(
+            matches!(ended, Ok(Ok(_) | Err(_))),
+            "a half-sent head outlived the header timeout"
+        );
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // And the attacking source is served again once it behaves.
+    let r = Client::new()
+        .get(format!("{}/healthz", served.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    served.stop();
+}
+
+/// The attack (found by issue 19's review): many requests for a large file whose responses are
+/// never read, so `serve` holds each whole file in memory for as long as the client waits (30
+/// readers of a 64 MiB file made it hold 2 GB). Now a file being sent holds its bytes in the
+/// tenant's output budget (`SESSIONBOX_MAX_OUTPUT_BYTES_PER_TENANT`, 64 MiB here) until the
+/// client has taken them: with four 16 MiB reads unread, the fifth is 429 `busy`; another
+/// tenant still reads; once one reader drains its body, a read is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_readers_cannot_make_serve_hold_files_without_bound() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let d = tempfile::tempdir().unwrap();
+    let data = host_data(d.path());
+    let key = create_key(&data, "default");
+    let other_key = create_key(&data, "other");
+    let served = Served::start_with(
+        &data,
+        &[("SESSIONBOX_MAX_OUTPUT_BYTES_PER_TENANT", "67108864")],
+    );
+    let addr = served.base.trim_start_matches("http://").to_owned();
+    let client = Client::new();
+    let big: Vec<u8> = (0..16 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    for k in [&key, &other_key] {
+        let r = client
+            .put(format!(
+                "{}/v1/conversations/big/files/big.bin",
+                served.base
+            ))
+            .bearer_auth(k)
+            .body(big.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    }
+    // A reader that sends its request and reads only the status line.
+    let slow = async |k: &str| {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let head = format!(
+            "GET /v1/conversations/big/files/big.bin HTTP/1.1\r\nHost: x\r\n\
+             Authorization: Bearer {k}\r\n\r\n"
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        let mut b = [0u8; 12];
+        s.read_exact(&mut b).await.unwrap();
+        (String::from_utf8_lossy(&b[9..12]).into_owned(), s)
+    };
+    let mut readers = Vec::new();
+    for i in 0..4 {
+        let (status, s) = slow(&key).await;
+        assert_eq!(status, "200", "reader {i} fits the budget");
+        readers.push(s);
+    }
+    let (status, _refused) = slow(&key).await;
+    assert_eq!(
+        status, "429",
+        "a fifth 16 MiB body is past the tenant's 64 MiB"
+    );
+    // Another tenant's budget is its own.
+    let r = client
+        .get(format!(
+            "{}/v1/conversations/big/files/big.bin",
+            served.base
+        ))
+        .bearer_auth(&other_key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.bytes().await.unwrap().len(), big.len());
+    // One reader drains its body: its bytes leave the budget, and a read fits again.
+    let mut first = readers.remove(0);
+    let mut sink = vec![0u8; 1 << 20];
+    let mut got = 0usize;
+    while got < big.len() {
+        let n = first.read(&mut sink).await.unwrap();
+        assert!(n > 0, "the body ended early");
+        got += n;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, _) = slow(&key).await;
+    assert_eq!(status, "200", "the drained body gave its bytes back");
+    drop(readers);
+    served.stop();
+}

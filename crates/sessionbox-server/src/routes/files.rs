@@ -165,14 +165,19 @@ pub(crate) async fn read(
             response_headers.insert(header::CONTENT_DISPOSITION, disposition(&path));
         }
         match byte_range(&headers, len) {
-            Ok(None) => Ok((StatusCode::OK, response_headers, data).into_response()),
+            Ok(None) => {
+                let body = budgeted(&state, &conv, data)?;
+                Ok((StatusCode::OK, response_headers, body).into_response())
+            }
             Ok(Some((start, end))) => {
                 let content_range = format!("bytes {start}-{end}/{len}");
                 if let Ok(value) = HeaderValue::from_str(&content_range) {
                     response_headers.insert(header::CONTENT_RANGE, value);
                 }
                 let part = data[start as usize..=end as usize].to_vec();
-                Ok((StatusCode::PARTIAL_CONTENT, response_headers, part).into_response())
+                drop(data);
+                let body = budgeted(&state, &conv, part)?;
+                Ok((StatusCode::PARTIAL_CONTENT, response_headers, body).into_response())
             }
             Err(()) => {
                 let mut response = ApiError::new(
@@ -189,6 +194,36 @@ pub(crate) async fn read(
         }
     })
     .await
+}
+
+/// A body of `data` that holds its bytes in the tenant's output budget until the client has
+/// taken the last of them (hyper drops the buffer then), so slow readers cannot make the server
+/// hold files without bound (see [`crate::budget`]).
+///
+/// # Errors
+/// `busy` when the tenant's or the server's budget has no room for `data` now.
+fn budgeted(
+    state: &AppState,
+    conv: &sessionbox_core::ConversationRef,
+    data: Vec<u8>,
+) -> Result<bytes::Bytes, sessionbox_core::Error> {
+    let reservation = state.budget.reserve_body(&conv.tenant, data.len())?;
+    Ok(bytes::Bytes::from_owner(Held {
+        data,
+        _reservation: reservation,
+    }))
+}
+
+/// A file's bytes and their place in the budget, released together.
+struct Held {
+    data: Vec<u8>,
+    _reservation: crate::budget::Reservation,
+}
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
 }
 
 /// Writes a file atomically from the raw body, creating parents (and the conversation).
