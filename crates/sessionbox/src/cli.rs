@@ -329,7 +329,7 @@ pub(crate) enum ManagerCommand {
     /// tenant. A loopback server with no API key in the store serves requests without a key as
     /// --tenant; any other listen address is refused until a key exists.
     #[command(display_order = 23)]
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// List the tenant's skills (name and description), or print one skill's SKILL.md body.
     ///
     /// Skills directories come from `[skills.tenants]` in sessionbox.toml, or for the default

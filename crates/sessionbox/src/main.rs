@@ -222,7 +222,7 @@ async fn manager_command(
             verify::run(&verify::Target::Local(app), &app.tenant, args).await
         }
         ManagerCommand::Serve(args) => {
-            serve::run(app, args, &settings.file.serve, &settings.data_dir).await
+            serve::run(app, *args, &settings.file.serve, &settings.data_dir).await
         }
         ManagerCommand::Skills { name } => skills::run(app, name).await,
         ManagerCommand::Conversations { all_tenants, json } => {
