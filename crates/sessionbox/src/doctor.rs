@@ -69,6 +69,13 @@ pub(crate) async fn run(
         limits.ptys
     );
     let disk_ok = print_disk(file.isolated.disk_quota());
+    outln!(
+        "  relays       at most {} previews open per conversation through serve ([serve] \
+         max_relays_per_conversation)",
+        file.serve
+            .max_relays_per_conversation
+            .unwrap_or(sessionbox_server::DEFAULT_MAX_RELAYS_PER_CONVERSATION)
+    );
     outln!();
     let refused = report.decision == Decision::Refuse;
     let isolated_ok = missing == 0 && !refused && disk_ok;
