@@ -26,6 +26,10 @@ use sessionbox_execd::hop::{set_upgrade, strip_hop_by_hop, upgrade_of};
 
 use crate::AppState;
 
+/// How often a look for the agent's address retries while a running command's reader places
+/// are taken (20 ms apart).
+const BUSY_RETRIES: u32 = 50;
+
 /// The link to `conv`'s agent, opened for `operation`; `what` names the relay in the refusal
 /// of a runtime without an agent ("terminals", "previews", ...).
 ///
@@ -38,9 +42,21 @@ pub(crate) async fn agent_link(
     operation: Operation,
     what: &str,
 ) -> Result<AgentLink> {
-    let access = state
-        .with_conversation(conv, operation, async |opened| opened.conv.agent())
-        .await?;
+    // Beside a running command the look takes one of its few reader places for a moment;
+    // a page loading its assets at once may find them taken, and need only wait that moment.
+    let mut tries = 0;
+    let access = loop {
+        match state
+            .with_conversation(conv, operation, async |opened| opened.conv.agent())
+            .await
+        {
+            Err(Error::Busy(_)) if tries < BUSY_RETRIES && state.running.is_running(&conv.key) => {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            other => break other?,
+        }
+    };
     let Some(access) = access else {
         return Err(sessionbox_core::no_agent(
             &state.manager.runtime().info().name,

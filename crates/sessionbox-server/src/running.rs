@@ -144,6 +144,12 @@ impl Running {
         }))
     }
 
+    /// True while a foreground command of `key` has its session published.
+    pub(crate) fn is_running(&self, key: &ConversationKey) -> bool {
+        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        map.contains_key(key)
+    }
+
     /// Resolves at the next publication of any conversation's session (see
     /// [`Running::reader`]); enable it before looking, so that none is missed.
     pub(crate) fn next_publication(&self) -> tokio::sync::futures::Notified<'_> {
