@@ -30,9 +30,40 @@ const FORWARDED: [(SignalKind, Signal); 6] = [
 ];
 
 /// Runs `program` with `args` as a child and stays PID 1 until it exits; returns its status.
-/// 127 when there is no such program, 126 when it cannot be started otherwise, 1 when the init's own signal handling cannot be set
-/// up (the program is killed first: it never runs unreaped).
+/// 127 when there is no such program, 126 when it cannot be started otherwise, 1 when the
+/// init's own signal handling cannot be set up (then the program is not started, or is killed
+/// at once: it never runs unreaped).
 pub(crate) fn run(program: &OsString, args: impl Iterator<Item = OsString>) -> ExitCode {
+    let supervised = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .and_then(|rt| rt.block_on(start_and_supervise(program, args)));
+    match supervised {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("sessionbox-agent confined-exec: as PID 1: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Installs the handlers, then starts `program`, forwards [`FORWARDED`] to it and reaps every
+/// child until it is reaped. The handlers come first: PID 1 ignores a signal it has no handler
+/// for, so a stop signal sent while the program starts would otherwise be lost; one that
+/// arrives before the program exists waits in its stream and is passed on once it does.
+async fn start_and_supervise(
+    program: &OsString,
+    args: impl Iterator<Item = OsString>,
+) -> std::io::Result<u8> {
+    // The SIGCHLD handler before the child too: a child that ends at once is reaped by the
+    // first pass below, not waited for.
+    let mut child_exited = signal(SignalKind::child())?;
+    let mut streams = Vec::with_capacity(FORWARDED.len());
+    for (kind, sig) in FORWARDED {
+        streams.push((signal(kind)?, sig));
+    }
+    // `std` starts the child with an empty signal mask and default dispositions (exec resets
+    // handled signals), so the handlers above are this process's alone.
     let child = match Command::new(program).args(args).spawn() {
         Ok(child) => child,
         Err(e) => {
@@ -41,38 +72,17 @@ pub(crate) fn run(program: &OsString, args: impl Iterator<Item = OsString>) -> E
                 program.to_string_lossy()
             );
             // As shells and other inits say it: 127 when there is no such program.
-            let code = if e.kind() == std::io::ErrorKind::NotFound {
+            return Ok(if e.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {
                 126
-            };
-            return ExitCode::from(code);
+            });
         }
     };
-    let pid = Pid::from_child(&child);
+    let program = Pid::from_child(&child);
     // The child is reaped below by pid, never through `child.wait()`.
     drop(child);
-    let supervised = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .and_then(|rt| rt.block_on(supervise(pid)));
-    match supervised {
-        Ok(code) => ExitCode::from(code),
-        Err(e) => {
-            eprintln!("sessionbox-agent confined-exec: as PID 1: {e}");
-            let _ = rustix::process::kill_process(pid, Signal::KILL);
-            ExitCode::from(1)
-        }
-    }
-}
-
-/// Forwards [`FORWARDED`] to `program` and reaps every child until `program` is reaped.
-async fn supervise(program: Pid) -> std::io::Result<u8> {
-    // Handlers first, then the first reaping pass: a child that ended before the SIGCHLD
-    // handler existed is reaped by that pass, not waited for.
-    let mut child_exited = signal(SignalKind::child())?;
-    for (kind, sig) in FORWARDED {
-        let mut stream = signal(kind)?;
+    for (mut stream, sig) in streams {
         tokio::spawn(async move {
             while stream.recv().await.is_some() {
                 let _ = rustix::process::kill_process(program, sig);
@@ -84,6 +94,7 @@ async fn supervise(program: Pid) -> std::io::Result<u8> {
             return Ok(code);
         }
         if child_exited.recv().await.is_none() {
+            let _ = rustix::process::kill_process(program, Signal::KILL);
             return Err(std::io::Error::other("the SIGCHLD stream ended"));
         }
     }

@@ -95,3 +95,44 @@ fn the_init_forwards_a_stop_signal_to_the_program() {
     let out = as_pid1("kill -KILL $$").wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(128 + 9));
 }
+
+/// A stop signal sent the moment the program exists is not lost: the init installs its
+/// handlers before it starts the program (PID 1 ignores a signal it has no handler for, so a
+/// signal in that window used to leave the container running until it was killed).
+#[test]
+fn a_stop_signal_at_the_programs_start_still_reaches_it() {
+    for _ in 0..5 {
+        let child = as_pid1("exec sleep 30");
+        let started = Instant::now();
+        let init = loop {
+            let children =
+                std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", child.id()))
+                    .unwrap_or_default();
+            if let Some(pid) = children.split_whitespace().next() {
+                let pid: i32 = pid.parse().unwrap();
+                let has_child = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                    .map(|c| !c.trim().is_empty())
+                    .unwrap_or(false);
+                if has_child {
+                    break pid;
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the init did not start"
+            );
+            std::thread::yield_now();
+        };
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(init).unwrap(),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(128 + 15));
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the signal was lost"
+        );
+    }
+}
