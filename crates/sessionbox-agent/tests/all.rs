@@ -14,4 +14,5 @@ mod files;
 mod http;
 mod init;
 mod proxy;
+mod pty;
 mod sdk;
