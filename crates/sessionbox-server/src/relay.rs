@@ -52,10 +52,26 @@ pub(crate) async fn agent_link(
 ///
 /// # Errors
 /// The link's, when the agent cannot be reached (the caller's answer is then 502).
+#[allow(dead_code)] // The previews' and watches' relays use it (other branches).
 pub(crate) async fn forward(
     link: &AgentLink,
     agent_path: &str,
+    request: Request,
+) -> Result<Response> {
+    forward_then(link, agent_path, request, async {}).await
+}
+
+/// [`forward`], then `after` once the exchange is over: when the tunnel closes after an
+/// upgrade, at once otherwise (and when forwarding fails). For what a relay must clean up in
+/// the agent (a terminal's session).
+///
+/// # Errors
+/// As [`forward`].
+pub(crate) async fn forward_then(
+    link: &AgentLink,
+    agent_path: &str,
     mut request: Request,
+    after: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Response> {
     let upgrade = upgrade_of(request.headers());
     let caller_side = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
@@ -72,22 +88,29 @@ pub(crate) async fn forward(
     *outgoing.method_mut() = parts.method;
     *outgoing.uri_mut() = parts.uri;
     *outgoing.headers_mut() = parts.headers;
-    let mut response = link.send(outgoing).await.map_err(Error::from)?;
+    let mut response = match link.send(outgoing).await {
+        Ok(r) => r,
+        Err(e) => {
+            tokio::spawn(after);
+            return Err(e.into());
+        }
+    };
 
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         let Some(caller_side) = caller_side else {
+            tokio::spawn(after);
             return Err(Error::Backend(
                 "the agent switched protocols without being asked to".into(),
             ));
         };
         let agent_side = hyper::upgrade::on(&mut response);
         tokio::spawn(async move {
-            let (Ok(caller), Ok(agent)) = tokio::join!(caller_side, agent_side) else {
-                return;
-            };
-            let mut caller = TokioIo::new(caller);
-            let mut agent = TokioIo::new(agent);
-            let _ = tokio::io::copy_bidirectional(&mut caller, &mut agent).await;
+            if let (Ok(caller), Ok(agent)) = tokio::join!(caller_side, agent_side) {
+                let mut caller = TokioIo::new(caller);
+                let mut agent = TokioIo::new(agent);
+                let _ = tokio::io::copy_bidirectional(&mut caller, &mut agent).await;
+            }
+            after.await;
         });
         let (mut parts, _) = response.into_parts();
         let upgrade = parts.headers.get(axum::http::header::UPGRADE).cloned();
@@ -97,6 +120,7 @@ pub(crate) async fn forward(
         }
         return Ok(Response::from_parts(parts, Body::empty()));
     }
+    tokio::spawn(after);
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     Ok(Response::from_parts(parts, Body::new(body)))

@@ -156,12 +156,101 @@ impl AgentLink {
             .map_err(|e| connect_error(&e))
     }
 
+    /// `POST /pty`: a new terminal session in the agent (its shell starts when its WebSocket
+    /// opens, at [`crate::pty::socket_path`]); its id.
+    ///
+    /// # Errors
+    /// As [`AgentLink::send`]; [`ExecdError::Status`] for the agent's refusal (400 for a
+    /// working directory outside the workspace, 429 past the agent's limit of terminals);
+    /// [`ExecdError::Protocol`] for an answer without an id.
+    pub async fn create_terminal(
+        &self,
+        request: &crate::pty::CreatePtyRequest,
+    ) -> Result<String, ExecdError> {
+        const OP: &str = "create terminal";
+        let body =
+            serde_json::to_vec(request).map_err(|e| ExecdError::InvalidRequest(e.to_string()))?;
+        let req = Request::post(crate::pty::PTY)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .map_err(|e| ExecdError::InvalidRequest(e.to_string()))?;
+        let (status, body) = self.exchange(OP, req).await?;
+        if !status.is_success() {
+            return Err(status_error(OP, status, &body));
+        }
+        let created: crate::pty::CreatePtyResponse =
+            serde_json::from_slice(&body).map_err(|e| ExecdError::Protocol {
+                operation: OP,
+                reason: e.to_string(),
+            })?;
+        Ok(created.session_id)
+    }
+
+    /// `DELETE /pty/{id}`: ends the terminal's shell and everything it started.
+    ///
+    /// # Errors
+    /// As [`AgentLink::send`]; [`ExecdError::Status`] (404) for an unknown session.
+    pub async fn delete_terminal(&self, id: &str) -> Result<(), ExecdError> {
+        const OP: &str = "delete terminal";
+        let req = Request::delete(crate::pty::session_path(id))
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .map_err(|e| ExecdError::InvalidRequest(e.to_string()))?;
+        let (status, body) = self.exchange(OP, req).await?;
+        if !status.is_success() {
+            return Err(status_error(OP, status, &body));
+        }
+        Ok(())
+    }
+
+    /// Sends `request` and reads the whole answer (bounded: 1 MiB).
+    async fn exchange<B>(
+        &self,
+        op: &'static str,
+        request: Request<B>,
+    ) -> Result<(http::StatusCode, bytes::Bytes), ExecdError>
+    where
+        B: Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        use http_body_util::BodyExt;
+        let response = self.send(request).await?;
+        let status = response.status();
+        let body = http_body_util::Limited::new(response.into_body(), 1 << 20)
+            .collect()
+            .await
+            .map_err(|e| ExecdError::Transport {
+                operation: op,
+                reason: e.to_string(),
+            })?
+            .to_bytes();
+        Ok((status, body))
+    }
+
     /// The endpoint as an error names it (never the token).
     fn endpoint_text(&self) -> String {
         match &self.access.endpoint {
             AgentEndpoint::Unix(p) => p.display().to_string(),
             AgentEndpoint::Http(u) => u.clone(),
         }
+    }
+}
+
+/// An error answer as [`ExecdError::Status`], with the body's `ErrorResponse` when it has one.
+fn status_error(op: &'static str, status: http::StatusCode, body: &[u8]) -> ExecdError {
+    let (code, message) = match serde_json::from_slice::<crate::types::ErrorResponse>(body) {
+        Ok(e) if !e.message.is_empty() => (e.code, e.message),
+        Ok(e) => (e.code, e.error),
+        Err(_) => (
+            String::new(),
+            String::from_utf8_lossy(body).trim().to_owned(),
+        ),
+    };
+    ExecdError::Status {
+        operation: op,
+        status: status.as_u16(),
+        code,
+        message,
     }
 }
 
