@@ -1,0 +1,176 @@
+//! `sessionbox shell`: a real `sessionbox` binary in a tmux pane (keys sent with
+//! `send-keys`, the screen read with `capture-pane`) on the isolated runtime, and the refusal
+//! of a runtime without terminals.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::support::{EXE, Env, is_root};
+
+/// A tmux server of its own (socket `name`), killed on drop.
+struct Tmux {
+    name: String,
+}
+
+impl Tmux {
+    /// A 100x30 window running `command` (through `sh -c`).
+    fn start(name: &str, command: &str) -> Tmux {
+        let t = Tmux {
+            name: name.to_owned(),
+        };
+        let st = t
+            .cmd(&[
+                "new-session",
+                "-d",
+                "-s",
+                "m",
+                "-x",
+                "100",
+                "-y",
+                "30",
+                command,
+            ])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        t
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("tmux");
+        c.args(["-L", &self.name, "-f", "/dev/null"]).args(args);
+        c
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", "m"];
+        args.extend_from_slice(keys);
+        assert!(self.cmd(&args).status().unwrap().success());
+    }
+
+    fn pane(&self) -> String {
+        let out = self
+            .cmd(&["capture-pane", "-p", "-J", "-S", "-200", "-t", "m"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Waits (up to 30 s) for the pane to show `text`; the pane.
+    fn wait_for(&self, text: &str) -> String {
+        let end = Instant::now() + Duration::from_secs(30);
+        loop {
+            let pane = self.pane();
+            if pane.contains(text) {
+                return pane;
+            }
+            assert!(
+                Instant::now() < end,
+                "the pane never showed {text:?}:\n{pane}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["kill-server"]).status();
+    }
+}
+
+fn shell_line(data: &Path, id: &str) -> String {
+    format!(
+        "env -u SESSIONBOX_RUNTIME -u SESSIONBOX_TENANT {EXE} --data-dir {} shell -c {id}",
+        data.display()
+    )
+}
+
+/// In a real terminal: raw mode (keys reach the sandbox's shell one by one, its prompt and
+/// echo come back), the window size and its change, Ctrl-C interrupting the sandbox's job (not
+/// the CLI), Ctrl-D ending the shell, the local terminal's settings restored, and the shell's
+/// exit status as the CLI's.
+#[test]
+fn shell_in_tmux_has_the_window_size_ctrl_c_ctrl_d_and_restores_the_terminal() {
+    if !is_root() {
+        eprintln!("SKIPPED: isolated runtime tests need root (CI runs them as root)");
+        return;
+    }
+    let env = Env::new(60);
+    // Writes the configuration, creates the conversation.
+    let out = env.cli(&["exec", "-c", "tty1", "--", "echo made > made.txt"], &[]);
+    assert!(out.status.success(), "{out:?}");
+    let before = env.data.join("stty-before");
+    let after = env.data.join("stty-after");
+    let line = shell_line(&env.data, "tty1");
+    let t = Tmux::start(
+        &format!("sessionbox-pty-{}", std::process::id()),
+        &format!(
+            "stty -g > {b}; {line}; echo EXIT1=$?; stty -g > {a}; {line}; echo EXIT2=$?; sleep 600",
+            b = before.display(),
+            a = after.display()
+        ),
+    );
+    t.wait_for("$ ");
+    t.keys(&["cat made.txt; tty; stty size", "Enter"]);
+    let pane = t.wait_for("30 100");
+    assert!(pane.contains("made"), "{pane}");
+    assert!(pane.contains("/dev/pts/"), "{pane}");
+
+    t.cmd(&["resize-window", "-t", "m", "-x", "120", "-y", "40"])
+        .status()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    t.keys(&["stty size", "Enter"]);
+    t.wait_for("40 120");
+
+    t.keys(&["sleep 30", "Enter"]);
+    std::thread::sleep(Duration::from_millis(700));
+    let started = Instant::now();
+    t.keys(&["C-c"]);
+    t.keys(&["echo st=$?", "Enter"]);
+    t.wait_for("st=130");
+    assert!(started.elapsed() < Duration::from_secs(10));
+
+    t.keys(&["C-d"]);
+    t.wait_for("EXIT1=0");
+    let restored = crate::support::text(&std::fs::read(&after).unwrap());
+    assert_eq!(
+        crate::support::text(&std::fs::read(&before).unwrap()),
+        restored,
+        "the terminal's settings after the shell"
+    );
+
+    // A second terminal in the same conversation; its exit status is the CLI's.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !t
+        .pane()
+        .split("EXIT1=0")
+        .nth(1)
+        .is_some_and(|rest| rest.contains("$ "))
+    {
+        assert!(Instant::now() < deadline, "no second prompt:\n{}", t.pane());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    t.keys(&["exit 3", "Enter"]);
+    t.wait_for("EXIT2=3");
+}
+
+/// A runtime whose sandboxes run no agent refuses with a typed error naming what to use.
+#[test]
+fn shell_on_the_host_runtime_is_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(EXE)
+        .args(["--data-dir"])
+        .arg(dir.path())
+        .args(["--runtime", "host", "shell", "-c", "h1"])
+        .env_remove("SESSIONBOX_RUNTIME")
+        .env_remove("SESSIONBOX_TENANT")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("gives no terminals"), "{err}");
+    assert!(err.contains("isolated or opensandbox"), "{err}");
+}
