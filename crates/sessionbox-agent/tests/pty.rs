@@ -183,6 +183,22 @@ async fn a_terminal_runs_a_shell_with_resize_ctrl_c_and_its_exit_status() {
     agent.stop().await;
 }
 
+/// The OpenSandbox server's direct endpoint names the agent as `/proxy/44772/...`: a terminal's
+/// WebSocket works that way too.
+#[tokio::test]
+async fn the_websocket_upgrades_through_the_agents_own_proxy_path() {
+    let agent = TestAgent::start().await;
+    let id = create(&agent, "").await;
+    let mut ws = open(&agent, &format!("/proxy/44772{}", pty::socket_path(&id)))
+        .await
+        .unwrap();
+    let mut seen = Seen::default();
+    read_until(&mut ws, &mut seen, |s| !s.frames.is_empty()).await;
+    type_in(&mut ws, "echo via-$((40+2))\n").await;
+    read_until(&mut ws, &mut seen, |s| s.text().contains("via-42")).await;
+    agent.stop().await;
+}
+
 #[tokio::test]
 async fn ctrl_d_ends_the_shell() {
     let agent = TestAgent::start().await;
