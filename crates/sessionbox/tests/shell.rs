@@ -90,7 +90,7 @@ fn shell_line(data: &Path, id: &str) -> String {
 /// In a real terminal: raw mode (keys reach the sandbox's shell one by one, its prompt and
 /// echo come back), the window size and its change, Ctrl-C interrupting the sandbox's job (not
 /// the CLI), Ctrl-D ending the shell, the local terminal's settings restored, and the shell's
-/// exit status as the CLI's.
+/// exit status as the CLI's. On the isolated runtime.
 #[test]
 fn shell_in_tmux_has_the_window_size_ctrl_c_ctrl_d_and_restores_the_terminal() {
     if !is_root() {
@@ -98,14 +98,39 @@ fn shell_in_tmux_has_the_window_size_ctrl_c_ctrl_d_and_restores_the_terminal() {
         return;
     }
     let env = Env::new(60);
-    // Writes the configuration, creates the conversation.
-    let out = env.cli(&["exec", "-c", "tty1", "--", "echo made > made.txt"], &[]);
+    // Writes the configuration.
+    let out = env.cli(&["exec", "-c", "tty1", "--", "true"], &[]);
     assert!(out.status.success(), "{out:?}");
-    let before = env.data.join("stty-before");
-    let after = env.data.join("stty-after");
-    let line = shell_line(&env.data, "tty1");
+    in_tmux(&env.data, "isolated");
+}
+
+/// The same on the real OpenSandbox server (a container per conversation, its agent reached
+/// over TCP; busybox's ash in the test image).
+#[test]
+fn shell_in_tmux_on_opensandbox() {
+    for rt in crate::exact::runtimes("shell") {
+        if rt.name == "opensandbox" {
+            in_tmux(&rt.data, "opensandbox");
+            rt.destroy("tty1");
+        }
+    }
+}
+
+fn in_tmux(data: &Path, name: &str) {
+    let out = Command::new(EXE)
+        .arg("--data-dir")
+        .arg(data)
+        .args(["exec", "-c", "tty1", "--", "echo made > made.txt"])
+        .env_remove("SESSIONBOX_RUNTIME")
+        .env_remove("SESSIONBOX_TENANT")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{name}: {out:?}");
+    let before = data.join("stty-before");
+    let after = data.join("stty-after");
+    let line = shell_line(data, "tty1");
     let t = Tmux::start(
-        &format!("sessionbox-pty-{}", std::process::id()),
+        &format!("sessionbox-pty-{name}-{}", std::process::id()),
         &format!(
             "stty -g > {b}; {line}; echo EXIT1=$?; stty -g > {a}; {line}; echo EXIT2=$?; sleep 600",
             b = before.display(),
@@ -115,8 +140,8 @@ fn shell_in_tmux_has_the_window_size_ctrl_c_ctrl_d_and_restores_the_terminal() {
     t.wait_for("$ ");
     t.keys(&["cat made.txt; tty; stty size", "Enter"]);
     let pane = t.wait_for("30 100");
-    assert!(pane.contains("made"), "{pane}");
-    assert!(pane.contains("/dev/pts/"), "{pane}");
+    assert!(pane.contains("made"), "{name}: {pane}");
+    assert!(pane.contains("/dev/pts/"), "{name}: {pane}");
 
     t.cmd(&["resize-window", "-t", "m", "-x", "120", "-y", "40"])
         .status()
@@ -131,7 +156,7 @@ fn shell_in_tmux_has_the_window_size_ctrl_c_ctrl_d_and_restores_the_terminal() {
     t.keys(&["C-c"]);
     t.keys(&["echo st=$?", "Enter"]);
     t.wait_for("st=130");
-    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(started.elapsed() < Duration::from_secs(10), "{name}");
 
     t.keys(&["C-d"]);
     t.wait_for("EXIT1=0");
@@ -139,7 +164,7 @@ fn shell_in_tmux_has_the_window_size_ctrl_c_ctrl_d_and_restores_the_terminal() {
     assert_eq!(
         crate::support::text(&std::fs::read(&before).unwrap()),
         restored,
-        "the terminal's settings after the shell"
+        "{name}: the terminal's settings after the shell"
     );
 
     // A second terminal in the same conversation; its exit status is the CLI's.
@@ -150,7 +175,11 @@ fn shell_in_tmux_has_the_window_size_ctrl_c_ctrl_d_and_restores_the_terminal() {
         .nth(1)
         .is_some_and(|rest| rest.contains("$ "))
     {
-        assert!(Instant::now() < deadline, "no second prompt:\n{}", t.pane());
+        assert!(
+            Instant::now() < deadline,
+            "{name}: no second prompt:\n{}",
+            t.pane()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     t.keys(&["exit 3", "Enter"]);
