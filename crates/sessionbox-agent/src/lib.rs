@@ -43,6 +43,7 @@
 //! is not supported.
 
 mod background;
+mod bash_session;
 mod cli;
 mod commands;
 mod confine;

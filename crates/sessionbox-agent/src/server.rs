@@ -46,6 +46,8 @@ pub(crate) struct AppState {
     pub cpu: CpuSampler,
     /// Interactive terminals (`/pty`).
     pub terminals: crate::pty::Terminals,
+    /// Bash sessions (`/session`).
+    pub bash_sessions: crate::bash_session::BashSessions,
 }
 
 /// Requests in progress and the last time anything happened.
@@ -148,6 +150,7 @@ impl Agent {
             activity: Activity::new(),
             cpu: CpuSampler::new(),
             terminals: crate::pty::Terminals::new(config.max_terminals),
+            bash_sessions: crate::bash_session::BashSessions::new(),
             config,
         });
         Ok(Agent {
@@ -194,6 +197,7 @@ impl Agent {
             }
             stopper.commands.cancel_all("the agent is shutting down");
             stopper.terminals.kill_all();
+            stopper.bash_sessions.cancel_all();
         };
         let served = match listener {
             AnyListener::Tcp(l) => {
@@ -315,7 +319,8 @@ async fn idle_watch(state: Arc<AppState>) {
         // A terminal whose shell runs is activity, whether or not a client is attached.
         let busy = state.activity.in_flight.load(Ordering::SeqCst) > 0
             || state.commands.running() > 0
-            || state.terminals.running() > 0;
+            || state.terminals.running() > 0
+            || state.bash_sessions.running() > 0;
         if busy {
             state.activity.touch();
         } else if state.activity.idle_for() >= limit {
@@ -369,6 +374,12 @@ fn api_routes() -> Router<Arc<AppState>> {
             get(crate::pty::status).delete(crate::pty::remove),
         )
         .route("/pty/{id}/ws", get(crate::pty::socket))
+        .route(
+            sessionbox_execd::bash_session::SESSION,
+            post(crate::bash_session::create),
+        )
+        .route("/session/{id}", delete(crate::bash_session::remove))
+        .route("/session/{id}/run", post(crate::bash_session::run))
         .route(sessionbox_execd::fs_ext::FS_PATH, post(crate::fs_ext::fs))
         .route(
             sessionbox_execd::commands_ext::COMMANDS_PATH,

@@ -9,6 +9,7 @@
 mod common;
 
 mod background;
+mod bash_session;
 mod commands;
 mod files;
 mod http;
