@@ -75,9 +75,14 @@ impl Terminals {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Sessions whose shell runs now (activity for the idle timeout).
+    /// Sessions whose shell runs with a client attached (activity for the idle timeout). A
+    /// detached shell does not keep the agent up: a terminal whose client vanished without
+    /// deleting it cannot pin the sandbox forever.
     pub(crate) fn running(&self) -> usize {
-        self.lock().values().filter(|t| t.is_running()).count()
+        self.lock()
+            .values()
+            .filter(|t| t.is_running() && t.lock_holder().is_some())
+            .count()
     }
 
     fn get(&self, id: &str) -> Option<Arc<Term>> {

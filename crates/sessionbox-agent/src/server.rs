@@ -316,7 +316,7 @@ async fn idle_watch(state: Arc<AppState>) {
     let tick = (limit / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
     loop {
         tokio::time::sleep(tick).await;
-        // A terminal whose shell runs is activity, whether or not a client is attached.
+        // A terminal whose shell runs with a client attached is activity.
         let busy = state.activity.in_flight.load(Ordering::SeqCst) > 0
             || state.commands.running() > 0
             || state.terminals.running() > 0

@@ -22,7 +22,12 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Where a link connects, parsed once.
 #[derive(Debug, Clone)]
 enum Target {
-    Unix(std::path::PathBuf),
+    /// A socket path, and the directory the link holds open when the path goes through a
+    /// descriptor of this process (`/proc/self/fd/N/...`, the isolated runtime's run
+    /// directory): the path is rewritten to the link's own descriptor, so it stays the same
+    /// directory however long the link lives, even after the handle that gave it closed
+    /// (a later descriptor `N` could be another conversation's).
+    Unix(std::path::PathBuf, Option<std::sync::Arc<std::fs::File>>),
     Tcp {
         /// `HOST:PORT`, for the connection and the `Host` header.
         authority: String,
@@ -50,7 +55,7 @@ impl AgentLink {
     /// `http://HOST:PORT[/PREFIX]` URL.
     pub fn new(access: AgentAccess) -> Result<Self, ExecdError> {
         let (target, prefix) = match &access.endpoint {
-            AgentEndpoint::Unix(path) => (Target::Unix(path.clone()), String::new()),
+            AgentEndpoint::Unix(path) => (pin(path)?, String::new()),
             AgentEndpoint::Http(url) => {
                 let invalid = || ExecdError::InvalidEndpoint(url.clone());
                 let uri: Uri = url.parse().map_err(|_| invalid())?;
@@ -109,7 +114,7 @@ impl AgentLink {
             headers.insert(wire::ACCESS_TOKEN_HEADER, value);
         }
         let host = match &self.target {
-            Target::Unix(_) => "localhost",
+            Target::Unix(..) => "localhost",
             Target::Tcp { authority } => authority.as_str(),
         };
         headers.insert(
@@ -125,7 +130,7 @@ impl AgentLink {
         };
         let connecting = async {
             match &self.target {
-                Target::Unix(path) => tokio::net::UnixStream::connect(path)
+                Target::Unix(path, _) => tokio::net::UnixStream::connect(path)
                     .await
                     .map(|s| Box::new(s) as Box<dyn Stream>),
                 Target::Tcp { authority } => {
@@ -236,6 +241,28 @@ impl AgentLink {
     }
 }
 
+/// The target of a Unix socket `path`; one under `/proc/self/fd/N/` is pinned (see
+/// [`Target::Unix`]).
+fn pin(path: &std::path::Path) -> Result<Target, ExecdError> {
+    use std::os::fd::AsRawFd;
+    let Ok(rest) = path.strip_prefix("/proc/self/fd") else {
+        return Ok(Target::Unix(path.to_path_buf(), None));
+    };
+    let mut parts = rest.components();
+    let (Some(fd), tail) = (parts.next(), parts.as_path()) else {
+        return Ok(Target::Unix(path.to_path_buf(), None));
+    };
+    let dir = std::path::Path::new("/proc/self/fd").join(fd);
+    let held = std::fs::File::open(&dir).map_err(|e| ExecdError::Connect {
+        endpoint: path.display().to_string(),
+        reason: format!("the agent's directory is gone: {e}"),
+    })?;
+    let pinned = std::path::Path::new("/proc/self/fd")
+        .join(held.as_raw_fd().to_string())
+        .join(tail);
+    Ok(Target::Unix(pinned, Some(std::sync::Arc::new(held))))
+}
+
 /// An error answer as [`ExecdError::Status`], with the body's `ErrorResponse` when it has one.
 fn status_error(op: &'static str, status: http::StatusCode, body: &[u8]) -> ExecdError {
     let (code, message) = match serde_json::from_slice::<crate::types::ErrorResponse>(body) {
@@ -283,5 +310,25 @@ mod tests {
             None,
         ));
         assert!(u.unwrap().prefix.is_empty());
+    }
+
+    #[test]
+    fn a_socket_through_a_descriptor_stays_in_its_directory_after_the_descriptor_closes() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("marker"), "here").unwrap();
+        let held = std::fs::File::open(dir.path()).unwrap();
+        let path = format!("/proc/self/fd/{}/agent.sock", held.as_raw_fd());
+        let link =
+            AgentLink::new(AgentAccess::new(AgentEndpoint::Unix(path.into()), None)).unwrap();
+        drop(held);
+        // Another directory may take the old number now; the link's path does not move.
+        let other = tempfile::tempdir().unwrap();
+        let _reused = std::fs::File::open(other.path()).unwrap();
+        let Target::Unix(pinned, Some(_)) = &link.target else {
+            panic!("not pinned: {:?}", link.target);
+        };
+        let marker = pinned.parent().unwrap().join("marker");
+        assert_eq!(std::fs::read_to_string(marker).unwrap(), "here");
     }
 }
