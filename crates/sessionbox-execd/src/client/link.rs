@@ -27,7 +27,12 @@ enum Target {
     /// directory): the path is rewritten to the link's own descriptor, so it stays the same
     /// directory however long the link lives, even after the handle that gave it closed
     /// (a later descriptor `N` could be another conversation's).
-    Unix(std::path::PathBuf, Option<std::sync::Arc<std::fs::File>>),
+    Unix {
+        /// The socket.
+        path: std::path::PathBuf,
+        /// The directory held open, for a pinned path.
+        _held: Option<std::sync::Arc<std::fs::File>>,
+    },
     Tcp {
         /// `HOST:PORT`, for the connection and the `Host` header.
         authority: String,
@@ -114,7 +119,7 @@ impl AgentLink {
             headers.insert(wire::ACCESS_TOKEN_HEADER, value);
         }
         let host = match &self.target {
-            Target::Unix(..) => "localhost",
+            Target::Unix { .. } => "localhost",
             Target::Tcp { authority } => authority.as_str(),
         };
         headers.insert(
@@ -130,7 +135,7 @@ impl AgentLink {
         };
         let connecting = async {
             match &self.target {
-                Target::Unix(path, _) => tokio::net::UnixStream::connect(path)
+                Target::Unix { path, .. } => tokio::net::UnixStream::connect(path)
                     .await
                     .map(|s| Box::new(s) as Box<dyn Stream>),
                 Target::Tcp { authority } => {
@@ -246,11 +251,17 @@ impl AgentLink {
 fn pin(path: &std::path::Path) -> Result<Target, ExecdError> {
     use std::os::fd::AsRawFd;
     let Ok(rest) = path.strip_prefix("/proc/self/fd") else {
-        return Ok(Target::Unix(path.to_path_buf(), None));
+        return Ok(Target::Unix {
+            path: path.to_path_buf(),
+            _held: None,
+        });
     };
     let mut parts = rest.components();
     let (Some(fd), tail) = (parts.next(), parts.as_path()) else {
-        return Ok(Target::Unix(path.to_path_buf(), None));
+        return Ok(Target::Unix {
+            path: path.to_path_buf(),
+            _held: None,
+        });
     };
     let dir = std::path::Path::new("/proc/self/fd").join(fd);
     let held = std::fs::File::open(&dir).map_err(|e| ExecdError::Connect {
@@ -260,7 +271,10 @@ fn pin(path: &std::path::Path) -> Result<Target, ExecdError> {
     let pinned = std::path::Path::new("/proc/self/fd")
         .join(held.as_raw_fd().to_string())
         .join(tail);
-    Ok(Target::Unix(pinned, Some(std::sync::Arc::new(held))))
+    Ok(Target::Unix {
+        path: pinned,
+        _held: Some(std::sync::Arc::new(held)),
+    })
 }
 
 /// An error answer as [`ExecdError::Status`], with the body's `ErrorResponse` when it has one.
@@ -325,7 +339,11 @@ mod tests {
         // Another directory may take the old number now; the link's path does not move.
         let other = tempfile::tempdir().unwrap();
         let _reused = std::fs::File::open(other.path()).unwrap();
-        let Target::Unix(pinned, Some(_)) = &link.target else {
+        let Target::Unix {
+            path: pinned,
+            _held: Some(_),
+        } = &link.target
+        else {
             panic!("not pinned: {:?}", link.target);
         };
         let marker = pinned.parent().unwrap().join("marker");
