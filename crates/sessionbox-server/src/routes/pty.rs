@@ -41,7 +41,7 @@ pub(crate) struct PtyQuery {
 /// close. Closing the socket ends the shell and everything it started. A runtime without
 /// terminals (`aio`) answers 503 `runtime_unavailable`; past the sandbox's limit of
 /// terminals, 429 `busy`.
-#[utoipa::path(get, path = "/v1/conversations/{id}/pty", tag = "commands",
+#[utoipa::path(get, path = "/v1/conversations/{id}/pty", tag = "exec",
     params(("id" = String, Path, description = "conversation id"),
            ("cwd" = Option<String>, Query, description = "the shell's working directory; default the workspace root")),
     responses((status = 101, description = "switching to the terminal's WebSocket"),
