@@ -292,7 +292,8 @@ pub(crate) enum ConversationCommand {
     /// The local terminal is put in raw mode (restored on exit): every key, Ctrl-C and Ctrl-D
     /// included, reaches the sandbox's shell, and its window size follows the local one. Leave
     /// with `exit` or Ctrl-D. Whatever the shell left running is killed when it ends. The
-    /// `isolated` and `opensandbox` runtimes have terminals; `host` and `aio` refuse.
+    /// `isolated` and `opensandbox` runtimes have terminals; on `host` this starts an agent of
+    /// its own on the workspace for the terminal's life; `aio` refuses.
     #[command(display_order = 2)]
     Shell {
         #[command(flatten)]
