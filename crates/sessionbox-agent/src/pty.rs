@@ -212,11 +212,21 @@ impl Term {
             let _ = self.done.send(Some(-1));
             e.to_string()
         })?;
-        rustix::io::ioctl_fionbio(&t.master, true).map_err(|e| e.to_string())?;
-        // SAFETY: an `OwnedFd` owns its descriptor: it stays open, and the same one, until the
-        // `AsyncFd` (which owns the `OwnedFd`) is dropped.
-        let master = unsafe { AsyncFd::register(t.master) }.map_err(|e| e.to_string())?;
-        let master = Arc::new(master);
+        let registered = rustix::io::ioctl_fionbio(&t.master, true)
+            .map_err(std::io::Error::from)
+            .and_then(|()| {
+                // SAFETY: an `OwnedFd` owns its descriptor: it stays open, and the same one,
+                // until the `AsyncFd` (which owns the `OwnedFd`) is dropped.
+                unsafe { AsyncFd::register(t.master) }.map_err(std::io::Error::from)
+            });
+        let master = match registered {
+            Ok(m) => Arc::new(m),
+            Err(e) => {
+                sessionbox_process::kill_session(t.session);
+                let _ = self.done.send(Some(-1));
+                return Err(format!("cannot watch the terminal: {e}"));
+            }
+        };
         {
             let mut p = self.lock_proc();
             p.master = Some(master.clone());
