@@ -185,6 +185,34 @@ pub(crate) async fn a_terminal_over_rest_runs_in_the_conversations_sandbox() {
     // A working directory outside the workspace: 403 or 400, before any upgrade.
     let st = open(&s, "iso-pty", "?cwd=../..", None).await.err().unwrap();
     assert!(st == 400 || st == 403, "{st}");
+
+    // Attack: cross-site WebSocket hijacking. A web page on another origin opens the terminal
+    // of this keyless loopback server from the user's browser (which sends its Origin). Refused
+    // before anything is opened: no conversation is created.
+    let url = format!(
+        "{}/v1/conversations/iso-pty-hijack/pty",
+        s.base.replace("http://", "ws://")
+    );
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut()
+        .insert("origin", "http://evil.example".parse().unwrap());
+    let stream = tokio::net::TcpStream::connect(s.base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    match tokio_tungstenite::client_async(req, stream).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+            assert_eq!(r.status().as_u16(), 403)
+        }
+        other => panic!("a foreign origin got a terminal: {:?}", other.map(|_| ())),
+    }
+    let (st, _) = body(
+        s.req(Method::GET, "/v1/conversations/iso-pty-hijack")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
 }
 
 /// Attack: a terminal of tenant A's conversation looks for tenant B's files and processes, and
