@@ -97,6 +97,7 @@ impl Cli {
         config.token = token.map(AccessToken::new);
         config.idle_timeout =
             (args.idle_timeout > 0).then(|| Duration::from_secs(args.idle_timeout));
+        config.max_terminals = args.max_terminals;
         if let (Some(listen), Some(socket)) = (args.egress_listen, &args.egress_socket) {
             if !listen.ip().is_loopback() {
                 return Err(Error::InvalidRequest(format!(

@@ -394,7 +394,7 @@ async fn start(state: Arc<AppState>, req: Request) -> Result<Response, ApiError>
 /// It carries a `ping` event every [`KEEPALIVE_INTERVAL`] (the first right after `init`), as
 /// upstream does, so that a proxy in front (the OpenSandbox server's gives up after 180 s without a
 /// byte) never sees a quiet response.
-struct EventBody {
+pub(crate) struct EventBody {
     rx: UnboundedReceiver<Bytes>,
     keepalive: tokio::time::Interval,
     _guard: Option<DropGuard>,
@@ -405,7 +405,7 @@ struct EventBody {
 pub(crate) const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(3);
 
 impl EventBody {
-    fn new(rx: UnboundedReceiver<Bytes>, guard: Option<DropGuard>) -> Self {
+    pub(crate) fn new(rx: UnboundedReceiver<Bytes>, guard: Option<DropGuard>) -> Self {
         // The first `ping` right after `init`, then one every interval, as upstream.
         let mut keepalive = tokio::time::interval(KEEPALIVE_INTERVAL);
         keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -24,7 +24,7 @@ use sessionbox_core::{Error, Result};
 /// removing and renaming files (ABI 1).
 const FS_ABI: ABI = ABI::V5;
 /// Character devices commands may write besides their directories.
-const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+const DEVICES: [&str; 7] = ["null", "zero", "full", "random", "urandom", "tty", "ptmx"];
 
 /// What the agent was asked to give up.
 #[derive(Debug, Clone, Default)]

@@ -43,6 +43,7 @@
 //! is not supported.
 
 mod background;
+mod bash_session;
 mod cli;
 mod commands;
 mod confine;
@@ -55,6 +56,7 @@ mod fs_ext;
 mod init;
 mod metrics;
 mod proxy;
+mod pty;
 mod server;
 
 use std::future::Future;
@@ -70,7 +72,9 @@ pub use sessionbox_core::Limits;
 use sessionbox_core::{Error, MAX_OUTPUT_LIMIT, Result};
 pub use sessionbox_execd::AccessToken;
 
-pub use sessionbox_execd::agent_args::{AgentArgs, DEFAULT_LISTEN, DEFAULT_ROOT};
+pub use sessionbox_execd::agent_args::{
+    AgentArgs, DEFAULT_LISTEN, DEFAULT_MAX_TERMINALS, DEFAULT_ROOT,
+};
 /// Default cap on what is forwarded of each of stdout and stderr per command: 16 MiB.
 pub const DEFAULT_OUTPUT_CAP: usize = MAX_OUTPUT_LIMIT;
 /// Default limit on a JSON request body: 8 MiB.
@@ -166,6 +170,9 @@ pub struct AgentConfig {
     /// The egress relay, when the sandbox may reach the network through a gateway; `None`:
     /// no proxy (and, in a sandbox, no network).
     pub egress_relay: Option<EgressRelay>,
+    /// Most terminals whose shell has not ended, at once ([`DEFAULT_MAX_TERMINALS`]); one more
+    /// `POST /pty` is refused with 429.
+    pub max_terminals: usize,
 }
 
 impl AgentConfig {
@@ -187,6 +194,7 @@ impl AgentConfig {
             kill_grace: sessionbox_process::DEFAULT_KILL_GRACE,
             max_finished_commands: DEFAULT_MAX_FINISHED_COMMANDS,
             egress_relay: None,
+            max_terminals: DEFAULT_MAX_TERMINALS,
         }
     }
 

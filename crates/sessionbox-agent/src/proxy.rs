@@ -121,12 +121,18 @@ impl Proxy {
             // A fresh request, not this one with a new URI: the outer route's matched path
             // parameters (`{port}`, `{*rest}`) live in its extensions, and an inner route such
             // as `/command/status/{id}` would see them as extra parameters.
-            let (parts, body) = req.into_parts();
+            // The connection's upgrade handle is carried over (a terminal's WebSocket through
+            // `/proxy/44772/pty/{id}/ws`, the way the OpenSandbox server's direct endpoint
+            // names the agent).
+            let (mut parts, body) = req.into_parts();
             let mut inner = Request::new(body);
             *inner.method_mut() = parts.method;
             *inner.uri_mut() = uri;
             *inner.version_mut() = parts.version;
             *inner.headers_mut() = parts.headers;
+            if let Some(on_upgrade) = parts.extensions.remove::<hyper::upgrade::OnUpgrade>() {
+                inner.extensions_mut().insert(on_upgrade);
+            }
             return self.internal_call(inner).await;
         }
         forward(port, uri, req).await

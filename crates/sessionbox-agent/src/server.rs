@@ -44,6 +44,10 @@ pub(crate) struct AppState {
     pub activity: Activity,
     /// CPU use between two `GET /metrics`.
     pub cpu: CpuSampler,
+    /// Interactive terminals (`/pty`).
+    pub terminals: crate::pty::Terminals,
+    /// Bash sessions (`/session`).
+    pub bash_sessions: crate::bash_session::BashSessions,
 }
 
 /// Requests in progress and the last time anything happened.
@@ -145,6 +149,8 @@ impl Agent {
             commands: Registry::new(config.max_finished_commands),
             activity: Activity::new(),
             cpu: CpuSampler::new(),
+            terminals: crate::pty::Terminals::new(config.max_terminals),
+            bash_sessions: crate::bash_session::BashSessions::new(),
             config,
         });
         Ok(Agent {
@@ -190,6 +196,8 @@ impl Agent {
                 _ = idle_watch(stopper.clone()) => tracing::info!("idle timeout reached; shutting down"),
             }
             stopper.commands.cancel_all("the agent is shutting down");
+            stopper.terminals.kill_all();
+            stopper.bash_sessions.cancel_all();
         };
         let served = match listener {
             AnyListener::Tcp(l) => {
@@ -204,6 +212,7 @@ impl Agent {
             AnyListener::Unix(l) => axum::serve(l, app).with_graceful_shutdown(stop).await,
         };
         state.commands.cancel_all("the agent is shutting down");
+        state.terminals.kill_all();
         state.commands.wait_all(SHUTDOWN_WAIT).await;
         if let Some(r) = relay {
             r.abort();
@@ -307,8 +316,11 @@ async fn idle_watch(state: Arc<AppState>) {
     let tick = (limit / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
     loop {
         tokio::time::sleep(tick).await;
-        let busy =
-            state.activity.in_flight.load(Ordering::SeqCst) > 0 || state.commands.running() > 0;
+        // A terminal whose shell runs with a client attached is activity.
+        let busy = state.activity.in_flight.load(Ordering::SeqCst) > 0
+            || state.commands.running() > 0
+            || state.terminals.running() > 0
+            || state.bash_sessions.running() > 0;
         if busy {
             state.activity.touch();
         } else if state.activity.idle_for() >= limit {
@@ -356,6 +368,18 @@ fn api_routes() -> Router<Arc<AppState>> {
             post(files::make_dirs).delete(files::remove_dirs),
         )
         .route(wire::METRICS, get(metrics::metrics))
+        .route(sessionbox_execd::pty::PTY, post(crate::pty::create))
+        .route(
+            "/pty/{id}",
+            get(crate::pty::status).delete(crate::pty::remove),
+        )
+        .route("/pty/{id}/ws", get(crate::pty::socket))
+        .route(
+            sessionbox_execd::bash_session::SESSION,
+            post(crate::bash_session::create),
+        )
+        .route("/session/{id}", delete(crate::bash_session::remove))
+        .route("/session/{id}/run", post(crate::bash_session::run))
         .route(sessionbox_execd::fs_ext::FS_PATH, post(crate::fs_ext::fs))
         .route(
             sessionbox_execd::commands_ext::COMMANDS_PATH,

@@ -9,9 +9,11 @@
 mod common;
 
 mod background;
+mod bash_session;
 mod commands;
 mod files;
 mod http;
 mod init;
 mod proxy;
+mod pty;
 mod sdk;

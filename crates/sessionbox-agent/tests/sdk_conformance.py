@@ -184,6 +184,16 @@ def main():
     assert status.exit_code == -1, status
     assert "interrupted" in (status.error or ""), status
 
+    # Bash sessions: what a run exports and where it cds carry over to the next run.
+    sid = commands.create_session(working_directory=root)
+    ex = commands.run_in_session(sid, "export SDK_VAR=kept; mkdir -p sess && cd sess")
+    assert ex.exit_code == 0 and ex.error is None, ex
+    ex = commands.run_in_session(sid, "echo $SDK_VAR; pwd")
+    assert [m.text for m in ex.logs.stdout] == ["kept", root + "/sess"], ex.logs.stdout
+    ex = commands.run_in_session(sid, "exit 4")
+    assert ex.error is not None and ex.error.value == "4", ex
+    commands.delete_session(sid)
+
     print("sdk conformance: ok")
 
 

@@ -33,6 +33,8 @@ use sessionbox_core::Limits;
 /// unauthenticated command execution to the network, so another address is asked for
 /// explicitly, and a non-loopback one needs a token or [`AgentArgs::insecure_no_token`].
 pub const DEFAULT_LISTEN: &str = "tcp:127.0.0.1:44772";
+/// Default most terminals (`POST /pty` sessions whose shell has not ended) an agent keeps at once.
+pub const DEFAULT_MAX_TERMINALS: usize = 8;
 /// Default workspace root.
 pub const DEFAULT_ROOT: &str = "/workspace";
 
@@ -85,6 +87,10 @@ pub struct AgentArgs {
     /// without Landlock makes the agent exit rather than serve unconfined.
     #[arg(long, value_name = "DIR")]
     pub writable: Vec<PathBuf>,
+    /// Most terminals (`POST /pty` sessions whose shell has not ended) at once; one more is
+    /// refused with 429.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_TERMINALS)]
+    pub max_terminals: usize,
 }
 
 impl Default for AgentArgs {
@@ -101,6 +107,7 @@ impl Default for AgentArgs {
             egress_socket: None,
             user: None,
             writable: Vec::new(),
+            max_terminals: DEFAULT_MAX_TERMINALS,
         }
     }
 }
@@ -142,6 +149,9 @@ impl AgentArgs {
         }
         for dir in &self.writable {
             opt("--writable", dir.clone().into());
+        }
+        if self.max_terminals != DEFAULT_MAX_TERMINALS {
+            opt("--max-terminals", self.max_terminals.to_string().into());
         }
         if self.insecure_no_token {
             argv.push("--insecure-no-token".into());
@@ -203,6 +213,7 @@ mod tests {
             egress_socket: Some("/.sessionbox/egress/gateway.sock".into()),
             user: Some((1000, 1001)),
             writable: vec!["/workspace".into(), "/tmp".into()],
+            max_terminals: 3,
         };
         assert_eq!(parse(full.to_argv()).unwrap(), full);
         for bad in ["0:0", "1000:0", "0:1000", "1000", "a:b", "1000:"] {

@@ -11,6 +11,8 @@
 //!   the runtime that launches it.
 //! - [`types`]: serde bodies ([`RunCommandRequest`], [`ServerStreamEvent`], [`FileInfo`], ...).
 //! - [`EventStreamParser`]: the body of `POST /command` as events, tolerant of upstream quirks.
+//! - [`bash_session`]: upstream's bash sessions (`/session`).
+//! - [`pty`]: interactive terminals (upstream's `/pty` routes and WebSocket frames).
 //! - [`multipart`]: the upload body, laid out as the SDK lays it out.
 //! - `ExecdClient` (feature `client`): every endpoint, over a Unix socket or `http(s)://`. The
 //!   agent (the server side) builds this crate without it, so it links no HTTP client.
@@ -36,6 +38,7 @@
 #[cfg(feature = "args")]
 pub mod agent_args;
 mod b64;
+pub mod bash_session;
 #[cfg(feature = "client")]
 mod client;
 pub mod commands_ext;
@@ -44,6 +47,7 @@ pub mod fs_ext;
 pub mod hop;
 pub mod multipart;
 mod outcome;
+pub mod pty;
 mod stream;
 mod token;
 pub mod types;

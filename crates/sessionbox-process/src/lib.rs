@@ -26,6 +26,8 @@
 //!   changes: setting it would stop set-uid programs such as `sudo` in the commands. On a kernel
 //!   without scopes, commands run without the domain ([`command_scoping`] says which).
 //!
+//! [`spawn_terminal`] starts a shell on a pseudo-terminal the same way (see [`terminal`]).
+//!
 //! [`processes_under`] and [`kill_all`] find and kill host processes still working in a
 //! directory, for tearing a workspace down.
 
@@ -42,6 +44,12 @@ use sessionbox_core::{Error, ExecRequest, ExecResult, ExitStatus, Result, base_e
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{ChildStdin, Command};
 use tokio::time::{Instant, sleep_until};
+
+pub mod terminal;
+pub use terminal::{
+    TERMINAL_TERM, Terminal, TerminalSpawn, kill_session, set_window_size, signal_foreground,
+    spawn_terminal,
+};
 
 /// Default time between `SIGTERM` and `SIGKILL` when a command times out: 2 s.
 pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);

@@ -76,8 +76,24 @@ pub(crate) async fn agent_link(
 pub(crate) async fn forward(
     link: &AgentLink,
     agent_path: &str,
+    request: Request,
+    hold: impl Send + Sync + 'static,
+) -> Result<Response> {
+    forward_then(link, agent_path, request, hold, async {}).await
+}
+
+/// [`forward`], then `after` once the exchange is over: when the tunnel closes after an
+/// upgrade, at once otherwise (and when forwarding fails). For what a relay must clean up in
+/// the agent (a terminal's session).
+///
+/// # Errors
+/// As [`forward`].
+pub(crate) async fn forward_then(
+    link: &AgentLink,
+    agent_path: &str,
     mut request: Request,
     hold: impl Send + Sync + 'static,
+    after: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Response> {
     let upgrade = upgrade_of(request.headers());
     let caller_side = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
@@ -94,23 +110,30 @@ pub(crate) async fn forward(
     *outgoing.method_mut() = parts.method;
     *outgoing.uri_mut() = parts.uri;
     *outgoing.headers_mut() = parts.headers;
-    let mut response = link.send(outgoing).await.map_err(Error::from)?;
+    let mut response = match link.send(outgoing).await {
+        Ok(r) => r,
+        Err(e) => {
+            tokio::spawn(after);
+            return Err(e.into());
+        }
+    };
 
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         let Some(caller_side) = caller_side else {
+            tokio::spawn(after);
             return Err(Error::Backend(
                 "the agent switched protocols without being asked to".into(),
             ));
         };
         let agent_side = hyper::upgrade::on(&mut response);
         tokio::spawn(async move {
-            let _hold = hold;
-            let (Ok(caller), Ok(agent)) = tokio::join!(caller_side, agent_side) else {
-                return;
-            };
-            let mut caller = TokioIo::new(caller);
-            let mut agent = TokioIo::new(agent);
-            let _ = tokio::io::copy_bidirectional(&mut caller, &mut agent).await;
+            if let (Ok(caller), Ok(agent)) = tokio::join!(caller_side, agent_side) {
+                let mut caller = TokioIo::new(caller);
+                let mut agent = TokioIo::new(agent);
+                let _ = tokio::io::copy_bidirectional(&mut caller, &mut agent).await;
+            }
+            after.await;
+            drop(hold);
         });
         let (mut parts, _) = response.into_parts();
         let upgrade = parts.headers.get(axum::http::header::UPGRADE).cloned();
@@ -120,6 +143,7 @@ pub(crate) async fn forward(
         }
         return Ok(Response::from_parts(parts, Body::empty()));
     }
+    tokio::spawn(after);
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     let body = http_body_util::BodyExt::into_data_stream(body).map(move |chunk| {

@@ -1302,6 +1302,7 @@ async fn the_openapi_document_lists_every_route_and_matches_the_responses() {
             (format!("{c}/commands/{{cmd}}"), "get"),
             (format!("{c}/commands/{{cmd}}"), "delete"),
             (format!("{c}/commands/{{cmd}}/logs"), "get"),
+            (format!("{c}/pty"), "get"),
             (format!("{c}/files"), "post"),
             ("/v1/skills".into(), "get"),
             (format!("{c}/skills/{{name}}"), "get"),

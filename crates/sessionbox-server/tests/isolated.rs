@@ -99,9 +99,19 @@ fn main() -> ExitCode {
     }
 }
 
+#[path = "isolated/pty.rs"]
+mod pty;
+
 type TestFn = fn() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
 const TESTS: &[(&str, TestFn)] = &[
+    (
+        "a_terminal_over_rest_runs_in_the_conversations_sandbox",
+        || Box::pin(pty::a_terminal_over_rest_runs_in_the_conversations_sandbox()),
+    ),
+    ("terminals_are_per_tenant_keyed_and_bounded", || {
+        Box::pin(pty::terminals_are_per_tenant_keyed_and_bounded())
+    }),
     (
         "a_command_whose_client_goes_away_gives_its_turn_back_with_reads_beside_it",
         || Box::pin(a_command_whose_client_goes_away_gives_its_turn_back_with_reads_beside_it()),

@@ -286,6 +286,22 @@ pub(crate) enum ConversationCommand {
         #[command(flatten)]
         conv: Conv,
     },
+    /// Open an interactive terminal in a conversation's sandbox (creates the conversation);
+    /// exits with the shell's exit status.
+    ///
+    /// The local terminal is put in raw mode (restored on exit): every key, Ctrl-C and Ctrl-D
+    /// included, reaches the sandbox's shell, and its window size follows the local one. Leave
+    /// with `exit` or Ctrl-D. Whatever the shell left running is killed when it ends. The
+    /// `isolated` and `opensandbox` runtimes have terminals; on `host` this starts an agent of
+    /// its own on the workspace for the terminal's life; `aio` refuses.
+    #[command(display_order = 2)]
+    Shell {
+        #[command(flatten)]
+        conv: Conv,
+        /// Working directory, a workspace path [default: the workspace root].
+        #[arg(long)]
+        cwd: Option<String>,
+    },
 }
 
 /// The commands on the manager: every conversation of the store and its runtime.
@@ -437,7 +453,9 @@ impl ConversationCommand {
     /// The conversation the command is about.
     pub(crate) fn conv(&self) -> &Conv {
         match self {
-            ConversationCommand::Destroy { conv } | ConversationCommand::Mcp { conv } => conv,
+            ConversationCommand::Destroy { conv }
+            | ConversationCommand::Mcp { conv }
+            | ConversationCommand::Shell { conv, .. } => conv,
         }
     }
 }

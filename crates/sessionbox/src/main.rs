@@ -22,6 +22,7 @@ mod hint;
 mod keys;
 mod serve;
 mod session;
+mod shell;
 mod shown;
 mod skills;
 mod verify;
@@ -257,6 +258,7 @@ async fn conversation_command(
     command: ConversationCommand,
 ) -> anyhow::Result<ExitCode> {
     match command {
+        ConversationCommand::Shell { cwd, .. } => shell::run(&app, &conv, cwd).await,
         ConversationCommand::Mcp { .. } => {
             let state = sessionbox_server::AppState::new(
                 app.manager,

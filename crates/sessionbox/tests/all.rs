@@ -34,4 +34,5 @@ mod opensandbox_hardened;
 mod replicas;
 mod serve;
 mod serve_tls;
+mod shell;
 mod skills;

@@ -11,6 +11,9 @@ use sessionbox_test_support::{serve_command, spawn_serve};
 
 use crate::exact;
 
+#[path = "serve/pty.rs"]
+mod pty;
+
 fn sessionbox(data: &Path, args: &[&str]) -> Output {
     setup(data);
     Command::new(env!("CARGO_BIN_EXE_sessionbox"))

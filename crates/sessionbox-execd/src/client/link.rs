@@ -22,7 +22,17 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Where a link connects, parsed once.
 #[derive(Debug, Clone)]
 enum Target {
-    Unix(std::path::PathBuf),
+    /// A socket path, and the directory the link holds open when the path goes through a
+    /// descriptor of this process (`/proc/self/fd/N/...`, the isolated runtime's run
+    /// directory): the path is rewritten to the link's own descriptor, so it stays the same
+    /// directory however long the link lives, even after the handle that gave it closed
+    /// (a later descriptor `N` could be another conversation's).
+    Unix {
+        /// The socket.
+        path: std::path::PathBuf,
+        /// The directory held open, for a pinned path.
+        _held: Option<std::sync::Arc<std::fs::File>>,
+    },
     Tcp {
         /// `HOST:PORT`, for the connection and the `Host` header.
         authority: String,
@@ -50,7 +60,7 @@ impl AgentLink {
     /// `http://HOST:PORT[/PREFIX]` URL.
     pub fn new(access: AgentAccess) -> Result<Self, ExecdError> {
         let (target, prefix) = match &access.endpoint {
-            AgentEndpoint::Unix(path) => (Target::Unix(path.clone()), String::new()),
+            AgentEndpoint::Unix(path) => (pin(path)?, String::new()),
             AgentEndpoint::Http(url) => {
                 let invalid = || ExecdError::InvalidEndpoint(url.clone());
                 let uri: Uri = url.parse().map_err(|_| invalid())?;
@@ -109,7 +119,7 @@ impl AgentLink {
             headers.insert(wire::ACCESS_TOKEN_HEADER, value);
         }
         let host = match &self.target {
-            Target::Unix(_) => "localhost",
+            Target::Unix { .. } => "localhost",
             Target::Tcp { authority } => authority.as_str(),
         };
         headers.insert(
@@ -125,7 +135,7 @@ impl AgentLink {
         };
         let connecting = async {
             match &self.target {
-                Target::Unix(path) => tokio::net::UnixStream::connect(path)
+                Target::Unix { path, .. } => tokio::net::UnixStream::connect(path)
                     .await
                     .map(|s| Box::new(s) as Box<dyn Stream>),
                 Target::Tcp { authority } => {
@@ -156,12 +166,132 @@ impl AgentLink {
             .map_err(|e| connect_error(&e))
     }
 
+    /// `POST /pty`: a new terminal session in the agent (its shell starts when its WebSocket
+    /// opens, at [`crate::pty::socket_path`]); its id.
+    ///
+    /// # Errors
+    /// As [`AgentLink::send`]; [`ExecdError::Status`] for the agent's refusal (400 for a
+    /// working directory outside the workspace, 429 past the agent's limit of terminals);
+    /// [`ExecdError::Protocol`] for an answer without an id.
+    pub async fn create_terminal(
+        &self,
+        request: &crate::pty::CreatePtyRequest,
+    ) -> Result<String, ExecdError> {
+        const OP: &str = "create terminal";
+        let body =
+            serde_json::to_vec(request).map_err(|e| ExecdError::InvalidRequest(e.to_string()))?;
+        let req = Request::post(crate::pty::PTY)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .map_err(|e| ExecdError::InvalidRequest(e.to_string()))?;
+        let (status, body) = self.exchange(OP, req).await?;
+        if !status.is_success() {
+            return Err(status_error(OP, status, &body));
+        }
+        let created: crate::pty::CreatePtyResponse =
+            serde_json::from_slice(&body).map_err(|e| ExecdError::Protocol {
+                operation: OP,
+                reason: e.to_string(),
+            })?;
+        Ok(created.session_id)
+    }
+
+    /// `DELETE /pty/{id}`: ends the terminal's shell and everything it started.
+    ///
+    /// # Errors
+    /// As [`AgentLink::send`]; [`ExecdError::Status`] (404) for an unknown session.
+    pub async fn delete_terminal(&self, id: &str) -> Result<(), ExecdError> {
+        const OP: &str = "delete terminal";
+        let req = Request::delete(crate::pty::session_path(id))
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .map_err(|e| ExecdError::InvalidRequest(e.to_string()))?;
+        let (status, body) = self.exchange(OP, req).await?;
+        if !status.is_success() {
+            return Err(status_error(OP, status, &body));
+        }
+        Ok(())
+    }
+
+    /// Sends `request` and reads the whole answer (bounded: 1 MiB).
+    async fn exchange<B>(
+        &self,
+        op: &'static str,
+        request: Request<B>,
+    ) -> Result<(http::StatusCode, bytes::Bytes), ExecdError>
+    where
+        B: Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        use http_body_util::BodyExt;
+        let response = self.send(request).await?;
+        let status = response.status();
+        let body = http_body_util::Limited::new(response.into_body(), 1 << 20)
+            .collect()
+            .await
+            .map_err(|e| ExecdError::Transport {
+                operation: op,
+                reason: e.to_string(),
+            })?
+            .to_bytes();
+        Ok((status, body))
+    }
+
     /// The endpoint as an error names it (never the token).
     fn endpoint_text(&self) -> String {
         match &self.access.endpoint {
             AgentEndpoint::Unix(p) => p.display().to_string(),
             AgentEndpoint::Http(u) => u.clone(),
         }
+    }
+}
+
+/// The target of a Unix socket `path`; one under `/proc/self/fd/N/` is pinned (see
+/// [`Target::Unix`]).
+fn pin(path: &std::path::Path) -> Result<Target, ExecdError> {
+    use std::os::fd::AsRawFd;
+    let Ok(rest) = path.strip_prefix("/proc/self/fd") else {
+        return Ok(Target::Unix {
+            path: path.to_path_buf(),
+            _held: None,
+        });
+    };
+    let mut parts = rest.components();
+    let (Some(fd), tail) = (parts.next(), parts.as_path()) else {
+        return Ok(Target::Unix {
+            path: path.to_path_buf(),
+            _held: None,
+        });
+    };
+    let dir = std::path::Path::new("/proc/self/fd").join(fd);
+    let held = std::fs::File::open(&dir).map_err(|e| ExecdError::Connect {
+        endpoint: path.display().to_string(),
+        reason: format!("the agent's directory is gone: {e}"),
+    })?;
+    let pinned = std::path::Path::new("/proc/self/fd")
+        .join(held.as_raw_fd().to_string())
+        .join(tail);
+    Ok(Target::Unix {
+        path: pinned,
+        _held: Some(std::sync::Arc::new(held)),
+    })
+}
+
+/// An error answer as [`ExecdError::Status`], with the body's `ErrorResponse` when it has one.
+fn status_error(op: &'static str, status: http::StatusCode, body: &[u8]) -> ExecdError {
+    let (code, message) = match serde_json::from_slice::<crate::types::ErrorResponse>(body) {
+        Ok(e) if !e.message.is_empty() => (e.code, e.message),
+        Ok(e) => (e.code, e.error),
+        Err(_) => (
+            String::new(),
+            String::from_utf8_lossy(body).trim().to_owned(),
+        ),
+    };
+    ExecdError::Status {
+        operation: op,
+        status: status.as_u16(),
+        code,
+        message,
     }
 }
 
@@ -194,5 +324,29 @@ mod tests {
             None,
         ));
         assert!(u.unwrap().prefix.is_empty());
+    }
+
+    #[test]
+    fn a_socket_through_a_descriptor_stays_in_its_directory_after_the_descriptor_closes() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("marker"), "here").unwrap();
+        let held = std::fs::File::open(dir.path()).unwrap();
+        let path = format!("/proc/self/fd/{}/agent.sock", held.as_raw_fd());
+        let link =
+            AgentLink::new(AgentAccess::new(AgentEndpoint::Unix(path.into()), None)).unwrap();
+        drop(held);
+        // Another directory may take the old number now; the link's path does not move.
+        let other = tempfile::tempdir().unwrap();
+        let _reused = std::fs::File::open(other.path()).unwrap();
+        let Target::Unix {
+            path: pinned,
+            _held: Some(_),
+        } = &link.target
+        else {
+            panic!("not pinned: {:?}", link.target);
+        };
+        let marker = pinned.parent().unwrap().join("marker");
+        assert_eq!(std::fs::read_to_string(marker).unwrap(), "here");
     }
 }

@@ -13,6 +13,7 @@ pub(crate) mod files;
 pub(crate) mod fs;
 pub(crate) mod health;
 pub(crate) mod preview;
+pub(crate) mod pty;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -73,6 +74,7 @@ pub fn router(state: AppState) -> Router {
         .route(&at("/stat"), get(fs::stat))
         .route(&at("/glob"), get(fs::glob))
         .route(&at("/grep"), post(fs::grep))
+        .route(&at("/pty"), get(pty::pty))
         .route(
             "/v1/policy",
             get(policy::get_tenant_policy)

@@ -1,0 +1,158 @@
+//! `GET /v1/conversations/{id}/pty` through `sessionbox serve` on every runtime, with a real
+//! WebSocket client (tokio-tungstenite): a terminal where the runtime has one (`isolated`,
+//! `opensandbox`), a clear refusal where it has none (`host`, `aio`).
+
+use std::time::{Duration, Instant};
+
+use futures::{SinkExt, StreamExt};
+use sessionbox_execd::pty::{self, ClientFrame, ServerFrame, channel};
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+use super::{Served, create_key};
+use crate::exact;
+
+type Ws = WebSocketStream<tokio::net::TcpStream>;
+
+/// Opens conversation `id`'s terminal with `key`; the HTTP status and body when refused.
+async fn open(base: &str, id: &str, key: &str) -> Result<Ws, (u16, String)> {
+    let url = format!(
+        "{}/v1/conversations/{id}/pty",
+        base.replace("http://", "ws://")
+    );
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {key}").parse().unwrap());
+    let stream = tokio::net::TcpStream::connect(base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    match tokio_tungstenite::client_async(req, stream).await {
+        Ok((ws, _)) => Ok(ws),
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+            let body = r
+                .body()
+                .as_ref()
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+                .unwrap_or_default();
+            Err((r.status().as_u16(), body))
+        }
+        Err(e) => panic!("websocket handshake: {e}"),
+    }
+}
+
+#[derive(Default, Debug)]
+struct Seen {
+    output: Vec<u8>,
+    frames: Vec<ServerFrame>,
+    closed: bool,
+}
+
+impl Seen {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.output).into_owned()
+    }
+}
+
+async fn read_until(ws: &mut Ws, seen: &mut Seen, what: &str, until: impl Fn(&Seen) -> bool) {
+    let end = Instant::now() + Duration::from_secs(60);
+    while !until(seen) && !seen.closed {
+        let left = end.saturating_duration_since(Instant::now());
+        let msg = tokio::time::timeout(left, ws.next())
+            .await
+            .unwrap_or_else(|_| panic!("{what}: timed out; {:?} {:?}", seen.frames, seen.text()));
+        match msg {
+            None | Some(Err(_)) | Some(Ok(Message::Close(_))) => seen.closed = true,
+            Some(Ok(Message::Binary(b))) => {
+                let (ch, _, data) = pty::parse_server_binary(&b).unwrap();
+                assert!(ch == channel::STDOUT || ch == channel::REPLAY, "{what}");
+                seen.output.extend_from_slice(data);
+            }
+            Some(Ok(Message::Text(t))) => seen.frames.push(serde_json::from_str(&t).unwrap()),
+            Some(Ok(_)) => {}
+        }
+    }
+}
+
+async fn type_in(ws: &mut Ws, text: &str) {
+    ws.send(Message::Binary(
+        pty::binary_frame(channel::STDIN, text.as_bytes()).into(),
+    ))
+    .await
+    .unwrap();
+}
+
+/// Issue 21's terminal on every runtime, through `sessionbox serve`: on `isolated` and on a real
+/// OpenSandbox server a shell in the conversation's workspace (what it writes the REST API
+/// reads), with the window size, its change, Ctrl-C and the exit status; `host` and `aio`
+/// refuse with 503 `runtime_unavailable` naming the runtimes that have terminals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminal_over_rest_on_every_runtime() {
+    for rt in exact::runtimes("pty") {
+        let name = rt.name;
+        let key = create_key(&rt.data, "default");
+        let served = Served::start(&rt.data);
+        let base = served.base.clone();
+        if matches!(name, "host" | "aio") {
+            let (st, body) = open(&base, "pty", &key).await.err().unwrap();
+            assert_eq!(st, 503, "{name}: {body}");
+            assert!(body.contains("runtime_unavailable"), "{name}: {body}");
+            assert!(body.contains("gives no terminals"), "{name}: {body}");
+            continue;
+        }
+        let started = Instant::now();
+        let mut ws = open(&base, "pty", &key).await.unwrap();
+        let mut seen = Seen::default();
+        read_until(&mut ws, &mut seen, name, |s| {
+            s.frames.first().is_some_and(|f| f.kind == "connected")
+                // bash's `$ `, or busybox ash's `~ $ ` followed by its cursor query.
+                && (s.text().contains("$ ") || s.text().contains("# "))
+        })
+        .await;
+        let first_prompt = started.elapsed();
+        type_in(
+            &mut ws,
+            "echo typed > typed.txt; stty size; echo $((6*7))-done\n",
+        )
+        .await;
+        read_until(&mut ws, &mut seen, name, |s| s.text().contains("42-done")).await;
+        assert!(seen.text().contains("24 80"), "{name}: {}", seen.text());
+        let r = reqwest::Client::new()
+            .get(format!("{base}/v1/conversations/pty/files/typed.txt"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.text().await.unwrap(), "typed\n", "{name}");
+
+        ws.send(Message::Text(
+            serde_json::to_string(&ClientFrame::resize(111, 33))
+                .unwrap()
+                .into(),
+        ))
+        .await
+        .unwrap();
+        type_in(&mut ws, "stty size; echo size-$((1+1))\n").await;
+        read_until(&mut ws, &mut seen, name, |s| s.text().contains("size-2")).await;
+        assert!(seen.text().contains("33 111"), "{name}: {}", seen.text());
+
+        type_in(&mut ws, "sleep 30\n").await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let interrupted = Instant::now();
+        type_in(&mut ws, "\x03").await;
+        type_in(&mut ws, "echo st=$?\n").await;
+        read_until(&mut ws, &mut seen, name, |s| s.text().contains("st=130")).await;
+        let ctrl_c = interrupted.elapsed();
+
+        type_in(&mut ws, "exit 4\n").await;
+        read_until(&mut ws, &mut seen, name, |_| false).await;
+        let exit = seen.frames.iter().find(|f| f.kind == "exit");
+        assert_eq!(exit.and_then(|f| f.exit_code), Some(4), "{name}: {seen:?}");
+        eprintln!(
+            "{name}: first prompt after {first_prompt:?} (conversation created), Ctrl-C answered \
+             in {ctrl_c:?}"
+        );
+        drop(served);
+        rt.destroy("pty");
+    }
+}
