@@ -56,6 +56,7 @@ mod init;
 mod metrics;
 mod proxy;
 mod server;
+mod watch;
 
 use std::future::Future;
 use std::net::SocketAddr;

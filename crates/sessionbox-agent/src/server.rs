@@ -44,6 +44,8 @@ pub(crate) struct AppState {
     pub activity: Activity,
     /// CPU use between two `GET /metrics`.
     pub cpu: CpuSampler,
+    /// Open watches (`/sessionbox/v1/watch`).
+    pub watches: crate::watch::Watches,
 }
 
 /// Requests in progress and the last time anything happened.
@@ -145,6 +147,7 @@ impl Agent {
             commands: Registry::new(config.max_finished_commands),
             activity: Activity::new(),
             cpu: CpuSampler::new(),
+            watches: crate::watch::Watches::default(),
             config,
         });
         Ok(Agent {
@@ -190,6 +193,7 @@ impl Agent {
                 _ = idle_watch(stopper.clone()) => tracing::info!("idle timeout reached; shutting down"),
             }
             stopper.commands.cancel_all("the agent is shutting down");
+            stopper.watches.stop_all();
         };
         let served = match listener {
             AnyListener::Tcp(l) => {
@@ -307,8 +311,10 @@ async fn idle_watch(state: Arc<AppState>) {
     let tick = (limit / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
     loop {
         tokio::time::sleep(tick).await;
-        let busy =
-            state.activity.in_flight.load(Ordering::SeqCst) > 0 || state.commands.running() > 0;
+        // An open watch is someone waiting for the workspace to change: activity.
+        let busy = state.activity.in_flight.load(Ordering::SeqCst) > 0
+            || state.commands.running() > 0
+            || state.watches.open() > 0;
         if busy {
             state.activity.touch();
         } else if state.activity.idle_for() >= limit {
@@ -368,6 +374,10 @@ fn api_routes() -> Router<Arc<AppState>> {
         .route(
             "/sessionbox/v1/commands/{id}/output",
             get(crate::background::output),
+        )
+        .route(
+            sessionbox_execd::watch_ext::WATCH_PATH,
+            get(crate::watch::watch),
         )
 }
 

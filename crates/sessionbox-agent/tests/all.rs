@@ -15,3 +15,4 @@ mod http;
 mod init;
 mod proxy;
 mod sdk;
+mod watch;

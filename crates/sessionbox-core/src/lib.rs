@@ -24,6 +24,7 @@ mod open;
 mod path;
 pub mod patterns;
 mod runtime;
+mod watch;
 
 pub use agent::{AgentAccess, AgentEndpoint, no_agent};
 pub use background::{
@@ -49,3 +50,4 @@ pub use patterns::{check_glob, check_grep};
 pub use runtime::{
     DestroyReport, DiskUsage, PoolSizes, Runtime, RuntimeConversation, RuntimeInfo, Session,
 };
+pub use watch::{MAX_QUEUED_WATCH_EVENTS, MAX_WATCH_STREAMS, MAX_WATCHED_DIRS, WatchEvent};
