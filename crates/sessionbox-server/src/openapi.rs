@@ -14,7 +14,7 @@ use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder
 use utoipa::openapi::{RefOr, ResponseBuilder};
 use utoipa::{IntoResponses, Modify, OpenApi, ToSchema};
 
-use crate::routes::{commands, conversations, exec, files, fs, health};
+use crate::routes::{commands, conversations, exec, files, fs, health, watch};
 use crate::views::{ErrorBody, ExitStatusView, FileKindView};
 
 /// The error answers of the routes on one conversation, besides 401 (see [`Unauthorized`]).
@@ -157,6 +157,7 @@ impl Modify for Security {
         fs::stat,
         fs::glob,
         fs::grep,
+        watch::watch,
         crate::policy::get_tenant_policy,
         crate::policy::put_tenant_policy,
         crate::policy::delete_tenant_policy,

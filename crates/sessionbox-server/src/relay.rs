@@ -52,6 +52,7 @@ pub(crate) async fn agent_link(
 ///
 /// # Errors
 /// The link's, when the agent cannot be reached (the caller's answer is then 502).
+#[allow(dead_code)] // Until the terminal and preview routes relay through it.
 pub(crate) async fn forward(
     link: &AgentLink,
     agent_path: &str,
@@ -104,6 +105,7 @@ pub(crate) async fn forward(
 
 /// Removes `names` (case-insensitive) from `headers`: what a relay's caller presented to the
 /// server and the agent must not see.
+#[allow(dead_code)] // As `forward`.
 pub(crate) fn without(headers: &mut HeaderMap, names: &[&str]) {
     for name in names {
         headers.remove(*name);

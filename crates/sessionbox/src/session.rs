@@ -1,5 +1,5 @@
 //! The commands that run one operation on a conversation (`exec`, `write`, `read`, `edit`,
-//! `ls`, `stat`, `rm`, `mkdir`, `glob`, `grep`, `commands`, `logs`, `kill`): their input checked
+//! `ls`, `stat`, `rm`, `mkdir`, `glob`, `grep`, `commands`, `logs`, `kill`, `watch`): their input checked
 //! before anything is created, the conversation held and opened, the operation, its output.
 
 use std::io::{Read, Write};
@@ -38,7 +38,8 @@ pub(crate) fn prepare(
         | SessionCommand::Ls { path, .. }
         | SessionCommand::Stat { path, .. }
         | SessionCommand::Rm { path, .. }
-        | SessionCommand::Mkdir { path, .. } => check(path)?,
+        | SessionCommand::Mkdir { path, .. }
+        | SessionCommand::Watch { path, .. } => check(path)?,
         SessionCommand::Edit { path, old, .. } => {
             check(path)?;
             if old.is_empty() {
@@ -197,7 +198,8 @@ pub(crate) async fn run(
     // conversation across processes (and, with PostgreSQL, machines).
     // Except a read of background output, which may wait long (`logs --follow`): it changes
     // nothing, and the command it reads belongs to the runtime.
-    let opened = if operation == Operation::CommandOutput {
+    // So is a watch, which runs until interrupted and only reads.
+    let opened = if matches!(operation, Operation::CommandOutput | Operation::Attach) {
         app.manager.open_unheld(conv, mode).await.map(|c| (c, None))
     } else {
         app.manager.open_for(conv, mode).await.map(|held| {
@@ -330,6 +332,10 @@ async fn run_on_session(
                     return Ok(ExitCode::SUCCESS);
                 }
             }
+        }
+        SessionCommand::Watch { path, .. } => {
+            drop(out);
+            watch(s, &path).await
         }
         SessionCommand::Kill { id, .. } => {
             let c = s.kill_command(&id).await?;
@@ -472,6 +478,22 @@ async fn run_on_session(
             })
         }
     }
+}
+
+/// `watch`: the agent's events of `path`, one JSON line each, flushed as they come; ends with
+/// the stream (after an `ended` event), or with an error when the agent goes away.
+async fn watch(s: &sessionbox_manager::Conversation, path: &str) -> anyhow::Result<ExitCode> {
+    let Some(access) = s.agent() else {
+        return Err(sessionbox_core::no_agent(&s.record().runtime, "file watching").into());
+    };
+    let link = sessionbox_execd::AgentLink::new(access).map_err(Error::from)?;
+    let mut events = link.watch(path).await.map_err(Error::from)?;
+    let mut out = std::io::stdout();
+    while let Some(event) = events.next().await.map_err(Error::from)? {
+        writeln!(out, "{}", serde_json::to_string(&event)?)?;
+        out.flush()?;
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

@@ -35,3 +35,4 @@ mod replicas;
 mod serve;
 mod serve_tls;
 mod skills;
+mod watch;

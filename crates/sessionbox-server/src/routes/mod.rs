@@ -12,6 +12,7 @@ pub(crate) mod exec;
 pub(crate) mod files;
 pub(crate) mod fs;
 pub(crate) mod health;
+pub(crate) mod watch;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -65,6 +66,7 @@ pub fn router(state: AppState) -> Router {
         .route(&at("/stat"), get(fs::stat))
         .route(&at("/glob"), get(fs::glob))
         .route(&at("/grep"), post(fs::grep))
+        .route(&at("/watch"), get(watch::watch))
         .route(
             "/v1/policy",
             get(policy::get_tenant_policy)
