@@ -376,6 +376,10 @@ fn api_routes() -> Router<Arc<AppState>> {
             get(crate::background::output),
         )
         .route(
+            "/sessionbox/v1/commands/{id}/stdin",
+            post(crate::background::write_stdin).delete(crate::background::close_stdin),
+        )
+        .route(
             sessionbox_execd::watch_ext::WATCH_PATH,
             get(crate::watch::watch),
         )

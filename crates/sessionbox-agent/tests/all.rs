@@ -15,4 +15,5 @@ mod http;
 mod init;
 mod proxy;
 mod sdk;
+mod stdin;
 mod watch;

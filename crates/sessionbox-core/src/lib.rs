@@ -29,7 +29,8 @@ mod watch;
 pub use agent::{AgentAccess, AgentEndpoint, no_agent};
 pub use background::{
     BackgroundCommand, CommandOutput, MAX_COMMAND_ID_BYTES, MAX_OUTPUT_CHUNK, MAX_OUTPUT_WAIT,
-    MAX_RUNNING_COMMANDS, OutputRequest, background_unsupported, validate_command_id,
+    MAX_RUNNING_COMMANDS, OutputRequest, STDIN_WRITE_WAIT, StdinWrite, background_unsupported,
+    live_stdin_unsupported, validate_command_id,
 };
 pub use directory::{Directory, NetworkPolicy, RemotePoolSlot, RemoteSandbox};
 pub use error::{

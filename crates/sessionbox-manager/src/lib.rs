@@ -764,6 +764,18 @@ impl Session for Conversation {
             .await
     }
 
+    // Not audited one by one: a pipe passed through is many writes (its bytes are never
+    // recorded either way).
+    async fn write_stdin(&self, id: &str, data: &[u8]) -> Result<sessionbox_core::StdinWrite> {
+        self.session.write_stdin(id, data).await
+    }
+
+    async fn close_stdin(&self, id: &str) -> Result<()> {
+        let r = self.session.close_stdin(id).await;
+        self.audited("command_stdin_close", Some(format!("command={id}")), r)
+            .await
+    }
+
     async fn close(self: Box<Self>) -> Result<()> {
         let Conversation {
             session,

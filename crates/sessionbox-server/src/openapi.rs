@@ -147,6 +147,8 @@ impl Modify for Security {
         commands::status,
         commands::logs,
         commands::kill,
+        commands::write_stdin,
+        commands::close_stdin,
         files::upload,
         files::read,
         files::write,
@@ -177,7 +179,8 @@ impl Modify for Security {
         crate::output::OutputText,
         exec::ExecExit,
         crate::commands::CommandView,
-        crate::commands::CommandListView
+        crate::commands::CommandListView,
+        crate::views::WatchEventView
     )),
     modifiers(&Security, &IdRule, &Unauthorized),
     security(("bearer" = []), ("api_key" = []))

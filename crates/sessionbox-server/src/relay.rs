@@ -35,7 +35,12 @@ pub(crate) async fn agent_link(
     what: &str,
 ) -> Result<AgentLink> {
     let access = state
-        .with_conversation(conv, operation, async |opened| opened.conv.agent())
+        .with_conversation(conv, operation, async |opened| {
+            // The agent stops when idle (isolated): a call through the session starts it again
+            // before its endpoint is handed out. The answer itself does not matter.
+            let _ = opened.conv.commands().await;
+            opened.conv.agent()
+        })
         .await?;
     let Some(access) = access else {
         return Err(sessionbox_core::no_agent(

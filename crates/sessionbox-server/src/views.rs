@@ -230,3 +230,16 @@ impl From<sessionbox_core::WatchEvent> for WatchEventView {
         }
     }
 }
+
+/// One server-sent event of a watch as an event-stream reader sees it: `event` is the kind,
+/// `data` a [`WatchEventView`] as JSON text.
+#[derive(ToSchema)]
+#[schema(as = WatchStreamEvent)]
+#[allow(dead_code)] // Only read by the schema generator.
+pub(crate) struct WatchStreamEvent {
+    /// `ready`, `created`, `modified`, `deleted`, `moved`, `overflow`, `limit`, `ended`, or
+    /// `error`.
+    event: String,
+    /// A WatchEvent (an Error for `error`) as JSON.
+    data: String,
+}

@@ -24,6 +24,7 @@ mod serve;
 mod session;
 mod shown;
 mod skills;
+mod stdin_pass;
 mod verify;
 
 use std::process::ExitCode;

@@ -19,6 +19,8 @@ use crate::{App, UsageError};
 pub(crate) struct Prepared {
     exec: Option<ExecRequest>,
     write_data: Option<Vec<u8>>,
+    /// `exec --stdin` in the foreground: stdin is passed on as it is read, not read first.
+    pass_stdin: bool,
 }
 
 /// Checks every input of `command` against the workspace root as the runtime presents it, and
@@ -64,17 +66,27 @@ pub(crate) fn prepare(
             stdin,
             output_limit,
             command,
+            background,
             ..
         } => Some(exec_request(
             command,
             cwd.clone(),
             *timeout,
             env,
-            *stdin,
+            // A foreground command's stdin is passed on as it is read (see `pass_stdin`).
+            *stdin && *background,
             *output_limit,
         )?),
         _ => None,
     };
+    let pass_stdin = matches!(
+        command,
+        SessionCommand::Exec {
+            stdin: true,
+            background: false,
+            ..
+        }
+    );
     let write_data = match command {
         SessionCommand::Write { .. } => {
             let Some(data) = read_at_most(std::io::stdin().lock(), max_file_bytes)
@@ -92,7 +104,11 @@ pub(crate) fn prepare(
         }
         _ => None,
     };
-    Ok(Prepared { exec, write_data })
+    Ok(Prepared {
+        exec,
+        write_data,
+        pass_stdin,
+    })
 }
 
 /// All of `input` if it is at most `limit` bytes, else `None` as soon as more arrives: read in
@@ -224,7 +240,7 @@ pub(crate) async fn run(
             conv.id
         );
     }
-    let result = run_on_session(&session, command, prepared.exec, prepared.write_data).await;
+    let result = run_on_session(&session, command, prepared).await;
     let closed = Box::new(session).close().await;
     let code = result?;
     closed?;
@@ -282,9 +298,13 @@ fn with_flags(e: Error) -> Error {
 async fn run_on_session(
     s: &sessionbox_manager::Conversation,
     command: SessionCommand,
-    exec: Option<ExecRequest>,
-    write_data: Option<Vec<u8>>,
+    prepared: Prepared,
 ) -> anyhow::Result<ExitCode> {
+    let Prepared {
+        exec,
+        write_data,
+        pass_stdin,
+    } = prepared;
     let mut out = std::io::stdout().lock();
     let names = crate::shown::Names::for_stdout();
     match command {
@@ -344,6 +364,17 @@ async fn run_on_session(
         }
         SessionCommand::Exec { .. } => {
             drop(out);
+            let mut exec = exec.expect("built above");
+            if pass_stdin {
+                match crate::stdin_pass::exec(s, &exec).await? {
+                    Some(code) => return Ok(code),
+                    // The runtime cannot keep a stdin open: read it all first, as before.
+                    None => {
+                        exec.stdin = Some(crate::stdin_pass::read_all()?);
+                        exec.validate()?;
+                    }
+                }
+            }
             // The output as it comes, byte for byte: each chunk is written (and flushed) when
             // the runtime hands it over. The first write error (a reader that went away) is
             // kept and returned once the command has ended.
@@ -363,7 +394,6 @@ async fn run_on_session(
                     failed = Some(e);
                 }
             };
-            let exec = exec.expect("built above");
             let r_limit = exec.output_limit;
             let r = s.exec_stream(exec, &mut sink).await?;
             if let Some(e) = failed {
@@ -483,6 +513,8 @@ async fn run_on_session(
 /// `watch`: the agent's events of `path`, one JSON line each, flushed as they come; ends with
 /// the stream (after an `ended` event), or with an error when the agent goes away.
 async fn watch(s: &sessionbox_manager::Conversation, path: &str) -> anyhow::Result<ExitCode> {
+    // The agent stops when idle (isolated): a call through the session starts it again.
+    let _ = s.commands().await;
     let Some(access) = s.agent() else {
         return Err(sessionbox_core::no_agent(&s.record().runtime, "file watching").into());
     };

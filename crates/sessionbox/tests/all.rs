@@ -35,4 +35,5 @@ mod replicas;
 mod serve;
 mod serve_tls;
 mod skills;
+mod stdin;
 mod watch;

@@ -52,6 +52,10 @@ pub fn router(state: AppState) -> Router {
             get(commands::status).delete(commands::kill),
         )
         .route(&at("/commands/{cmd}/logs"), get(commands::logs))
+        .route(
+            &at("/commands/{cmd}/stdin"),
+            post(commands::write_stdin).delete(commands::close_stdin),
+        )
         .route(&at("/files"), post(files::upload).layer(file_limit))
         .route(
             &at("/files/{*path}"),

@@ -20,7 +20,7 @@ use crate::auth::Principal;
 use crate::extract::{PathArgs, QueryArgs};
 use crate::openapi::ConversationErrors;
 use crate::relay::agent_link;
-use crate::views::WatchEventView;
+use crate::views::{WatchEventView, WatchStreamEvent};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -37,7 +37,7 @@ pub(crate) struct WatchQuery {
     params(("id" = String, Path, description = "conversation id"),
            ("path" = Option<String>, Query, description = "the directory to watch; default the workspace root")),
     responses((status = 200, description = "server-sent events: `ready`, then `created`, `modified`, `deleted`, `moved`, `overflow`, `limit`, and `ended` last; each event's data is a WatchEvent",
-               content((WatchEventView = "text/event-stream"))),
+               content((WatchStreamEvent = "text/event-stream"))),
               ConversationErrors))]
 pub(crate) async fn watch(
     State(state): State<AppState>,
