@@ -270,6 +270,27 @@ async fn run(
     }
 }
 
+/// Where a walk reports what it finds: nowhere (the first walk), or events up to
+/// [`MAX_QUEUED_WATCH_EVENTS`], then one `overflow`.
+struct Announce<'a> {
+    events: Option<&'a mut Vec<WatchEvent>>,
+    sent: usize,
+}
+
+impl Announce<'_> {
+    fn push(&mut self, event: WatchEvent) {
+        let Some(events) = self.events.as_deref_mut() else {
+            return;
+        };
+        self.sent += 1;
+        if self.sent < MAX_QUEUED_WATCH_EVENTS {
+            events.push(event);
+        } else if self.sent == MAX_QUEUED_WATCH_EVENTS {
+            events.push(WatchEvent::Overflow);
+        }
+    }
+}
+
 /// One inotify event, owned.
 struct RawEvent {
     wd: i32,
@@ -397,16 +418,20 @@ impl Tree {
         mut events: Option<&mut Vec<WatchEvent>>,
         skipped: &mut usize,
     ) -> Result<(), Error> {
+        // What one walk reports is bounded like the queue it goes to: past
+        // MAX_QUEUED_WATCH_EVENTS entries (a large directory moved in), one `overflow` instead.
+        let mut announce = Announce {
+            events: events.take(),
+            sent: 0,
+        };
         let mut queue = VecDeque::from([rel]);
         while let Some(rel) = queue.pop_front() {
             if self.dirs.len() >= MAX_WATCHED_DIRS {
                 *skipped += 1;
-                if let Some(ev) = events.as_deref_mut() {
-                    ev.push(WatchEvent::Limit {
-                        path: self.show(&rel),
-                        max_dirs: MAX_WATCHED_DIRS,
-                    });
-                }
+                announce.push(WatchEvent::Limit {
+                    path: self.show(&rel),
+                    max_dirs: MAX_WATCHED_DIRS,
+                });
                 continue;
             }
             let Ok(dir) = self.open_dir(&rel) else {
@@ -425,13 +450,12 @@ impl Tree {
                     )));
                 }
                 Err(Errno::NOSPC) => {
+                    // The kernel's per-user allowance of watches is spent.
                     *skipped += 1;
-                    if let Some(ev) = events.as_deref_mut() {
-                        ev.push(WatchEvent::Limit {
-                            path: self.show(&rel),
-                            max_dirs: self.dirs.len(),
-                        });
-                    }
+                    announce.push(WatchEvent::Limit {
+                        path: self.show(&rel),
+                        max_dirs: self.dirs.len(),
+                    });
                     continue;
                 }
                 Err(_) => continue,
@@ -456,14 +480,22 @@ impl Tree {
                     rustix::fs::FileType::Unknown => self.open_dir(&child).is_ok(),
                     _ => false,
                 };
-                if let Some(ev) = events.as_deref_mut() {
-                    ev.push(WatchEvent::Created {
-                        path: self.show(&child),
-                        dir: is_dir,
-                    });
+                announce.push(WatchEvent::Created {
+                    path: self.show(&child),
+                    dir: is_dir,
+                });
+                if !is_dir {
+                    continue;
                 }
-                if is_dir {
+                // The walk's own queue never holds more than the directories it may watch.
+                if self.dirs.len() + queue.len() < MAX_WATCHED_DIRS {
                     queue.push_back(child);
+                } else {
+                    *skipped += 1;
+                    announce.push(WatchEvent::Limit {
+                        path: self.show(&child),
+                        max_dirs: MAX_WATCHED_DIRS,
+                    });
                 }
             }
         }

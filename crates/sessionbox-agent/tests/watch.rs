@@ -382,3 +382,55 @@ async fn an_open_watch_keeps_an_idle_agent_alive() {
         "the agent stops once the watch is closed and it is idle"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_large_directory_moved_in_is_announced_up_to_the_queue_bound_then_overflow() {
+    let a = TestAgent::start().await;
+    // The attack: 3000 files and 2000 directories made outside, then moved in at once.
+    let big = a.outside.join("big");
+    for i in 0..3000 {
+        if i < 2000 {
+            std::fs::create_dir_all(big.join(format!("d{i}"))).unwrap();
+        }
+        std::fs::write(big.join(format!("f{i}")), b"").unwrap();
+    }
+    let (mut w, _) = open(&a, ".").await;
+    std::fs::rename(&big, a.root.join("big")).unwrap();
+    std::fs::write(a.root.join("after"), b"").unwrap();
+    let got = until(
+        &mut w,
+        Duration::from_secs(10),
+        |e| matches!(e, WatchEvent::Created { path, .. } if path.ends_with("/after")),
+    )
+    .await;
+    let news = got
+        .iter()
+        .filter(|e| matches!(e, WatchEvent::Created { .. }))
+        .count();
+    let overflow = got.iter().filter(|e| **e == WatchEvent::Overflow).count();
+    eprintln!(
+        "5000 entries moved in: {} events, {news} created, {overflow} overflow",
+        got.len()
+    );
+    assert!(
+        got.contains(&created(a.path("big"), true)),
+        "{:?}",
+        &got[..3]
+    );
+    assert!(overflow >= 1, "the rest is said to be lost");
+    assert!(
+        got.len() <= sessionbox_core::MAX_QUEUED_WATCH_EVENTS + 8,
+        "{}",
+        got.len()
+    );
+    // It goes on, and follows what it could watch.
+    std::fs::write(a.root.join("big/d0/x"), b"").unwrap();
+    let got = until(
+        &mut w,
+        Duration::from_secs(5),
+        |e| matches!(e, WatchEvent::Created { path, .. } if path.ends_with("big/d0/x")),
+    )
+    .await;
+    assert!(!got.is_empty());
+    a.stop().await;
+}
