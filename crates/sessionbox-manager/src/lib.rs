@@ -5,6 +5,8 @@
 //! returns is itself a [`Session`]: every operation is passed to the runtime's session and
 //! recorded in the audit log (operation and outcome; never file contents, commands or secrets).
 //! [`Manager::destroy`] ends the conversation in the runtime, then deletes its record.
+//! Over 800 lines on purpose: the audited [`Conversation`] forwards every `Session` method
+//! beside the one open sequence it is made by; apart, neither reads alone.
 //!
 //! Lifecycle: a new record gets its tenant's [`Lifecycle`](sessionbox_store::Lifecycle) (see [`Manager::with_lifecycle`]);
 //! every open renews it ([`Store::touch`]); an expired conversation is not renewed but
@@ -764,16 +766,13 @@ impl Session for Conversation {
             .await
     }
 
-    // Not audited one by one: a pipe passed through is many writes (its bytes are never
-    // recorded either way).
+    // Not audited: a pipe passed through is many writes (whose bytes are never recorded).
     async fn write_stdin(&self, id: &str, data: &[u8]) -> Result<sessionbox_core::StdinWrite> {
         self.session.write_stdin(id, data).await
     }
 
     async fn close_stdin(&self, id: &str) -> Result<()> {
-        let r = self.session.close_stdin(id).await;
-        self.audited("command_stdin_close", Some(format!("command={id}")), r)
-            .await
+        self.session.close_stdin(id).await
     }
 
     async fn close(self: Box<Self>) -> Result<()> {
