@@ -26,11 +26,14 @@ pub(crate) struct Prepared {
 /// Checks every input of `command` against the workspace root as the runtime presents it, and
 /// reads what it needs from stdin (for `write`, at most `max_file_bytes`, the file limit of
 /// `[limits]`: more is refused before anything is written). Runs before the store or the
-/// runtime exists, so bad input creates nothing (not even the data directory).
+/// runtime exists, so bad input creates nothing (not even the data directory). With
+/// `live_stdin` (the runtime keeps a background command's stdin open), a foreground
+/// `exec --stdin` is not read here but passed through as it is read ([`crate::stdin_pass`]).
 pub(crate) fn prepare(
     root: &str,
     command: &SessionCommand,
     max_file_bytes: u64,
+    live_stdin: bool,
 ) -> anyhow::Result<Prepared> {
     let check = |p: &str| sessionbox_core::WorkspacePath::resolve(root, p).map(|_| ());
     match command {
@@ -73,20 +76,21 @@ pub(crate) fn prepare(
             cwd.clone(),
             *timeout,
             env,
-            // A foreground command's stdin is passed on as it is read (see `pass_stdin`).
-            *stdin && *background,
+            // Passed on as it is read instead (see `pass_stdin`).
+            *stdin && (*background || !live_stdin),
             *output_limit,
         )?),
         _ => None,
     };
-    let pass_stdin = matches!(
-        command,
-        SessionCommand::Exec {
-            stdin: true,
-            background: false,
-            ..
-        }
-    );
+    let pass_stdin = live_stdin
+        && matches!(
+            command,
+            SessionCommand::Exec {
+                stdin: true,
+                background: false,
+                ..
+            }
+        );
     let write_data = match command {
         SessionCommand::Write { .. } => {
             let Some(data) = read_at_most(std::io::stdin().lock(), max_file_bytes)

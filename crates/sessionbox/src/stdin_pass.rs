@@ -9,15 +9,17 @@
 //! exit code is the command's (124 after its timeout, 128+N for signal N). Ctrl-C kills it.
 //! Memory stays bounded: at most [`QUEUED`] pieces of [`PIECE`] bytes wait between reading and
 //! writing, and a command that does not read makes the reading wait (back-pressure), never
-//! the queue grow. On a runtime that cannot keep a stdin open (`host`, `aio`), [`exec`] answers
-//! `None` and the caller reads stdin whole first, as before (at most 1 MiB).
+//! the queue grow. On `host` and `aio`, which cannot keep a stdin open, stdin is read whole
+//! first, before anything is created (at most 1 MiB); should a runtime refuse all the same,
+//! [`exec`] answers `None` and the caller does that then.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
 use sessionbox_core::{Error, ExecRequest, OutputRequest, Session};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
 /// Bytes read from stdin at once.
@@ -77,11 +79,14 @@ pub(crate) async fn exec(
     let follow = async {
         let mut read = OutputRequest::from_start();
         read.wait = Duration::from_secs(20);
+        // Written without blocking the runtime's thread, so that a reader of this output who
+        // is slow never stops stdin from being fed meanwhile.
+        let (mut so, mut se) = (tokio::io::stdout(), tokio::io::stderr());
         loop {
             let o = s.command_output(&id, read).await?;
-            let mut so = std::io::stdout();
-            so.write_all(&o.stdout).and_then(|()| so.flush())?;
-            std::io::stderr().write_all(&o.stderr)?;
+            so.write_all(&o.stdout).await?;
+            so.flush().await?;
+            se.write_all(&o.stderr).await?;
             read.stdout_from = o.stdout_next();
             read.stderr_from = o.stderr_next();
             if o.complete() {
