@@ -1,5 +1,6 @@
 //! Background commands: what the agent keeps of them, and sessionbox's extension routes
-//! (see [`sessionbox_execd::commands_ext`]) to start, list, read, follow and kill them.
+//! (see [`sessionbox_execd::commands_ext`]) to start, list, read, follow and kill them, and to
+//! write to and close the stdin of one started with `keep_stdin_open`.
 //!
 //! A background command started by either route (`POST /command` with `background: true`, as
 //! upstream, or `POST /sessionbox/v1/commands`) lives in the agent's registry, runs until it
@@ -20,11 +21,12 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use sessionbox_core::{
     BackgroundCommand, CommandOutput, Error, ExitStatus, MAX_OUTPUT_CHUNK, MAX_RUNNING_COMMANDS,
-    OutputRequest,
+    MAX_STDIN_BYTES, OutputRequest, STDIN_WRITE_WAIT,
 };
 use sessionbox_execd::RunCommandRequest;
 use sessionbox_execd::commands_ext::{OutputResponse, output_query};
 use sessionbox_execd::fs_ext::FS_ERROR_PREFIX;
+use sessionbox_process::LiveStdin;
 use tokio::sync::Notify;
 
 use crate::commands::{Command, CommandState, build_exec};
@@ -186,7 +188,7 @@ pub(crate) async fn spawn(State(state): State<Arc<AppState>>, req: Request) -> R
         let mut request: RunCommandRequest = json_body(&state, req).await?;
         request.background = true;
         let (exec, cwd) = build_exec(&state, &request)?;
-        let cmd = Command::new(&exec.command, true);
+        let cmd = Command::background(&exec.command, exec.keep_stdin_open);
         state
             .commands
             .insert_background(cmd.clone(), MAX_RUNNING_COMMANDS)?;
@@ -231,6 +233,64 @@ pub(crate) async fn kill(State(state): State<Arc<AppState>>, Path(id): Path<Stri
     let deadline = tokio::time::Instant::now() + KILL_WAIT;
     let now = wait_for(&cmd, deadline, |st| !st.running, |st| status_of(&cmd, st)).await;
     axum::Json(now).into_response()
+}
+
+/// The live stdin of background command `id`, or a typed 404 or 409.
+fn stdin_of(state: &AppState, id: &str) -> Result<(Arc<Command>, LiveStdin), Error> {
+    let cmd = find(state, id)?;
+    let stdin = cmd.stdin.clone().ok_or_else(|| {
+        Error::Conflict(format!(
+            "background command {id} was not started with its stdin kept open \
+             (keep_stdin_open)"
+        ))
+    })?;
+    Ok((cmd, stdin))
+}
+
+/// `POST /sessionbox/v1/commands/{id}/stdin`: writes the raw body (at most
+/// [`MAX_STDIN_BYTES`]) to the command's stdin, as much as it reads within
+/// [`STDIN_WRITE_WAIT`].
+pub(crate) async fn write_stdin(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    req: Request,
+) -> Response {
+    let (_cmd, stdin) = match stdin_of(&state, &id) {
+        Ok(s) => s,
+        Err(e) => return typed_error(&e),
+    };
+    let data = match crate::server::read_body(req, MAX_STDIN_BYTES).await {
+        Ok(d) => d,
+        Err(e) if e.status == StatusCode::PAYLOAD_TOO_LARGE => {
+            return typed_error(&Error::TooLarge {
+                what: "a write to stdin".into(),
+                limit: MAX_STDIN_BYTES as u64,
+            });
+        }
+        Err(e) => return typed_error(&Error::InvalidRequest(e.message)),
+    };
+    match stdin.write(&data, STDIN_WRITE_WAIT).await {
+        Ok(w) => {
+            state.activity.touch();
+            axum::Json(w).into_response()
+        }
+        Err(e) => typed_error(&e),
+    }
+}
+
+/// `DELETE /sessionbox/v1/commands/{id}/stdin`: closes it; 204 (also when it was closed or
+/// the command has ended).
+pub(crate) async fn close_stdin(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Response {
+    match stdin_of(&state, &id) {
+        Ok((_cmd, stdin)) => {
+            stdin.close().await;
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(e) => typed_error(&e),
+    }
 }
 
 /// Reads an optional unsigned number from the query; a typed 400 when it is not one.

@@ -45,6 +45,8 @@ pub(crate) struct Command {
     pub(crate) started_at: DateTime<Utc>,
     cancel: CancellationToken,
     state: Mutex<CommandState>,
+    /// Its stdin, when it was started with `keep_stdin_open`.
+    pub(crate) stdin: Option<process::LiveStdin>,
 }
 
 #[derive(Default)]
@@ -74,7 +76,17 @@ impl Command {
                 running: true,
                 ..Default::default()
             }),
+            stdin: None,
         })
+    }
+
+    /// A background command that starts now, with its stdin kept open when `keep_stdin_open`.
+    pub(crate) fn background(content: &str, keep_stdin_open: bool) -> Arc<Command> {
+        let mut cmd = Command::new(content, true);
+        if let Some(c) = Arc::get_mut(&mut cmd).filter(|_| keep_stdin_open) {
+            c.stdin = Some(process::LiveStdin::new());
+        }
+        cmd
     }
 
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, CommandState> {
@@ -313,6 +325,7 @@ pub(crate) fn build_exec(
             .extend(envs.iter().map(|(k, v)| (k.clone(), v.clone())));
     }
     exec.stdin = req.stdin.clone();
+    exec.keep_stdin_open = req.keep_stdin_open;
     exec.validate().map_err(ApiError::from)?;
     let cwd = state
         .ws
@@ -342,7 +355,14 @@ async fn start(state: Arc<AppState>, req: Request) -> Result<Response, ApiError>
             running: true,
             ..Default::default()
         }),
+        stdin: exec.keep_stdin_open.then(process::LiveStdin::new),
     });
+    if request.keep_stdin_open && !request.background {
+        return Err(ApiError::bad_request(
+            "keep_stdin_open is for background commands (a foreground command's stdin is its \
+             request's stdin)",
+        ));
+    }
     if request.background {
         state
             .commands
@@ -540,7 +560,12 @@ async fn execute(
             home: &state.presented_root,
             kill_grace: state.config.kill_grace,
         };
-        let run = process::run(spawn, Some(&mut on_output));
+        let run = async {
+            match &cmd.stdin {
+                Some(stdin) => process::run_live(spawn, Some(&mut on_output), stdin).await,
+                None => process::run(spawn, Some(&mut on_output)).await,
+            }
+        };
         tokio::select! {
             r = run => Some(r),
             // Dropping `run` kills the whole process group.

@@ -58,6 +58,7 @@ mod metrics;
 mod proxy;
 mod pty;
 mod server;
+mod watch;
 
 use std::future::Future;
 use std::net::SocketAddr;

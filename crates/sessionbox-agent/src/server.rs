@@ -48,6 +48,8 @@ pub(crate) struct AppState {
     pub terminals: crate::pty::Terminals,
     /// Bash sessions (`/session`).
     pub bash_sessions: crate::bash_session::BashSessions,
+    /// Open watches (`/sessionbox/v1/watch`).
+    pub watches: crate::watch::Watches,
 }
 
 /// Requests in progress and the last time anything happened.
@@ -151,6 +153,7 @@ impl Agent {
             cpu: CpuSampler::new(),
             terminals: crate::pty::Terminals::new(config.max_terminals),
             bash_sessions: crate::bash_session::BashSessions::new(),
+            watches: crate::watch::Watches::default(),
             config,
         });
         Ok(Agent {
@@ -198,6 +201,7 @@ impl Agent {
             stopper.commands.cancel_all("the agent is shutting down");
             stopper.terminals.kill_all();
             stopper.bash_sessions.cancel_all();
+            stopper.watches.stop_all();
         };
         let served = match listener {
             AnyListener::Tcp(l) => {
@@ -316,11 +320,13 @@ async fn idle_watch(state: Arc<AppState>) {
     let tick = (limit / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
     loop {
         tokio::time::sleep(tick).await;
-        // A terminal whose shell runs with a client attached is activity.
+        // A terminal whose shell runs with a client attached is activity; so is an open
+        // watch (someone waiting for the workspace to change).
         let busy = state.activity.in_flight.load(Ordering::SeqCst) > 0
             || state.commands.running() > 0
             || state.terminals.running() > 0
-            || state.bash_sessions.running() > 0;
+            || state.bash_sessions.running() > 0
+            || state.watches.open() > 0;
         if busy {
             state.activity.touch();
         } else if state.activity.idle_for() >= limit {
@@ -392,6 +398,14 @@ fn api_routes() -> Router<Arc<AppState>> {
         .route(
             "/sessionbox/v1/commands/{id}/output",
             get(crate::background::output),
+        )
+        .route(
+            "/sessionbox/v1/commands/{id}/stdin",
+            post(crate::background::write_stdin).delete(crate::background::close_stdin),
+        )
+        .route(
+            sessionbox_execd::watch_ext::WATCH_PATH,
+            get(crate::watch::watch),
         )
 }
 

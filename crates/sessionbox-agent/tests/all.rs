@@ -17,3 +17,5 @@ mod init;
 mod proxy;
 mod pty;
 mod sdk;
+mod stdin;
+mod watch;

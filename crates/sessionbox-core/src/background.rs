@@ -248,6 +248,30 @@ pub fn background_unsupported(runtime: &str) -> Error {
     }
 }
 
+/// Longest a write to a background command's stdin waits for the command to read (the pipe
+/// holds 64 KiB): 10 s. What is written by then is reported; the rest is not written.
+pub const STDIN_WRITE_WAIT: Duration = Duration::from_secs(10);
+
+/// What a write to a background command's stdin did ([`crate::Session::write_stdin`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StdinWrite {
+    /// Bytes the pipe took, from the start of the data.
+    pub written: u64,
+    /// The command did not read the rest within [`STDIN_WRITE_WAIT`]; it was not written.
+    pub timed_out: bool,
+}
+
+/// The refusal of live stdin by a runtime that cannot keep a command's stdin open.
+pub fn live_stdin_unsupported(runtime: &str) -> Error {
+    Error::RuntimeUnavailable {
+        runtime: runtime.to_owned(),
+        reason: "this runtime cannot keep a background command's stdin open".into(),
+        hint: "give the command its stdin when it starts, or use the isolated or opensandbox \
+               runtime"
+            .into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -54,6 +54,11 @@ pub struct ExecRequest {
     pub stdin: Option<Vec<u8>>,
     /// Cap on each of stdout and stderr, in bytes; output past it is discarded as it streams.
     pub output_limit: usize,
+    /// Background commands only ([`crate::Session::spawn`]): the command's stdin is a pipe kept
+    /// open, written with [`crate::Session::write_stdin`] and closed with
+    /// [`crate::Session::close_stdin`] (or when the command ends). Not with `stdin`.
+    #[serde(default)]
+    pub keep_stdin_open: bool,
 }
 
 impl ExecRequest {
@@ -67,7 +72,15 @@ impl ExecRequest {
             timeout: DEFAULT_TIMEOUT,
             stdin: None,
             output_limit: DEFAULT_OUTPUT_LIMIT,
+            keep_stdin_open: false,
         }
+    }
+
+    /// Keeps the command's stdin open for live writes (background commands; see
+    /// [`ExecRequest::keep_stdin_open`]).
+    pub fn keep_stdin_open(mut self) -> Self {
+        self.keep_stdin_open = true;
+        self
     }
 
     /// Sets the working directory.
@@ -131,6 +144,13 @@ impl ExecRequest {
                 what: "stdin".into(),
                 limit: MAX_STDIN_BYTES as u64,
             });
+        }
+        if self.keep_stdin_open && self.stdin.is_some() {
+            return Err(Error::InvalidRequest(
+                "give either stdin bytes or keep_stdin_open, not both (write the bytes to the \
+                 open stdin instead)"
+                    .into(),
+            ));
         }
         if self.command.trim().is_empty() {
             return Err(Error::InvalidRequest("the command is empty".into()));

@@ -24,11 +24,13 @@ mod open;
 mod path;
 pub mod patterns;
 mod runtime;
+mod watch;
 
 pub use agent::{AgentAccess, AgentEndpoint, no_agent};
 pub use background::{
     BackgroundCommand, CommandOutput, MAX_COMMAND_ID_BYTES, MAX_OUTPUT_CHUNK, MAX_OUTPUT_WAIT,
-    MAX_RUNNING_COMMANDS, OutputRequest, background_unsupported, validate_command_id,
+    MAX_RUNNING_COMMANDS, OutputRequest, STDIN_WRITE_WAIT, StdinWrite, background_unsupported,
+    live_stdin_unsupported, validate_command_id,
 };
 pub use directory::{Directory, NetworkPolicy, RemotePoolSlot, RemoteSandbox};
 pub use error::{
@@ -49,3 +51,4 @@ pub use patterns::{check_glob, check_grep};
 pub use runtime::{
     DestroyReport, DiskUsage, PoolSizes, Runtime, RuntimeConversation, RuntimeInfo, Session,
 };
+pub use watch::{MAX_QUEUED_WATCH_EVENTS, MAX_WATCH_STREAMS, MAX_WATCHED_DIRS, WatchEvent};

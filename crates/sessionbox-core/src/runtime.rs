@@ -323,6 +323,33 @@ pub trait Session: Send + Sync {
         Err(background_unsupported("of this conversation"))
     }
 
+    /// Writes `data` to the stdin of background command `id`, started with
+    /// [`ExecRequest::keep_stdin_open`]: as much as the command reads within
+    /// [`crate::STDIN_WRITE_WAIT`] (the pipe holds 64 KiB), from the start of `data`, in order.
+    /// One write at a time per command; a later one waits for the one before.
+    ///
+    /// The default refuses: a runtime that cannot keep a stdin open says so.
+    ///
+    /// # Errors
+    /// [`crate::Error::NotFound`] for an unknown id; [`crate::Error::Conflict`] when the command
+    /// was not started with its stdin open, its stdin was closed, or it has ended;
+    /// [`crate::Error::TooLarge`] for more than [`crate::MAX_STDIN_BYTES`] at once;
+    /// [`crate::Error::RuntimeUnavailable`] when the runtime cannot do it.
+    async fn write_stdin(&self, id: &str, data: &[u8]) -> Result<crate::StdinWrite> {
+        let _ = (id, data);
+        Err(crate::live_stdin_unsupported("of this conversation"))
+    }
+
+    /// Closes the stdin of background command `id` (the command reads end of file). Closing a
+    /// stdin that is already closed, or of a command that has ended, does nothing.
+    ///
+    /// # Errors
+    /// As [`Session::write_stdin`], but for a closed stdin or an ended command.
+    async fn close_stdin(&self, id: &str) -> Result<()> {
+        let _ = id;
+        Err(crate::live_stdin_unsupported("of this conversation"))
+    }
+
     /// True when opening found the conversation's sandbox gone (expired, or deleted by
     /// someone else) and started a fresh, empty one in its place: the files from before are
     /// lost. Runtimes whose state cannot vanish always say false.
@@ -330,11 +357,15 @@ pub trait Session: Send + Sync {
         false
     }
 
-    /// How to reach the agent in this conversation's sandbox, for what a front end relays to
-    /// it unchanged (terminals, previews, file watching, a background command's stdin; see
-    /// [`AgentAccess`]). `None` (the default) for runtimes whose sandbox runs no agent.
-    fn agent(&self) -> Option<AgentAccess> {
-        None
+    /// How to reach the agent serving this conversation, for what a front end relays to it
+    /// (terminals, previews, file watching; see [`AgentAccess`]), with the agent running: one
+    /// that stopped when idle is started again first. `None` (the default) for runtimes whose
+    /// conversations have no agent.
+    ///
+    /// # Errors
+    /// When the agent cannot be started again.
+    async fn agent(&self) -> Result<Option<AgentAccess>> {
+        Ok(None)
     }
 
     /// Releases this handle. All state (files, sandbox) is kept for the next `open`.

@@ -11,6 +11,13 @@
 //! | `GET /sessionbox/v1/commands/{id}` | 200, [`BackgroundCommand`] |
 //! | `GET /sessionbox/v1/commands/{id}/output?stdout=N&stderr=M&max_bytes=B&wait_ms=W` | 200, [`OutputResponse`] |
 //! | `DELETE /sessionbox/v1/commands/{id}` | 200, [`BackgroundCommand`] once it has ended |
+//! | `POST /sessionbox/v1/commands/{id}/stdin` (raw bytes, at most [`MAX_STDIN_BYTES`](sessionbox_core::MAX_STDIN_BYTES)) | 200, [`StdinWrite`] |
+//! | `DELETE /sessionbox/v1/commands/{id}/stdin` | 204: closed (also when it was) |
+//!
+//! `stdin` takes writes for a command started with `keep_stdin_open` (409 `conflict` for one
+//! that was not, whose stdin is closed, or that has ended): as much as the command reads within
+//! [`STDIN_WRITE_WAIT`](sessionbox_core::STDIN_WRITE_WAIT), answered in `written`, with
+//! `timed_out` when the rest was not taken.
 //!
 //! `output` answers the bytes of each stream from its offset (at most `max_bytes` of each,
 //! default and most [`MAX_OUTPUT_CHUNK`](sessionbox_core::MAX_OUTPUT_CHUNK)), base64 in JSON; when there is nothing past both
@@ -23,6 +30,8 @@
 //! 404), so the caller rebuilds the same typed error.
 
 use serde::{Deserialize, Serialize};
+#[cfg(doc)]
+use sessionbox_core::StdinWrite;
 use sessionbox_core::{BackgroundCommand, CommandOutput, ExecRequest};
 
 use crate::RunCommandRequest;
@@ -45,6 +54,11 @@ pub mod output_query {
 /// `/sessionbox/v1/commands/{id}`.
 pub fn command_path(id: &str) -> String {
     format!("{COMMANDS_PATH}/{id}")
+}
+
+/// `/sessionbox/v1/commands/{id}/stdin`.
+pub fn stdin_path(id: &str) -> String {
+    format!("{COMMANDS_PATH}/{id}/stdin")
 }
 
 /// `/sessionbox/v1/commands/{id}/output`.
@@ -107,6 +121,7 @@ pub fn run_request(request: &ExecRequest, cwd: String) -> RunCommandRequest {
     if let Some(stdin) = &request.stdin {
         run = run.stdin(stdin.clone());
     }
+    run.keep_stdin_open = request.keep_stdin_open;
     run
 }
 

@@ -51,12 +51,13 @@ pub mod pty;
 mod stream;
 mod token;
 pub mod types;
+pub mod watch_ext;
 pub mod wire;
 
 #[cfg(feature = "client")]
 pub use client::{
     AgentLink, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, Endpoint, EventStream,
-    ExecdClient, ExecdClientBuilder, STREAM_GRACE,
+    ExecdClient, ExecdClientBuilder, STREAM_GRACE, WatchStream,
 };
 pub use error::ExecdError;
 pub use outcome::{CommandOutcome, OutcomeCollector};

@@ -367,6 +367,11 @@ impl Session for HostSession {
 
     async fn spawn(&self, request: ExecRequest) -> Result<BackgroundCommand> {
         request.validate()?;
+        if request.keep_stdin_open {
+            // The supervisor gives its command stdin bytes or nothing; nothing here holds a
+            // pipe open between calls.
+            return Err(sessionbox_core::live_stdin_unsupported("host"));
+        }
         let commands = self.commands()?.clone();
         let cwd = request.cwd.clone().unwrap_or_else(|| ".".to_owned());
         let ws = self.workspace.clone();

@@ -5,6 +5,8 @@
 //! returns is itself a [`Session`]: every operation is passed to the runtime's session and
 //! recorded in the audit log (operation and outcome; never file contents, commands or secrets).
 //! [`Manager::destroy`] ends the conversation in the runtime, then deletes its record.
+//! Over 800 lines on purpose: the audited [`Conversation`] forwards every `Session` method
+//! beside the one open sequence it is made by; apart, neither reads alone.
 //!
 //! Lifecycle: a new record gets its tenant's [`Lifecycle`](sessionbox_store::Lifecycle) (see [`Manager::with_lifecycle`]);
 //! every open renews it ([`Store::touch`]); an expired conversation is not renewed but
@@ -673,8 +675,8 @@ impl Session for Conversation {
         self.session.state_lost()
     }
 
-    fn agent(&self) -> Option<sessionbox_core::AgentAccess> {
-        self.session.agent()
+    async fn agent(&self) -> Result<Option<sessionbox_core::AgentAccess>> {
+        self.session.agent().await
     }
 
     async fn exec(&self, request: ExecRequest) -> Result<ExecResult> {
@@ -762,6 +764,15 @@ impl Session for Conversation {
         let r = self.session.kill_command(id).await;
         self.audited("command_kill", Some(format!("command={id}")), r)
             .await
+    }
+
+    // Not audited: a pipe passed through is many writes (whose bytes are never recorded).
+    async fn write_stdin(&self, id: &str, data: &[u8]) -> Result<sessionbox_core::StdinWrite> {
+        self.session.write_stdin(id, data).await
+    }
+
+    async fn close_stdin(&self, id: &str) -> Result<()> {
+        self.session.close_stdin(id).await
     }
 
     async fn close(self: Box<Self>) -> Result<()> {

@@ -8,7 +8,8 @@
 //! - its working directory set by `fchdir` on a directory descriptor the caller opened beneath the
 //!   workspace, never by a path string;
 //! - every inherited descriptor above 2 marked close-on-exec, so none leaks into the command;
-//! - stdin fed from the request (written while output is read) or `/dev/null`;
+//! - stdin fed from the request (written while output is read), a pipe kept open for writes
+//!   from outside ([`run_live`], [`LiveStdin`]), or `/dev/null`;
 //! - stdout and stderr read concurrently, each kept up to the request's output limit and drained
 //!   (discarded) past it, so memory stays bounded whatever the command prints;
 //! - a timeout that sends `SIGTERM` to the whole process group, then `SIGKILL` after a grace;
@@ -38,6 +39,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::Duration;
+
+mod stdin;
+pub use stdin::LiveStdin;
 
 use rustix::process::{Pid, Signal};
 use sessionbox_core::{Error, ExecRequest, ExecResult, ExitStatus, Result, base_environment};
@@ -122,7 +126,29 @@ pub type OnOutput<'a> = &'a mut (dyn FnMut(Stream, &[u8]) + Send);
 /// - [`Error::InvalidRequest`] when the request fails [`ExecRequest::validate`].
 /// - [`Error::Backend`] when the command cannot be started (no `/bin/sh`, `cwd` not a directory,
 ///   no process slots, ...) or waiting for it fails.
-pub async fn run(spawn: Spawn<'_>, mut on_output: Option<OnOutput<'_>>) -> Result<ExecResult> {
+pub async fn run(spawn: Spawn<'_>, on_output: Option<OnOutput<'_>>) -> Result<ExecResult> {
+    run_with(spawn, on_output, None).await
+}
+
+/// As [`run`], with the command's stdin a pipe kept open: `stdin` takes writes while the command
+/// runs (the request's `stdin` bytes, if any, are not used), and is closed when it ends.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_live(
+    spawn: Spawn<'_>,
+    on_output: Option<OnOutput<'_>>,
+    stdin: &LiveStdin,
+) -> Result<ExecResult> {
+    run_with(spawn, on_output, Some(stdin)).await
+}
+
+async fn run_with(
+    spawn: Spawn<'_>,
+    mut on_output: Option<OnOutput<'_>>,
+    live: Option<&LiveStdin>,
+) -> Result<ExecResult> {
+    let _ended = stdin::EndGuard(live.cloned());
     let req = spawn.request;
     req.validate()?;
     let limit = req.output_limit;
@@ -133,7 +159,7 @@ pub async fn run(spawn: Spawn<'_>, mut on_output: Option<OnOutput<'_>>) -> Resul
         .env_clear()
         .envs(base_environment(spawn.home))
         .envs(&req.env)
-        .stdin(if req.stdin.is_some() {
+        .stdin(if req.stdin.is_some() || live.is_some() {
             Stdio::piped()
         } else {
             Stdio::null()
@@ -177,6 +203,9 @@ pub async fn run(spawn: Spawn<'_>, mut on_output: Option<OnOutput<'_>>) -> Resul
     let mut stdin = child.stdin.take();
     let mut stdout = child.stdout.take();
     let mut stderr = child.stderr.take();
+    if let (Some(live), Some(pipe)) = (live, live.and_then(|_| stdin.take())) {
+        live.open(pipe);
+    }
     let stdin_data: &[u8] = req.stdin.as_deref().unwrap_or_default();
     let mut stdin_pos = 0;
 
@@ -237,6 +266,9 @@ pub async fn run(spawn: Spawn<'_>, mut on_output: Option<OnOutput<'_>>) -> Resul
                 let s = r.map_err(|e| Error::Backend(format!("could not wait for the command: {e}")))?;
                 status = Some(s);
                 stdin = None;
+                if let Some(live) = live {
+                    live.ended();
+                }
                 // Nothing of the command may outlive the shell (after a timeout too: the grace
                 // ends when the shell does).
                 signal_group(group, Signal::KILL);

@@ -14,7 +14,7 @@ use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder
 use utoipa::openapi::{RefOr, ResponseBuilder};
 use utoipa::{IntoResponses, Modify, OpenApi, ToSchema};
 
-use crate::routes::{commands, conversations, exec, files, fs, health, preview, pty};
+use crate::routes::{commands, conversations, exec, files, fs, health, preview, pty, watch};
 use crate::views::{ErrorBody, ExitStatusView, FileKindView};
 
 /// The error answers of the routes on one conversation, besides 401 (see [`Unauthorized`]).
@@ -150,6 +150,8 @@ impl Modify for Security {
         commands::status,
         commands::logs,
         commands::kill,
+        commands::write_stdin,
+        commands::close_stdin,
         files::upload,
         files::read,
         files::write,
@@ -161,6 +163,7 @@ impl Modify for Security {
         fs::glob,
         fs::grep,
         pty::pty,
+        watch::watch,
         crate::policy::get_tenant_policy,
         crate::policy::put_tenant_policy,
         crate::policy::delete_tenant_policy,
@@ -182,7 +185,8 @@ impl Modify for Security {
         crate::output::OutputText,
         exec::ExecExit,
         crate::commands::CommandView,
-        crate::commands::CommandListView
+        crate::commands::CommandListView,
+        crate::views::WatchEventView
     )),
     modifiers(&Security, &IdRule, &Unauthorized),
     security(("bearer" = []), ("api_key" = []))

@@ -47,14 +47,14 @@ pub(crate) async fn agent_link(
     let mut tries = 0;
     let access = loop {
         match state
-            .with_conversation(conv, operation, async |opened| opened.conv.agent())
+            .with_conversation(conv, operation, async |opened| opened.conv.agent().await)
             .await
         {
             Err(Error::Busy(_)) if tries < BUSY_RETRIES && state.running.is_running(&conv.key) => {
                 tries += 1;
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
-            other => break other?,
+            other => break other??,
         }
     };
     let Some(access) = access else {

@@ -178,3 +178,68 @@ impl From<GrepMatch> for GrepMatchView {
         }
     }
 }
+
+/// One event of a watch (`GET /v1/conversations/{id}/watch`): the SSE event's name is `kind`,
+/// its data this object. Paths are as the conversation sees them (`/workspace/src/a.rs`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[schema(as = WatchEvent)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub(crate) enum WatchEventView {
+    /// First: the watch is in place (`skipped_dirs` past the limit of directories followed).
+    Ready {
+        path: String,
+        watched_dirs: usize,
+        skipped_dirs: usize,
+    },
+    /// A path appeared (created, or moved in from outside the watched directory).
+    Created { path: String, dir: bool },
+    /// Contents or metadata changed.
+    Modified { path: String, dir: bool },
+    /// A path went away (removed, or moved out of the watched directory).
+    Deleted { path: String, dir: bool },
+    /// Renamed within the watched directory.
+    Moved { from: String, to: String, dir: bool },
+    /// Events were lost (the reader did not keep up): list the directory again.
+    Overflow,
+    /// A new directory is not followed: the watch follows `max_dirs` already.
+    Limit { path: String, max_dirs: usize },
+    /// Last: the watched directory went away, or the sandbox stops.
+    Ended { reason: String },
+}
+
+impl From<sessionbox_core::WatchEvent> for WatchEventView {
+    fn from(e: sessionbox_core::WatchEvent) -> Self {
+        use sessionbox_core::WatchEvent as W;
+        match e {
+            W::Ready {
+                path,
+                watched_dirs,
+                skipped_dirs,
+            } => WatchEventView::Ready {
+                path,
+                watched_dirs,
+                skipped_dirs,
+            },
+            W::Created { path, dir } => WatchEventView::Created { path, dir },
+            W::Modified { path, dir } => WatchEventView::Modified { path, dir },
+            W::Deleted { path, dir } => WatchEventView::Deleted { path, dir },
+            W::Moved { from, to, dir } => WatchEventView::Moved { from, to, dir },
+            W::Overflow => WatchEventView::Overflow,
+            W::Limit { path, max_dirs } => WatchEventView::Limit { path, max_dirs },
+            W::Ended { reason } => WatchEventView::Ended { reason },
+        }
+    }
+}
+
+/// One server-sent event of a watch as an event-stream reader sees it: `event` is the kind,
+/// `data` a [`WatchEventView`] as JSON text.
+#[derive(ToSchema)]
+#[schema(as = WatchStreamEvent)]
+#[allow(dead_code)] // Only read by the schema generator.
+pub(crate) struct WatchStreamEvent {
+    /// `ready`, `created`, `modified`, `deleted`, `moved`, `overflow`, `limit`, `ended`, or
+    /// `error`.
+    event: String,
+    /// A WatchEvent (an Error for `error`) as JSON.
+    data: String,
+}

@@ -264,6 +264,21 @@ pub(crate) enum SessionCommand {
         /// The command id.
         id: String,
     },
+    /// Print what changes beneath a directory of the workspace, one JSON object per line, as
+    /// it happens, until interrupted or the directory goes away.
+    ///
+    /// Each line has a `kind`: `ready` first, then `created`, `modified`, `deleted`, `moved`
+    /// (`from`, `to`), `overflow` (events were lost), `limit` (a directory not followed), and
+    /// `ended` last; paths as the conversation sees them. Needs a runtime whose sandboxes run
+    /// the agent (isolated, opensandbox); at most 4 watches at once per conversation.
+    #[command(display_order = 18)]
+    Watch {
+        #[command(flatten)]
+        conv: Conv,
+        /// The directory [default: the workspace root].
+        #[arg(default_value = ".")]
+        path: String,
+    },
 }
 
 /// The commands on one conversation that do not open it as a session.
@@ -420,7 +435,8 @@ impl SessionCommand {
             | SessionCommand::Grep { conv, .. }
             | SessionCommand::Commands { conv, .. }
             | SessionCommand::Logs { conv, .. }
-            | SessionCommand::Kill { conv, .. } => conv,
+            | SessionCommand::Kill { conv, .. }
+            | SessionCommand::Watch { conv, .. } => conv,
         }
     }
 
@@ -445,6 +461,7 @@ impl SessionCommand {
             SessionCommand::Commands { .. } => Operation::Commands,
             SessionCommand::Logs { .. } => Operation::CommandOutput,
             SessionCommand::Kill { .. } => Operation::KillCommand,
+            SessionCommand::Watch { .. } => Operation::Attach,
         }
     }
 }

@@ -25,6 +25,7 @@ mod session;
 mod shell;
 mod shown;
 mod skills;
+mod stdin_pass;
 mod verify;
 
 use std::process::ExitCode;
@@ -155,7 +156,10 @@ async fn run(globals: Globals, command: RunCommand) -> anyhow::Result<ExitCode> 
                 &conv.key,
             )?;
             let max_file_bytes = settings.file.limits.unwrap_or_default().max_file_bytes;
-            let prepared = session::prepare(&root, &command, max_file_bytes)?;
+            // Runtimes whose agent keeps a stdin open get `exec --stdin` passed through live;
+            // the others read it whole first, before anything is created.
+            let live_stdin = matches!(kind, RuntimeKind::Isolated | RuntimeKind::Opensandbox);
+            let prepared = session::prepare(&root, &command, max_file_bytes, live_stdin)?;
             let app = App::build(&globals, &settings, lifecycle, kind, store)?;
             session::run(&app, &conv, command, prepared).await
         }

@@ -1,5 +1,5 @@
 //! The commands that run one operation on a conversation (`exec`, `write`, `read`, `edit`,
-//! `ls`, `stat`, `rm`, `mkdir`, `glob`, `grep`, `commands`, `logs`, `kill`): their input checked
+//! `ls`, `stat`, `rm`, `mkdir`, `glob`, `grep`, `commands`, `logs`, `kill`, `watch`): their input checked
 //! before anything is created, the conversation held and opened, the operation, its output.
 
 use std::io::{Read, Write};
@@ -19,16 +19,21 @@ use crate::{App, UsageError};
 pub(crate) struct Prepared {
     exec: Option<ExecRequest>,
     write_data: Option<Vec<u8>>,
+    /// `exec --stdin` in the foreground: stdin is passed on as it is read, not read first.
+    pass_stdin: bool,
 }
 
 /// Checks every input of `command` against the workspace root as the runtime presents it, and
 /// reads what it needs from stdin (for `write`, at most `max_file_bytes`, the file limit of
 /// `[limits]`: more is refused before anything is written). Runs before the store or the
-/// runtime exists, so bad input creates nothing (not even the data directory).
+/// runtime exists, so bad input creates nothing (not even the data directory). With
+/// `live_stdin` (the runtime keeps a background command's stdin open), a foreground
+/// `exec --stdin` is not read here but passed through as it is read ([`crate::stdin_pass`]).
 pub(crate) fn prepare(
     root: &str,
     command: &SessionCommand,
     max_file_bytes: u64,
+    live_stdin: bool,
 ) -> anyhow::Result<Prepared> {
     let check = |p: &str| sessionbox_core::WorkspacePath::resolve(root, p).map(|_| ());
     match command {
@@ -38,7 +43,8 @@ pub(crate) fn prepare(
         | SessionCommand::Ls { path, .. }
         | SessionCommand::Stat { path, .. }
         | SessionCommand::Rm { path, .. }
-        | SessionCommand::Mkdir { path, .. } => check(path)?,
+        | SessionCommand::Mkdir { path, .. }
+        | SessionCommand::Watch { path, .. } => check(path)?,
         SessionCommand::Edit { path, old, .. } => {
             check(path)?;
             if old.is_empty() {
@@ -63,17 +69,28 @@ pub(crate) fn prepare(
             stdin,
             output_limit,
             command,
+            background,
             ..
         } => Some(exec_request(
             command,
             cwd.clone(),
             *timeout,
             env,
-            *stdin,
+            // Passed on as it is read instead (see `pass_stdin`).
+            *stdin && (*background || !live_stdin),
             *output_limit,
         )?),
         _ => None,
     };
+    let pass_stdin = live_stdin
+        && matches!(
+            command,
+            SessionCommand::Exec {
+                stdin: true,
+                background: false,
+                ..
+            }
+        );
     let write_data = match command {
         SessionCommand::Write { .. } => {
             let Some(data) = read_at_most(std::io::stdin().lock(), max_file_bytes)
@@ -91,7 +108,11 @@ pub(crate) fn prepare(
         }
         _ => None,
     };
-    Ok(Prepared { exec, write_data })
+    Ok(Prepared {
+        exec,
+        write_data,
+        pass_stdin,
+    })
 }
 
 /// All of `input` if it is at most `limit` bytes, else `None` as soon as more arrives: read in
@@ -197,7 +218,8 @@ pub(crate) async fn run(
     // conversation across processes (and, with PostgreSQL, machines).
     // Except a read of background output, which may wait long (`logs --follow`): it changes
     // nothing, and the command it reads belongs to the runtime.
-    let opened = if operation == Operation::CommandOutput {
+    // So is a watch, which runs until interrupted and only reads.
+    let opened = if matches!(operation, Operation::CommandOutput | Operation::Attach) {
         app.manager.open_unheld(conv, mode).await.map(|c| (c, None))
     } else {
         app.manager.open_for(conv, mode).await.map(|held| {
@@ -222,7 +244,7 @@ pub(crate) async fn run(
             conv.id
         );
     }
-    let result = run_on_session(&session, command, prepared.exec, prepared.write_data).await;
+    let result = run_on_session(&session, command, prepared).await;
     let closed = Box::new(session).close().await;
     let code = result?;
     closed?;
@@ -280,9 +302,13 @@ fn with_flags(e: Error) -> Error {
 async fn run_on_session(
     s: &sessionbox_manager::Conversation,
     command: SessionCommand,
-    exec: Option<ExecRequest>,
-    write_data: Option<Vec<u8>>,
+    prepared: Prepared,
 ) -> anyhow::Result<ExitCode> {
+    let Prepared {
+        exec,
+        write_data,
+        pass_stdin,
+    } = prepared;
     let mut out = std::io::stdout().lock();
     let names = crate::shown::Names::for_stdout();
     match command {
@@ -331,6 +357,10 @@ async fn run_on_session(
                 }
             }
         }
+        SessionCommand::Watch { path, .. } => {
+            drop(out);
+            watch(s, &path).await
+        }
         SessionCommand::Kill { id, .. } => {
             let c = s.kill_command(&id).await?;
             writeln!(out, "{}", serde_json::to_string_pretty(&c)?)?;
@@ -338,6 +368,17 @@ async fn run_on_session(
         }
         SessionCommand::Exec { .. } => {
             drop(out);
+            let mut exec = exec.expect("built above");
+            if pass_stdin {
+                match crate::stdin_pass::exec(s, &exec).await? {
+                    Some(code) => return Ok(code),
+                    // The runtime cannot keep a stdin open: read it all first, as before.
+                    None => {
+                        exec.stdin = Some(crate::stdin_pass::read_all()?);
+                        exec.validate()?;
+                    }
+                }
+            }
             // The output as it comes, byte for byte: each chunk is written (and flushed) when
             // the runtime hands it over. The first write error (a reader that went away) is
             // kept and returned once the command has ended.
@@ -357,7 +398,6 @@ async fn run_on_session(
                     failed = Some(e);
                 }
             };
-            let exec = exec.expect("built above");
             let r_limit = exec.output_limit;
             let r = s.exec_stream(exec, &mut sink).await?;
             if let Some(e) = failed {
@@ -472,6 +512,22 @@ async fn run_on_session(
             })
         }
     }
+}
+
+/// `watch`: the agent's events of `path`, one JSON line each, flushed as they come; ends with
+/// the stream (after an `ended` event), or with an error when the agent goes away.
+async fn watch(s: &sessionbox_manager::Conversation, path: &str) -> anyhow::Result<ExitCode> {
+    let Some(access) = s.agent().await? else {
+        return Err(sessionbox_core::no_agent(&s.record().runtime, "file watching").into());
+    };
+    let link = sessionbox_execd::AgentLink::new(access).map_err(Error::from)?;
+    let mut events = link.watch(path).await.map_err(Error::from)?;
+    let mut out = std::io::stdout();
+    while let Some(event) = events.next().await.map_err(Error::from)? {
+        writeln!(out, "{}", serde_json::to_string(&event)?)?;
+        out.flush()?;
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

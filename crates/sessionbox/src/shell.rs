@@ -52,7 +52,7 @@ pub(crate) async fn run(
     // for the terminal's life (the same program its commands would meet in a sandbox, here as
     // the calling user, as the host runtime's commands run).
     let mut local = None;
-    let access = match handle.agent() {
+    let access = match handle.agent().await? {
         Some(a) => Some(a),
         None if app.manager.runtime().info().name == "host" => {
             let (child, dir, access) = local_agent(handle.workspace_root()).await?;

@@ -36,3 +36,5 @@ mod serve;
 mod serve_tls;
 mod shell;
 mod skills;
+mod stdin;
+mod watch;

@@ -539,6 +539,9 @@ impl Session for AioSession {
     }
 
     async fn spawn(&self, request: ExecRequest) -> Result<BackgroundCommand> {
+        if request.keep_stdin_open {
+            return Err(sessionbox_core::live_stdin_unsupported("aio"));
+        }
         let env = self.command_env(&request).await?;
         self.background().spawn(env, &request).await
     }

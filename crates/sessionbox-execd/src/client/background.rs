@@ -6,10 +6,13 @@ use std::time::Duration;
 use reqwest::Method;
 use sessionbox_core::{
     BackgroundCommand, CommandOutput, MAX_OUTPUT_CHUNK, MAX_OUTPUT_WAIT, OutputRequest,
+    STDIN_WRITE_WAIT, StdinWrite,
 };
 
 use super::ExecdClient;
-use crate::commands_ext::{COMMANDS_PATH, OutputResponse, command_path, output_path, output_query};
+use crate::commands_ext::{
+    COMMANDS_PATH, OutputResponse, command_path, output_path, output_query, stdin_path,
+};
 use crate::error::ExecdError;
 use crate::types::RunCommandRequest;
 
@@ -107,5 +110,38 @@ impl ExecdClient {
             .call(OP, Method::DELETE, &command_path(id), &[], |rb| rb)
             .await?;
         self.json(OP, r).await
+    }
+
+    /// `POST /sessionbox/v1/commands/{id}/stdin`: writes `data` to a command started with its
+    /// stdin kept open; answers how much the command took (the agent waits at most
+    /// [`STDIN_WRITE_WAIT`](sessionbox_core::STDIN_WRITE_WAIT)).
+    ///
+    /// # Errors
+    /// `not_found`, `conflict` (not kept open, closed, ended), `too_large`; a transport failure.
+    pub async fn write_stdin(&self, id: &str, data: &[u8]) -> Result<StdinWrite, ExecdError> {
+        const OP: &str = "write background command stdin";
+        let body = data.to_vec();
+        let r = self
+            .call(OP, Method::POST, &stdin_path(id), &[], |rb| {
+                rb.header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+                    .body(body)
+                    .timeout(STDIN_WRITE_WAIT + WAIT_GRACE)
+            })
+            .await?;
+        self.json(OP, r).await
+    }
+
+    /// `DELETE /sessionbox/v1/commands/{id}/stdin`: closes it (nothing to do when it was).
+    ///
+    /// # Errors
+    /// `not_found`, `conflict` (not kept open); a transport failure.
+    pub async fn close_stdin(&self, id: &str) -> Result<(), ExecdError> {
+        const OP: &str = "close background command stdin";
+        let r = self
+            .call(OP, Method::DELETE, &stdin_path(id), &[], |rb| {
+                rb.timeout(STDIN_WRITE_WAIT + WAIT_GRACE)
+            })
+            .await?;
+        self.body(OP, r).await.map(|_| ())
     }
 }

@@ -24,8 +24,10 @@ mod background;
 mod commands;
 mod files;
 mod link;
+mod watch;
 
 pub use link::AgentLink;
+pub use watch::WatchStream;
 
 /// Default deadline for opening a connection.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

@@ -74,6 +74,11 @@ pub struct RunCommandRequest {
     /// frames as it always does); a sessionbox agent refuses a value it does not know (400).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_encoding: Option<OutputEncoding>,
+    /// sessionbox extension, background commands only: the command's stdin is a pipe kept
+    /// open, written with `POST /sessionbox/v1/commands/{id}/stdin` and closed with `DELETE` on
+    /// it (see [`crate::commands_ext`]). Not with `stdin`. Upstream ignores it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub keep_stdin_open: bool,
 }
 
 /// How a sessionbox server carries command output in stream events (see

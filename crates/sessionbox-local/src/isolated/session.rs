@@ -155,8 +155,11 @@ impl FsSession for IsolatedSession {
 
 #[async_trait]
 impl Session for IsolatedSession {
-    fn agent(&self) -> Option<sessionbox_core::AgentAccess> {
-        Some(self.client.access())
+    async fn agent(&self) -> Result<Option<sessionbox_core::AgentAccess>> {
+        // The agent stops when idle: a ping through the relaunching path starts it again
+        // before its address is handed out.
+        self.relaunching(|| self.client.ping(), || false).await?;
+        Ok(Some(self.client.access()))
     }
 
     fn key(&self) -> &ConversationKey {
@@ -246,7 +249,31 @@ impl Session for IsolatedSession {
             .await
     }
 
+    async fn write_stdin(&self, id: &str, data: &[u8]) -> Result<sessionbox_core::StdinWrite> {
+        validate_command_id(id)?;
+        check_stdin_write(data)?;
+        self.relaunching(|| self.client.write_stdin(id, data), || false)
+            .await
+    }
+
+    async fn close_stdin(&self, id: &str) -> Result<()> {
+        validate_command_id(id)?;
+        self.relaunching(|| self.client.close_stdin(id), || false)
+            .await
+    }
+
     async fn close(self: Box<Self>) -> Result<()> {
         Ok(())
     }
+}
+
+/// One write to a stdin is at most [`sessionbox_core::MAX_STDIN_BYTES`].
+fn check_stdin_write(data: &[u8]) -> Result<()> {
+    if data.len() > sessionbox_core::MAX_STDIN_BYTES {
+        return Err(sessionbox_core::Error::TooLarge {
+            what: "a write to stdin".into(),
+            limit: sessionbox_core::MAX_STDIN_BYTES as u64,
+        });
+    }
+    Ok(())
 }

@@ -175,8 +175,8 @@ impl Session for OpenSandboxSession {
         self.state_lost
     }
 
-    fn agent(&self) -> Option<sessionbox_core::AgentAccess> {
-        Some(self.client.access())
+    async fn agent(&self) -> Result<Option<sessionbox_core::AgentAccess>> {
+        Ok(Some(self.client.access()))
     }
 
     async fn exec(&self, request: ExecRequest) -> Result<ExecResult> {
@@ -259,6 +259,24 @@ impl Session for OpenSandboxSession {
         sessionbox_core::validate_command_id(id)?;
         let _in_use = self.in_use.enter(&self.key);
         self.client.kill_background(id).await.map_err(Error::from)
+    }
+
+    async fn write_stdin(&self, id: &str, data: &[u8]) -> Result<sessionbox_core::StdinWrite> {
+        sessionbox_core::validate_command_id(id)?;
+        if data.len() > sessionbox_core::MAX_STDIN_BYTES {
+            return Err(Error::TooLarge {
+                what: "a write to stdin".into(),
+                limit: sessionbox_core::MAX_STDIN_BYTES as u64,
+            });
+        }
+        let _in_use = self.in_use.enter(&self.key);
+        self.client.write_stdin(id, data).await.map_err(Error::from)
+    }
+
+    async fn close_stdin(&self, id: &str) -> Result<()> {
+        sessionbox_core::validate_command_id(id)?;
+        let _in_use = self.in_use.enter(&self.key);
+        self.client.close_stdin(id).await.map_err(Error::from)
     }
 
     async fn close(self: Box<Self>) -> Result<()> {

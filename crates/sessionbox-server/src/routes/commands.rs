@@ -21,7 +21,7 @@ use crate::commands::{CommandListView, CommandLogsView, CommandView, WaiterGuard
 use crate::error::ApiError;
 use crate::extract::{PathArgs, QueryArgs};
 use crate::output::Utf8Chunker;
-use crate::views::ErrorBody;
+use crate::views::{Binary, ErrorBody};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -286,5 +286,110 @@ pub(crate) async fn kill(
         &cmd,
         async |session| session.kill_command(&cmd).await,
     )
+    .await
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StdinQuery {
+    #[serde(default)]
+    close: Option<bool>,
+}
+
+/// How much of a write reached the command.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct StdinWriteView {
+    /// Bytes the command's stdin took (all of the body).
+    written: u64,
+}
+
+/// Writes the raw body (at most 1 MiB) to the stdin of a background command started with
+/// `keep_stdin_open`, as the command reads it; `?close=true` closes it afterwards. A command
+/// that does not read the whole body within 10 s (its pipe holds 64 KiB) makes the write
+/// answer 504 `timed_out` naming how many bytes it took; the rest is not written, and its
+/// stdin stays open.
+#[utoipa::path(post, path = "/v1/conversations/{id}/commands/{cmd}/stdin", tag = "exec",
+    operation_id = "write_command_stdin",
+    params(("id" = String, Path, description = "conversation id"), ("cmd" = String, Path, description = "command id"),
+           ("close" = Option<bool>, Query, description = "close stdin after writing")),
+    request_body(content = Binary, content_type = "application/octet-stream"),
+    responses((status = 200, description = "all of it written", body = StdinWriteView),
+              (status = 400, description = "invalid input", body = ErrorBody),
+              (status = 404, description = "no such conversation or command", body = ErrorBody),
+              (status = 409, description = "not started with keep_stdin_open, its stdin closed, or it has ended", body = ErrorBody),
+              (status = 413, description = "more than 1 MiB", body = ErrorBody),
+              (status = 503, description = "the runtime cannot keep a stdin open (host, aio)", body = ErrorBody),
+              (status = 504, description = "the command did not read it all within 10 s", body = ErrorBody)))]
+pub(crate) async fn write_stdin(
+    State(state): State<AppState>,
+    principal: Principal,
+    PathArgs((id, cmd)): PathArgs<(String, String)>,
+    QueryArgs(query): QueryArgs<StdinQuery>,
+    body: axum::body::Body,
+) -> Response {
+    on_conversation(&principal, "command_stdin", &id, async |conv| {
+        command_id(&cmd)?;
+        let limit = sessionbox_core::MAX_STDIN_BYTES;
+        let data = axum::body::to_bytes(body, limit).await.map_err(|_| {
+            sessionbox_core::Error::TooLarge {
+                what: "a write to stdin".into(),
+                limit: limit as u64,
+            }
+        })?;
+        let close = query.close.unwrap_or(false);
+        let written = state
+            .with_conversation(&conv, Operation::Attach, async |opened| {
+                let w = opened.conv.write_stdin(&cmd, &data).await?;
+                if close && !w.timed_out {
+                    opened.conv.close_stdin(&cmd).await?;
+                }
+                Ok::<_, sessionbox_core::Error>(w)
+            })
+            .await??;
+        if written.timed_out {
+            return Err(ApiError::new(
+                axum::http::StatusCode::GATEWAY_TIMEOUT,
+                "timed_out",
+                format!(
+                    "the command read {} of {} bytes within {} s; the rest was not written \
+                     and its stdin stays open",
+                    written.written,
+                    data.len(),
+                    sessionbox_core::STDIN_WRITE_WAIT.as_secs()
+                ),
+            ));
+        }
+        Ok(Json(StdinWriteView {
+            written: written.written,
+        })
+        .into_response())
+    })
+    .await
+}
+
+/// Closes the stdin of a background command started with `keep_stdin_open` (it reads end of
+/// file); nothing to do when it was closed or the command has ended.
+#[utoipa::path(delete, path = "/v1/conversations/{id}/commands/{cmd}/stdin", tag = "exec",
+    operation_id = "close_command_stdin",
+    params(("id" = String, Path, description = "conversation id"), ("cmd" = String, Path, description = "command id")),
+    responses((status = 204, description = "closed"),
+              (status = 400, description = "invalid input", body = ErrorBody),
+              (status = 404, description = "no such conversation or command", body = ErrorBody),
+              (status = 409, description = "not started with keep_stdin_open", body = ErrorBody),
+              (status = 503, description = "the runtime cannot keep a stdin open (host, aio)", body = ErrorBody)))]
+pub(crate) async fn close_stdin(
+    State(state): State<AppState>,
+    principal: Principal,
+    PathArgs((id, cmd)): PathArgs<(String, String)>,
+) -> Response {
+    on_conversation(&principal, "command_stdin_close", &id, async |conv| {
+        command_id(&cmd)?;
+        state
+            .with_conversation(&conv, Operation::Attach, async |opened| {
+                opened.conv.close_stdin(&cmd).await
+            })
+            .await??;
+        Ok(axum::http::StatusCode::NO_CONTENT.into_response())
+    })
     .await
 }

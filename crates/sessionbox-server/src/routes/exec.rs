@@ -60,6 +60,11 @@ pub(crate) struct ExecBody {
     /// `.../commands/{cmd}`). The command does not hold the conversation's turn.
     #[serde(default)]
     background: bool,
+    /// With `background`: keep the command's stdin open, written with `POST
+    /// .../commands/{cmd}/stdin` and closed with `DELETE .../commands/{cmd}/stdin` (runtimes
+    /// `isolated` and `opensandbox`). Not with `stdin` or `stdin_base64`.
+    #[serde(default)]
+    keep_stdin_open: bool,
 }
 
 /// What a command did. `stdout`/`stderr` are text (invalid UTF-8 replaced by U+FFFD); when the
@@ -172,6 +177,14 @@ fn exec_request(
         ),
         (None, None) => None,
     };
+    if body.keep_stdin_open && !body.background {
+        return Err(Error::InvalidRequest(
+            "keep_stdin_open needs background: true (a foreground command's stdin is stdin or \
+             stdin_base64)"
+                .into(),
+        ));
+    }
+    request.keep_stdin_open = body.keep_stdin_open;
     request.validate()?;
     Ok(request)
 }

@@ -14,6 +14,7 @@ pub(crate) mod fs;
 pub(crate) mod health;
 pub(crate) mod preview;
 pub(crate) mod pty;
+pub(crate) mod watch;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -60,6 +61,10 @@ pub fn router(state: AppState) -> Router {
             get(commands::status).delete(commands::kill),
         )
         .route(&at("/commands/{cmd}/logs"), get(commands::logs))
+        .route(
+            &at("/commands/{cmd}/stdin"),
+            post(commands::write_stdin).delete(commands::close_stdin),
+        )
         .route(&at("/files"), post(files::upload).layer(file_limit))
         .route(
             &at("/files/{*path}"),
@@ -75,6 +80,7 @@ pub fn router(state: AppState) -> Router {
         .route(&at("/glob"), get(fs::glob))
         .route(&at("/grep"), post(fs::grep))
         .route(&at("/pty"), get(pty::pty))
+        .route(&at("/watch"), get(watch::watch))
         .route(
             "/v1/policy",
             get(policy::get_tenant_policy)
