@@ -53,6 +53,10 @@ pub struct PreviewClaims {
     /// The port inside the sandbox.
     #[serde(rename = "p")]
     pub port: u16,
+    /// When the conversation's record was made (milliseconds since the epoch): the link
+    /// reaches that conversation only, not one made again under its id after a destroy.
+    #[serde(rename = "g")]
+    pub created: i64,
     /// Expiry, seconds since the Unix epoch.
     #[serde(rename = "e")]
     pub expires: u64,
@@ -379,6 +383,7 @@ mod tests {
             tenant: "t".into(),
             conversation: "c".into(),
             port: 8000,
+            created: 1,
             expires: 160,
         };
         let t = key.issue_preview(&claims);

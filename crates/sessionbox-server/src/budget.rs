@@ -165,6 +165,59 @@ impl OutputBudget {
     }
 }
 
+/// `data` as a body whose `held` reservations are given back only when the client has taken
+/// its last byte (hyper drops the buffer then), not when the handler returns.
+pub(crate) fn held_body(data: Vec<u8>, held: Vec<Reservation>) -> bytes::Bytes {
+    bytes::Bytes::from_owner(Held { data, _held: held })
+}
+
+/// Bytes and their places in the budget, released together.
+struct Held {
+    data: Vec<u8>,
+    _held: Vec<Reservation>,
+}
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+/// A JSON answer of `value` whose bytes stay counted until the client has taken them: held in
+/// `reservation` (a command's, made before it ran), and, for what serialising made beyond it
+/// (JSON escapes a control byte as six), in a reservation of its own when the budget allows
+/// one. The output exists already, so a budget without room for the excess still sends it.
+pub(crate) fn held_json(
+    budget: &Arc<OutputBudget>,
+    tenant: &TenantId,
+    value: &impl serde::Serialize,
+    reservation: Option<Reservation>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let data = match serde_json::to_vec(value) {
+        Ok(d) => d,
+        Err(e) => return crate::error::ApiError::from(Error::backend(e)).into_response(),
+    };
+    let covered = reservation.as_ref().map_or(0, |r| r.bytes);
+    let mut held: Vec<Reservation> = reservation.into_iter().collect();
+    let excess = u64::try_from(data.len())
+        .unwrap_or(u64::MAX)
+        .saturating_sub(covered);
+    if excess > 0
+        && let Ok(more) = budget.reserve_body(tenant, usize::try_from(excess).unwrap_or(usize::MAX))
+    {
+        held.push(more);
+    }
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static("application/json"),
+        )],
+        held_body(data, held),
+    )
+        .into_response()
+}
+
 impl Drop for Reservation {
     fn drop(&mut self) {
         let mut used = self.budget.lock();

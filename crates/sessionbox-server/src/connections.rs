@@ -136,6 +136,7 @@ pub(crate) async fn serve<L>(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) where
     L: axum::serve::Listener<Addr = SocketAddr>,
+    L::Io: Unpin,
 {
     let mut builder = Builder::new(TokioExecutor::new()).http1_only();
     builder
@@ -149,7 +150,7 @@ pub(crate) async fn serve<L>(
             accepted = listener.accept() => accepted,
             () = &mut shutdown => break,
         };
-        let admitted = match caps.admit(peer.ip()) {
+        let admitted = match caps.admit(source_of(peer.ip())) {
             Ok(a) => a,
             Err((why, first)) => {
                 if first {
@@ -169,6 +170,12 @@ pub(crate) async fn serve<L>(
             }
         };
         let service = TowerToHyperService::new(router.clone());
+        // The place goes with the connection's I/O, which an upgrade (a WebSocket) carries
+        // on after hyper's connection ends: a tunnel stays counted until it closes.
+        let io = Counted {
+            io,
+            _admitted: admitted,
+        };
         let connection = builder
             .serve_connection_with_upgrades(TokioIo::new(io), service)
             .into_owned();
@@ -177,11 +184,78 @@ pub(crate) async fn serve<L>(
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "a connection ended with an error");
             }
-            drop(admitted);
         });
     }
     drop(listener);
     graceful.shutdown().await;
+}
+
+/// The source a connection is counted under: its IPv4 address, or its IPv6 /64 (one host is
+/// usually given a whole /64, so counting single IPv6 addresses would give it a cap per
+/// address it cares to use). IPv4 in IPv6 counts as IPv4.
+pub(crate) fn source_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let bits = u128::from(v6) & !((1u128 << 64) - 1);
+                IpAddr::V6(std::net::Ipv6Addr::from(bits))
+            }
+        },
+    }
+}
+
+/// A connection's I/O with its place in the counts, given back when the I/O is dropped.
+struct Counted<I> {
+    io: I,
+    _admitted: Admitted,
+}
+
+impl<I: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Counted<I> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<I: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Counted<I> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
 }
 
 #[cfg(test)]
@@ -208,5 +282,16 @@ mod tests {
         drop((a2, a3, b1));
         assert_eq!(caps.open(), 0);
         assert!(caps.lock().sources.is_empty());
+    }
+
+    #[test]
+    fn an_ipv6_host_counts_as_its_64_and_mapped_ipv4_as_ipv4() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:bbbb::9".parse().unwrap();
+        let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(source_of(a), source_of(b));
+        assert_ne!(source_of(a), source_of(c));
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        assert_eq!(source_of(mapped), "10.0.0.1".parse::<IpAddr>().unwrap());
     }
 }

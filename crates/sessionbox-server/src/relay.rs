@@ -26,6 +26,10 @@ use sessionbox_execd::hop::{set_upgrade, strip_hop_by_hop, upgrade_of};
 
 use crate::AppState;
 
+/// How long the agent (and the program behind it, for a preview) may take to answer a relayed
+/// request's head; then the relay ends with 504 and gives its place back.
+const RESPONSE_HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// How often a look for the agent's address retries while a running command's reader places
 /// are taken (20 ms apart).
 const BUSY_RETRIES: u32 = 50;
@@ -42,12 +46,31 @@ pub(crate) async fn agent_link(
     operation: Operation,
     what: &str,
 ) -> Result<AgentLink> {
+    agent_link_of(state, conv, operation, what)
+        .await
+        .map(|(link, _)| link)
+}
+
+/// [`agent_link`], with when the conversation's record was made (milliseconds since the
+/// epoch): a conversation destroyed and made again under its id is another one.
+///
+/// # Errors
+/// As [`agent_link`].
+pub(crate) async fn agent_link_of(
+    state: &AppState,
+    conv: &ConversationRef,
+    operation: Operation,
+    what: &str,
+) -> Result<(AgentLink, i64)> {
     // Beside a running command the look takes one of its few reader places for a moment;
     // a page loading its assets at once may find them taken, and need only wait that moment.
     let mut tries = 0;
     let access = loop {
         match state
-            .with_conversation(conv, operation, async |opened| opened.conv.agent().await)
+            .with_conversation(conv, operation, async |opened| {
+                let created = opened.conv.record().created_at.timestamp_millis();
+                opened.conv.agent().await.map(|a| (a, created))
+            })
             .await
         {
             Err(Error::Busy(_)) if tries < BUSY_RETRIES && state.running.is_running(&conv.key) => {
@@ -57,13 +80,13 @@ pub(crate) async fn agent_link(
             other => break other??,
         }
     };
-    let Some(access) = access else {
+    let (Some(access), created) = access else {
         return Err(sessionbox_core::no_agent(
             &state.manager.runtime().info().name,
             what,
         ));
     };
-    AgentLink::new(access).map_err(Error::from)
+    Ok((AgentLink::new(access).map_err(Error::from)?, created))
 }
 
 /// Sends `request` to the agent at `agent_path` (path and query) and answers with the agent's
@@ -110,11 +133,16 @@ pub(crate) async fn forward_then(
     *outgoing.method_mut() = parts.method;
     *outgoing.uri_mut() = parts.uri;
     *outgoing.headers_mut() = parts.headers;
-    let mut response = match link.send(outgoing).await {
-        Ok(r) => r,
-        Err(e) => {
+    let sent = tokio::time::timeout(RESPONSE_HEAD_TIMEOUT, link.send(outgoing)).await;
+    let mut response = match sent {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
             tokio::spawn(after);
             return Err(e.into());
+        }
+        Err(_) => {
+            tokio::spawn(after);
+            return Err(Error::TimedOut(RESPONSE_HEAD_TIMEOUT));
         }
     };
 
@@ -128,9 +156,7 @@ pub(crate) async fn forward_then(
         let agent_side = hyper::upgrade::on(&mut response);
         tokio::spawn(async move {
             if let (Ok(caller), Ok(agent)) = tokio::join!(caller_side, agent_side) {
-                let mut caller = TokioIo::new(caller);
-                let mut agent = TokioIo::new(agent);
-                let _ = tokio::io::copy_bidirectional(&mut caller, &mut agent).await;
+                tunnel(TokioIo::new(caller), TokioIo::new(agent)).await;
             }
             after.await;
             drop(hold);
@@ -151,6 +177,23 @@ pub(crate) async fn forward_then(
         chunk
     });
     Ok(Response::from_parts(parts, Body::from_stream(body)))
+}
+
+/// Passes bytes both ways between `caller` and `agent` until either side ends (end of stream
+/// or an error): then both are closed. A WebSocket has no use for half a connection, and a
+/// tunnel whose client went away must not stay open (with its relay place) until the program
+/// in the sandbox happens to close its side.
+async fn tunnel<C, A>(caller: C, agent: A)
+where
+    C: tokio::io::AsyncRead + tokio::io::AsyncWrite,
+    A: tokio::io::AsyncRead + tokio::io::AsyncWrite,
+{
+    let (mut caller_in, mut caller_out) = tokio::io::split(caller);
+    let (mut agent_in, mut agent_out) = tokio::io::split(agent);
+    tokio::select! {
+        _ = tokio::io::copy(&mut caller_in, &mut agent_out) => {}
+        _ = tokio::io::copy(&mut agent_in, &mut caller_out) => {}
+    }
 }
 
 /// Removes `names` (case-insensitive) from `headers`: what a relay's caller presented to the

@@ -231,7 +231,8 @@ pub fn watch(
 
 /// A TCP listener whose connections are TLS streams, for [`axum::serve()`]. Handshakes run on
 /// tasks of their own (at most [`MAX_HANDSHAKES`] at once, each within
-/// [`HANDSHAKE_TIMEOUT`]), so a slow client holds up no other; failed handshakes are logged at
+/// [`HANDSHAKE_TIMEOUT`], at most [`MAX_HANDSHAKES_PER_SOURCE`] from one source), so a slow
+/// client holds up no other; failed handshakes are logged at
 /// debug and dropped.
 #[derive(Debug)]
 pub struct TlsListener {
@@ -256,6 +257,7 @@ impl TlsListener {
         let (tx, ready) = tokio::sync::mpsc::channel(64);
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
         let slots = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
+        let handshaking = Arc::new(Handshaking::default());
         let acceptor = tokio::spawn(async move {
             loop {
                 let Ok(slot) = slots.clone().acquire_owned().await else {
@@ -268,9 +270,18 @@ impl TlsListener {
                         continue;
                     }
                 };
+                // One source gets a few handshakes at once, not the whole pool: a client that
+                // opens connections and never says hello would hold every slot for their
+                // timeout, and no one else could connect.
+                let Some(place) = handshaking.enter(crate::connections::source_of(peer.ip()))
+                else {
+                    drop(tcp);
+                    continue;
+                };
                 let acceptor = acceptor.clone();
                 let tx = tx.clone();
                 tokio::spawn(async move {
+                    let _place = place;
                     let _ = tcp.set_nodelay(true);
                     let shake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
                     let stream = match shake.await {
@@ -294,6 +305,48 @@ impl TlsListener {
             local,
             acceptor,
         })
+    }
+}
+
+/// Most TLS handshakes one source (an IPv4 address, an IPv6 /64) may have in flight at once.
+pub const MAX_HANDSHAKES_PER_SOURCE: usize = 16;
+
+/// Handshakes in flight per source.
+#[derive(Debug, Default)]
+struct Handshaking {
+    sources: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+/// One handshake's place in its source's count, given back when dropped.
+struct HandshakePlace {
+    of: Arc<Handshaking>,
+    source: std::net::IpAddr,
+}
+
+impl Handshaking {
+    fn enter(self: &Arc<Self>, source: std::net::IpAddr) -> Option<HandshakePlace> {
+        let mut sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
+        let n = sources.entry(source).or_default();
+        if *n >= MAX_HANDSHAKES_PER_SOURCE {
+            return None;
+        }
+        *n += 1;
+        Some(HandshakePlace {
+            of: self.clone(),
+            source,
+        })
+    }
+}
+
+impl Drop for HandshakePlace {
+    fn drop(&mut self) {
+        let mut sources = self.of.sources.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = sources.get_mut(&self.source) {
+            *n -= 1;
+            if *n == 0 {
+                sources.remove(&self.source);
+            }
+        }
     }
 }
 

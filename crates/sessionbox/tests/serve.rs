@@ -768,6 +768,11 @@ async fn a_port_in_the_sandbox_is_previewed_through_serve_with_a_key_or_a_signed
         )
         .await;
         put(
+            "site/cgi-bin/cookie",
+            b"#!/bin/sh\nprintf 'Content-Type: text/plain\\r\\nSet-Cookie: stolen=1; Path=/\\r\\nClear-Site-Data: \"cookies\"\\r\\n\\r\\nset\\n'\n".to_vec(),
+        )
+        .await;
+        put(
             "site/cgi-bin/slow",
             b"#!/bin/sh\nsleep 3\nprintf 'Content-Type: text/plain\\r\\n\\r\\nslow\\n'\n".to_vec(),
         )
@@ -857,6 +862,9 @@ async fn a_port_in_the_sandbox_is_previewed_through_serve_with_a_key_or_a_signed
             .get(format!("{base}/ports/8000/cgi-bin/env?q=1"))
             .bearer_auth(&key)
             .header("x-custom", "passed")
+            .header("cookie", "session=browser-state")
+            .header("referer", "http://example.test/v1/previews/secret-token/")
+            .header("x-forwarded-for", "203.0.113.9")
             .send()
             .await
             .unwrap()
@@ -870,6 +878,25 @@ async fn a_port_in_the_sandbox_is_previewed_through_serve_with_a_key_or_a_signed
             "{name}: the key reached the sandbox: {env}"
         );
         assert!(!env.contains("HTTP_AUTHORIZATION"), "{name}: {env}");
+        // Nor the browser's cookies and referrer (shared by every preview on the API's
+        // origin; a link's referrer holds its token), nor an address a client may forge.
+        for withheld in ["browser-state", "secret-token", "203.0.113.9"] {
+            assert!(
+                !env.contains(withheld),
+                "{name}: {withheld} reached the sandbox: {env}"
+            );
+        }
+        // And a page cannot set state on the API's origin.
+        let r = client
+            .get(format!("{base}/ports/8000/cgi-bin/cookie"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{name}");
+        assert!(r.headers().get("set-cookie").is_none(), "{name}");
+        assert!(r.headers().get("clear-site-data").is_none(), "{name}");
+        assert_eq!(r.headers()["referrer-policy"], "no-referrer", "{name}");
         assert!(
             env.contains("HTTP_X_FORWARDED_PREFIX=/v1/conversations/web/ports/8000"),
             "{name}: {env}"
@@ -890,7 +917,8 @@ async fn a_port_in_the_sandbox_is_previewed_through_serve_with_a_key_or_a_signed
             .await
             .unwrap();
         assert_eq!(r.status(), StatusCode::BAD_GATEWAY, "{name}");
-        for bad in ["0", "65536", "http"] {
+        // 44772 is the sandbox's agent itself, whose API runs commands: never a preview.
+        for bad in ["0", "65536", "http", "44772"] {
             let r = client
                 .get(format!("{base}/ports/{bad}/"))
                 .bearer_auth(&key)
@@ -997,7 +1025,8 @@ async fn a_port_in_the_sandbox_is_previewed_through_serve_with_a_key_or_a_signed
         let r = client.get(&page).bearer_auth(&key).send().await.unwrap();
         assert_eq!(r.status(), StatusCode::OK, "{name}: the slots came back");
 
-        // Destroyed, the conversation's link reaches nothing.
+        // Destroyed, the conversation's link reaches nothing; nor once a conversation is made
+        // again under its id, serving the same port.
         let r = client.delete(&base).bearer_auth(&key).send().await.unwrap();
         assert!(r.status().is_success(), "{name}: destroy {}", r.status());
         let r = client
@@ -1006,6 +1035,40 @@ async fn a_port_in_the_sandbox_is_previewed_through_serve_with_a_key_or_a_signed
             .await
             .unwrap();
         assert_eq!(r.status(), StatusCode::NOT_FOUND, "{name}");
+        put("site/index.html", b"the new one".to_vec()).await;
+        put(".bin/busybox", busybox.clone()).await;
+        let r = client
+            .post(format!("{base}/exec"))
+            .bearer_auth(&key)
+            .json(&json!({
+                "command": "chmod +x .bin/busybox; exec ./.bin/busybox httpd -f -p 127.0.0.1:8000 -h site",
+                "background": true
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::ACCEPTED, "{name}");
+        let started = std::time::Instant::now();
+        loop {
+            let r = client.get(&page).bearer_auth(&key).send().await.unwrap();
+            if r.status() == StatusCode::OK || started.elapsed() > Duration::from_secs(30) {
+                assert_eq!(r.text().await.unwrap(), "the new one", "{name}");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let r = client
+            .get(format!("{}{path}index.html", served.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            StatusCode::NOT_FOUND,
+            "{name}: an old link reached the conversation made again under its id"
+        );
+        let r = client.delete(&base).bearer_auth(&key).send().await.unwrap();
+        assert!(r.status().is_success(), "{name}: destroy {}", r.status());
         served.stop();
     }
 }
@@ -1188,5 +1251,82 @@ async fn slow_readers_cannot_make_serve_hold_files_without_bound() {
     let (status, _) = slow(&key).await;
     assert_eq!(status, "200", "the drained body gave its bytes back");
     drop(readers);
+    served.stop();
+}
+
+/// The attacks (from a review of the output budget): answers that the server builds and then
+/// holds for a client that does not read them, counted only until they were built. Now an
+/// exec's JSON answer keeps its output reserved until the client has taken it: with a 64 MiB
+/// budget, two unread 16 MiB-output execs (32 MiB reserved each) leave no room for a third. A
+/// range of a file is counted as the whole file the server reads for it, before the read, and
+/// given back once its bytes are sent: four one-byte ranges of a 16 MiB file, then a fifth.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_exec_answers_and_ranges_stay_in_the_budget() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let d = tempfile::tempdir().unwrap();
+    let data = host_data(d.path());
+    let key = create_key(&data, "default");
+    let served = Served::start_with(
+        &data,
+        &[("SESSIONBOX_MAX_OUTPUT_BYTES_PER_TENANT", "67108864")],
+    );
+    let addr = served.base.trim_start_matches("http://").to_owned();
+    // Sends `request` (a whole HTTP/1.1 request) and reads the status code only.
+    let send = async |request: String| {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        s.write_all(request.as_bytes()).await.unwrap();
+        let mut b = [0u8; 12];
+        s.read_exact(&mut b).await.unwrap();
+        (String::from_utf8_lossy(&b[9..12]).into_owned(), s)
+    };
+    let exec = || {
+        let body = json!({
+            "command": "head -c 16000000 /dev/zero | tr '\\0' x",
+            "output_limit": 16_777_216
+        })
+        .to_string();
+        format!(
+            "POST /v1/conversations/big/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let (first, _a) = send(exec()).await;
+    let (second, _b) = send(exec()).await;
+    assert_eq!((first.as_str(), second.as_str()), ("200", "200"));
+    let (third, _c) = send(exec()).await;
+    assert_eq!(third, "429", "the unread answers' output left the budget");
+    drop((_a, _b));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let big: Vec<u8> = vec![7u8; 16 * 1024 * 1024];
+    let r = Client::new()
+        .put(format!(
+            "{}/v1/conversations/big/files/big.bin",
+            served.base
+        ))
+        .bearer_auth(&key)
+        .body(big)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let range = || {
+        format!(
+            "GET /v1/conversations/big/files/big.bin HTTP/1.1\r\nHost: x\r\n\
+             Authorization: Bearer {key}\r\nRange: bytes=0-0\r\n\r\n"
+        )
+    };
+    let mut held = Vec::new();
+    for i in 0..4 {
+        let (status, s) = send(range()).await;
+        assert_eq!(status, "206", "range {i}");
+        held.push(s);
+    }
+    // A one-byte answer is sent at once; the whole file read for it stays counted until then,
+    // so the ranges above already gave their places back.
+    let (fifth, _e) = send(range()).await;
+    assert_eq!(fifth, "206");
+    drop(held);
     served.stop();
 }

@@ -59,14 +59,26 @@ fn cut(s: &str, max: usize) -> String {
 }
 
 /// `content` as `cat -n` would number it, from line `offset` (1-based), `limit` lines.
-fn numbered(content: &str, offset: usize, limit: usize) -> String {
+/// `cat -n` of lines `offset..offset + limit` (1-based) of a file's `bytes`, of its `total`
+/// lines, each cut at [`MAX_LINE_CHARS`]. Only the lines shown become text (invalid UTF-8
+/// replaced), so a file is never copied whole; a line ends at `\n`, a `\r` before it dropped,
+/// as [`str::lines`] does.
+fn numbered_lines(bytes: &[u8], offset: usize, limit: usize, total: usize) -> String {
     let mut out = String::new();
-    for (n, line) in content.lines().enumerate().skip(offset - 1).take(limit) {
-        let line = match line.char_indices().nth(MAX_LINE_CHARS) {
-            Some((i, _)) => &line[..i],
-            None => line,
+    let shown = limit.min(total.saturating_sub(offset - 1));
+    for (n, line) in bytes
+        .split(|b| *b == b'\n')
+        .enumerate()
+        .skip(offset - 1)
+        .take(shown)
+    {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let text = String::from_utf8_lossy(line);
+        let text = match text.char_indices().nth(MAX_LINE_CHARS) {
+            Some((i, _)) => &text[..i],
+            None => &text,
         };
-        out.push_str(&format!("{:>6}\t{line}\n", n + 1));
+        out.push_str(&format!("{:>6}\t{text}\n", n + 1));
     }
     out
 }
@@ -187,7 +199,8 @@ impl Tools {
         let outcome = state
             .with_conversation(conv, operation, async |opened| {
                 let expired = opened.previous_expired_at();
-                expired_note(Self::apply(opened.conv, op).await, expired)
+                let budget = (&state.budget, &conv.tenant);
+                expired_note(Self::apply(opened.conv, op, budget).await, expired)
             })
             .await;
         match (outcome, if_absent) {
@@ -330,7 +343,14 @@ impl Tools {
         Ok(out)
     }
 
-    async fn apply(session: &dyn Session, op: Run) -> Result<String, Error> {
+    async fn apply(
+        session: &dyn Session,
+        op: Run,
+        budget: (
+            &std::sync::Arc<crate::budget::OutputBudget>,
+            &sessionbox_core::TenantId,
+        ),
+    ) -> Result<String, Error> {
         match op {
             Run::Bash(req) => {
                 let timeout_ms = req.timeout.as_millis();
@@ -354,11 +374,19 @@ impl Tools {
                 Ok(text)
             }
             Run::Read(a) => {
+                // The whole file is in memory while its lines are picked: counted in the
+                // tenant's budget first (a file that cannot be stat-ed is refused by the read).
+                let size = session.stat(&a.path).await.map_or(0, |s| s.size);
+                let (budget, tenant) = budget;
+                let _held =
+                    budget.reserve_body(tenant, usize::try_from(size).unwrap_or(usize::MAX))?;
                 let bytes = session.read(&a.path).await?;
-                let content = String::from_utf8_lossy(&bytes);
                 let offset = a.offset.unwrap_or(1).max(1);
                 let limit = a.limit.unwrap_or(DEFAULT_READ_LINES).max(1);
-                let total = content.lines().count();
+                // Only the lines shown become text (a lossy copy of the whole file could be
+                // three times its size).
+                let total = bytes.split(|b| *b == b'\n').count()
+                    - usize::from(bytes.is_empty() || bytes.ends_with(b"\n"));
                 if total == 0 {
                     return Ok(format!("{} is empty", a.path));
                 }
@@ -368,7 +396,7 @@ impl Tools {
                         a.path
                     )));
                 }
-                let mut out = numbered(&content, offset, limit);
+                let mut out = numbered_lines(&bytes, offset, limit, total);
                 let last = (offset - 1 + limit).min(total);
                 if last < total {
                     out.push_str(&format!(

@@ -41,6 +41,29 @@ const FOLLOW_WAIT: Duration = Duration::from_secs(15);
 /// Events a follower may have read ahead of its client.
 const FOLLOW_BUFFER: usize = 4;
 
+/// A logs answer counted in the tenant's output budget until the client has taken it (a
+/// refusal costs nothing: the output stays in the command's logs to read again).
+///
+/// # Errors
+/// `busy` when the budget has no room for the answer now.
+fn held_logs(
+    state: &AppState,
+    conv: &sessionbox_core::ConversationRef,
+    output: &sessionbox_core::CommandOutput,
+) -> Result<Response, ApiError> {
+    let data = serde_json::to_vec(&CommandLogsView::of(output))
+        .map_err(sessionbox_core::Error::backend)?;
+    let reservation = state.budget.reserve_body(&conv.tenant, data.len())?;
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static("application/json"),
+        )],
+        crate::budget::held_body(data, vec![reservation]),
+    )
+        .into_response())
+}
+
 /// Checks a command id before anything is opened.
 fn command_id(cmd: &str) -> Result<(), ApiError> {
     Ok(sessionbox_core::validate_command_id(cmd)?)
@@ -188,13 +211,13 @@ pub(crate) async fn logs(
         if read.wait.is_zero() {
             let output = opened.conv.command_output(&cmd, read).await;
             opened.finish().await;
-            return Ok(Json(CommandLogsView::of(&output?)).into_response());
+            return held_logs(&state, &conv, &output?);
         }
         let session = opened.detach().await;
         let output = session.command_output(&cmd, read).await;
         let _ = Box::new(session).close().await;
         drop(waiter);
-        Ok(Json(CommandLogsView::of(&output?)).into_response())
+        held_logs(&state, &conv, &output?)
     })
     .await
 }

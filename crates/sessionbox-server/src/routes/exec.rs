@@ -259,10 +259,13 @@ pub(crate) async fn exec(
                 (StatusCode::ACCEPTED, Json(CommandView::from(&command))).into_response()
             }
             Ran::Finished(result) => {
-                let response = Json(ExecView::of(result?, previous_expired_at)).into_response();
-                // The output is in the answer's body now, which the client is sent next.
-                drop(reservation);
-                response
+                // The output stays counted until the client has taken the answer.
+                crate::budget::held_json(
+                    &state.budget,
+                    &conv.tenant,
+                    &ExecView::of(result?, previous_expired_at),
+                    Some(reservation),
+                )
             }
         };
         Ok(notify_expired(response, previous_expired_at))

@@ -138,9 +138,21 @@ pub(crate) async fn read(
 ) -> Response {
     on_conversation(&principal, "read", &id, async |conv| {
         state.manager.check_path(&conv, &path)?;
-        let data = state
+        // The file is counted in the tenant's budget before it is read, and stays counted until
+        // the client has taken the answer (a range too: the whole file is read for it).
+        let (data, held) = state
             .with_conversation(&conv, Operation::Read, async |opened| {
-                opened.conv.read(&path).await
+                let size = opened.conv.stat(&path).await.map_or(0, |s| s.size);
+                let size = usize::try_from(size)
+                    .unwrap_or(usize::MAX)
+                    .min(state.config.max_file_bytes);
+                let mut held = vec![state.budget.reserve_body(&conv.tenant, size)?];
+                let data = opened.conv.read(&path).await?;
+                // It grew between the two: the rest is counted too.
+                if data.len() > size {
+                    held.push(state.budget.reserve_body(&conv.tenant, data.len() - size)?);
+                }
+                Ok::<_, sessionbox_core::Error>((data, held))
             })
             .await??;
         let len = data.len() as u64;
@@ -166,7 +178,7 @@ pub(crate) async fn read(
         }
         match byte_range(&headers, len) {
             Ok(None) => {
-                let body = budgeted(&state, &conv, data)?;
+                let body = crate::budget::held_body(data, held);
                 Ok((StatusCode::OK, response_headers, body).into_response())
             }
             Ok(Some((start, end))) => {
@@ -176,7 +188,7 @@ pub(crate) async fn read(
                 }
                 let part = data[start as usize..=end as usize].to_vec();
                 drop(data);
-                let body = budgeted(&state, &conv, part)?;
+                let body = crate::budget::held_body(part, held);
                 Ok((StatusCode::PARTIAL_CONTENT, response_headers, body).into_response())
             }
             Err(()) => {
@@ -194,36 +206,6 @@ pub(crate) async fn read(
         }
     })
     .await
-}
-
-/// A body of `data` that holds its bytes in the tenant's output budget until the client has
-/// taken the last of them (hyper drops the buffer then), so slow readers cannot make the server
-/// hold files without bound (see [`crate::budget`]).
-///
-/// # Errors
-/// `busy` when the tenant's or the server's budget has no room for `data` now.
-fn budgeted(
-    state: &AppState,
-    conv: &sessionbox_core::ConversationRef,
-    data: Vec<u8>,
-) -> Result<bytes::Bytes, sessionbox_core::Error> {
-    let reservation = state.budget.reserve_body(&conv.tenant, data.len())?;
-    Ok(bytes::Bytes::from_owner(Held {
-        data,
-        _reservation: reservation,
-    }))
-}
-
-/// A file's bytes and their place in the budget, released together.
-struct Held {
-    data: Vec<u8>,
-    _reservation: crate::budget::Reservation,
-}
-
-impl AsRef<[u8]> for Held {
-    fn as_ref(&self) -> &[u8] {
-        &self.data
-    }
 }
 
 /// Writes a file atomically from the raw body, creating parents (and the conversation).

@@ -29,6 +29,9 @@ use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::{AppState, metrics, policy, skills};
 
+/// How long a request body may go without a byte before its request fails (408 or 400).
+pub(crate) const BODY_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The application: every route, JSON errors for unknown routes and methods, body limits, and
 /// the audit and metrics middleware.
 pub fn router(state: AppState) -> Router {
@@ -102,6 +105,11 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(json_limit)
+        // A body that stops arriving ends its request: a client that sends all but the last
+        // byte of a large upload would otherwise hold what was buffered for as long as it likes.
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+            BODY_IDLE_TIMEOUT,
+        ))
         .layer(from_fn_with_state(state.clone(), crate::audit::track))
         .layer(from_fn_with_state(state.clone(), metrics::track))
         .with_state(state)

@@ -37,8 +37,23 @@ use crate::openapi::ConversationErrors;
 use crate::relay;
 use crate::views::ErrorBody;
 
-/// Headers that carry the caller's credentials to the server; never passed to the sandbox.
-const CREDENTIALS: [&str; 2] = ["authorization", "x-api-key"];
+/// Request headers never passed to the program: the caller's credentials, the browser's
+/// cookies and referrer (the API's origin is shared by every preview, and a link's referrer
+/// holds its token), and addresses a client may forge.
+const NOT_PASSED: [&str; 8] = [
+    "authorization",
+    "x-api-key",
+    "cookie",
+    "referer",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-real-ip",
+    "forwarded",
+];
+
+/// Response headers never passed to the browser: state a page would set on the API's origin,
+/// which every other preview and the API share.
+const NOT_RETURNED: [&str; 2] = ["set-cookie", "clear-site-data"];
 
 /// The policy every preview response carries: the page's scripts run, in an opaque origin.
 const PREVIEW_CSP: &str =
@@ -49,16 +64,25 @@ pub(crate) const DEFAULT_LINK_TTL_SECS: u64 = 15 * 60;
 /// Longest lifetime of a preview link, in seconds (24 hours).
 pub(crate) const MAX_LINK_TTL_SECS: u64 = 24 * 60 * 60;
 
-/// A port as a preview accepts it: decimal, 1 to 65535.
+/// A port as a preview accepts it: decimal, 1 to 65535, and not the agent's own (44772),
+/// whose API runs commands: a preview (or a link, which needs no key) must never be a way to
+/// it past the turn, the budget and the audit.
 fn port_of(s: &str) -> Result<u16, Error> {
     let valid = !s.is_empty() && s.len() <= 5 && s.bytes().all(|b| b.is_ascii_digit());
-    valid
+    let port = valid
         .then(|| s.parse::<u16>().ok())
         .flatten()
         .filter(|p| *p != 0)
         .ok_or_else(|| {
             Error::InvalidRequest(format!("invalid port {s:?}: give a number from 1 to 65535"))
-        })
+        })?;
+    if port == sessionbox_execd::wire::DEFAULT_PORT {
+        return Err(Error::InvalidRequest(format!(
+            "port {port} is the sandbox's agent, which no preview reaches; serve the app on \
+             another port"
+        )));
+    }
+    Ok(port)
 }
 
 /// Relays `request` to `port` of `conv`, in one of its relay slots; `prefix` (the path the
@@ -69,23 +93,42 @@ async fn relay_to(
     port: u16,
     rest: Option<&str>,
     prefix: Option<String>,
+    created_must_be: Option<i64>,
     mut request: Request,
 ) -> Result<Response, Error> {
     let slot = state.relays.slot(&conv.key)?;
-    let link = relay::agent_link(state, conv, Operation::Attach, "previews").await?;
+    let (link, created) = relay::agent_link_of(state, conv, Operation::Attach, "previews").await?;
+    if created_must_be.is_some_and(|c| c != created) {
+        // The link's conversation was destroyed; this one was made again under its id.
+        return Err(gone(conv));
+    }
     let path = sessionbox_execd::wire::proxy_path(port, rest.unwrap_or(""), request.uri().query());
-    relay::without(request.headers_mut(), &CREDENTIALS);
+    relay::without(request.headers_mut(), &NOT_PASSED);
     if let Some(prefix) = prefix.and_then(|p| HeaderValue::from_str(&p).ok()) {
         request
             .headers_mut()
             .insert(HeaderName::from_static("x-forwarded-prefix"), prefix);
     }
     let mut response = relay::forward(&link, &path, request, slot).await?;
-    response.headers_mut().insert(
+    let headers = response.headers_mut();
+    relay::without(headers, &NOT_RETURNED);
+    headers.insert(
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static(PREVIEW_CSP),
     );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     Ok(response)
+}
+
+/// The answer for a link whose conversation is gone (destroyed, perhaps made again since).
+fn gone(conv: &ConversationRef) -> Error {
+    Error::NotFound(format!(
+        "conversation {} of this link no longer exists; ask for a new link",
+        conv.id
+    ))
 }
 
 /// An answer for a relay that failed: the agent unreachable is 502, the rest as usual.
@@ -127,9 +170,17 @@ pub(crate) async fn by_key(
             return Ok(Redirect::permanent(&format!("{prefix}/")).into_response());
         };
         let rest = rest.to_owned();
-        relay_to(&state, &conv, port, Some(&rest), Some(prefix), request)
-            .await
-            .map_err(relay_error)
+        relay_to(
+            &state,
+            &conv,
+            port,
+            Some(&rest),
+            Some(prefix),
+            None,
+            request,
+        )
+        .await
+        .map_err(relay_error)
     })
     .await
 }
@@ -176,9 +227,18 @@ pub(crate) async fn by_link(
             return Ok(Redirect::permanent(&format!("{prefix}/")).into_response());
         };
         let rest = rest.to_owned();
-        relay_to(&state, &conv, claims.port, Some(&rest), None, request)
-            .await
-            .map_err(relay_error)
+        port_of(&claims.port.to_string())?;
+        relay_to(
+            &state,
+            &conv,
+            claims.port,
+            Some(&rest),
+            None,
+            Some(claims.created),
+            request,
+        )
+        .await
+        .map_err(relay_error)
     }
     .await;
     result.unwrap_or_else(IntoResponse::into_response)
@@ -241,12 +301,13 @@ pub(crate) async fn issue_link(
         });
     };
     // The conversation must exist and its runtime give previews at all.
-    relay::agent_link(state, conv, Operation::Attach, "previews").await?;
+    let (_, created) = relay::agent_link_of(state, conv, Operation::Attach, "previews").await?;
     let expires = now_secs().saturating_add(ttl);
     let token = key.issue_preview(&PreviewClaims {
         tenant: conv.tenant.as_str().to_owned(),
         conversation: conv.id.as_str().to_owned(),
         port,
+        created,
         expires,
     });
     Ok(PreviewLinkView {
@@ -283,7 +344,17 @@ mod tests {
     fn ports_parse_as_decimal_from_1_to_65535() {
         assert_eq!(port_of("1").unwrap(), 1);
         assert_eq!(port_of("65535").unwrap(), 65535);
-        for bad in ["0", "65536", "-1", "+80", "80a", "", " 80", "000080000"] {
+        for bad in [
+            "0",
+            "65536",
+            "-1",
+            "+80",
+            "80a",
+            "",
+            " 80",
+            "000080000",
+            "44772",
+        ] {
             assert!(port_of(bad).is_err(), "{bad:?}");
         }
     }

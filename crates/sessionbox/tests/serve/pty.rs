@@ -156,3 +156,67 @@ async fn a_terminal_over_rest_on_every_runtime() {
         rt.destroy("pty");
     }
 }
+
+/// The attack (from a review of the relays): upgraded connections left the connection cap,
+/// since hyper's connection ends at the upgrade, so WebSockets could be opened past
+/// `--max-connections-per-source` without bound. Now a terminal's tunnel keeps its connection's
+/// place until it closes: with a cap of 4 per source, 4 open terminals leave no room for a
+/// fifth connection from that source, and closing them gives the places back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_terminals_stay_counted_in_the_connection_cap() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(
+        data.join("sessionbox.toml"),
+        "runtime = \"isolated\"\n[isolated]\nidle_timeout_secs = 30\n",
+    )
+    .unwrap();
+    let key = create_key(&data, "default");
+    let served = Served::start_with(&data, &[("SESSIONBOX_MAX_CONNECTIONS_PER_SOURCE", "4")]);
+    let mut open_ones = Vec::new();
+    for i in 0..4 {
+        let ws = open(&served.base, "capped", &key)
+            .await
+            .unwrap_or_else(|e| panic!("terminal {i}: {e:?}"));
+        open_ones.push(ws);
+    }
+    // A fifth connection from the same source is closed as soon as it is accepted.
+    let refused = reqwest::Client::new()
+        .get(format!("{}/healthz", served.base))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await;
+    assert!(
+        refused.is_err(),
+        "a fifth connection was served: {refused:?}"
+    );
+    for mut ws in open_ones {
+        let _ = ws.close(None).await;
+    }
+    // The places come back once the tunnels close.
+    let started = Instant::now();
+    loop {
+        let r = reqwest::Client::new()
+            .get(format!("{}/healthz", served.base))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await;
+        if r.is_ok_and(|r| r.status() == 200) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the closed terminals kept their places"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = reqwest::Client::new()
+        .delete(format!("{}/v1/conversations/capped", served.base))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    served.stop();
+}
