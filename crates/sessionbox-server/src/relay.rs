@@ -205,18 +205,28 @@ pub(crate) fn without(headers: &mut HeaderMap, names: &[&str]) {
 }
 
 /// The relays open to each conversation now, capped (see
-/// [`crate::ServerConfig::max_relays_per_conversation`]).
+/// [`crate::ServerConfig::max_relays_per_conversation`]); those opened through a preview link
+/// (no key) may hold at most half of them, so a link's holder cannot take the places the
+/// conversation's own terminals, watches and keyed previews need.
 #[derive(Debug)]
 pub(crate) struct Relays {
     max: usize,
-    open: Arc<Mutex<HashMap<ConversationKey, usize>>>,
+    open: Arc<Mutex<HashMap<ConversationKey, Open>>>,
+}
+
+/// Relays open to one conversation: all of them, and those through a link.
+#[derive(Debug, Default, Clone, Copy)]
+struct Open {
+    all: usize,
+    by_link: usize,
 }
 
 /// One relay's place in its conversation's count, given back when dropped.
 #[derive(Debug)]
 pub(crate) struct RelaySlot {
     key: ConversationKey,
-    open: Arc<Mutex<HashMap<ConversationKey, usize>>>,
+    by_link: bool,
+    open: Arc<Mutex<HashMap<ConversationKey, Open>>>,
 }
 
 impl Relays {
@@ -227,23 +237,38 @@ impl Relays {
         }
     }
 
-    /// A slot for one more relay to `key`'s agent.
+    /// Most relays through links at once per conversation: half the places, at least one.
+    fn max_by_link(&self) -> usize {
+        (self.max / 2).max(1)
+    }
+
+    /// A place for one more relay to `key`'s agent; `by_link` for a preview through a link.
     ///
     /// # Errors
-    /// [`Error::Busy`] when the conversation has its most relays open.
-    pub(crate) fn slot(&self, key: &ConversationKey) -> Result<RelaySlot> {
+    /// [`Error::Busy`] when the conversation has its most relays open, or its most through
+    /// links.
+    pub(crate) fn slot(&self, key: &ConversationKey, by_link: bool) -> Result<RelaySlot> {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         let n = open.entry(key.clone()).or_default();
-        if *n >= self.max {
+        if n.all >= self.max {
             return Err(Error::Busy(format!(
                 "this conversation has {} previews, terminals and watches open, the most a \
                  server relays to one conversation; close one and retry",
                 self.max
             )));
         }
-        *n += 1;
+        if by_link && n.by_link >= self.max_by_link() {
+            return Err(Error::Busy(format!(
+                "this conversation has {} previews open through links, the most links may \
+                 hold; retry later",
+                self.max_by_link()
+            )));
+        }
+        n.all += 1;
+        n.by_link += usize::from(by_link);
         Ok(RelaySlot {
             key: key.clone(),
+            by_link,
             open: self.open.clone(),
         })
     }
@@ -252,7 +277,7 @@ impl Relays {
     #[cfg(test)]
     pub(crate) fn open(&self, key: &ConversationKey) -> usize {
         let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        open.get(key).copied().unwrap_or(0)
+        open.get(key).map_or(0, |n| n.all)
     }
 }
 
@@ -260,8 +285,9 @@ impl Drop for RelaySlot {
     fn drop(&mut self) {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = open.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
+            n.all -= 1;
+            n.by_link -= usize::from(self.by_link);
+            if n.all == 0 {
                 open.remove(&self.key);
             }
         }
@@ -277,16 +303,32 @@ mod tests {
         let relays = Relays::new(2);
         let a = ConversationRef::parse("t", "a").unwrap().key;
         let b = ConversationRef::parse("t", "b").unwrap().key;
-        let one = relays.slot(&a).unwrap();
-        let two = relays.slot(&a).unwrap();
-        assert!(matches!(relays.slot(&a), Err(Error::Busy(_))));
+        let one = relays.slot(&a, false).unwrap();
+        let two = relays.slot(&a, false).unwrap();
+        assert!(matches!(relays.slot(&a, false), Err(Error::Busy(_))));
         // Another conversation is not held back by the first.
-        let other = relays.slot(&b).unwrap();
+        let other = relays.slot(&b, false).unwrap();
         drop(one);
-        let three = relays.slot(&a).unwrap();
+        let three = relays.slot(&a, false).unwrap();
         assert_eq!(relays.open(&a), 2);
         drop((two, three, other));
         assert_eq!(relays.open(&a), 0);
         assert!(relays.open.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn links_hold_at_most_half_the_places_and_keys_keep_the_rest() {
+        let relays = Relays::new(4);
+        let a = ConversationRef::parse("t", "a").unwrap().key;
+        let l1 = relays.slot(&a, true).unwrap();
+        let l2 = relays.slot(&a, true).unwrap();
+        assert!(matches!(relays.slot(&a, true), Err(Error::Busy(_))));
+        let k1 = relays.slot(&a, false).unwrap();
+        let k2 = relays.slot(&a, false).unwrap();
+        assert!(matches!(relays.slot(&a, false), Err(Error::Busy(_))));
+        drop(l1);
+        let l3 = relays.slot(&a, true).unwrap();
+        drop((l2, l3, k1, k2));
+        assert_eq!(relays.open(&a), 0);
     }
 }

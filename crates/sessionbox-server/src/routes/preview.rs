@@ -96,7 +96,7 @@ async fn relay_to(
     created_must_be: Option<i64>,
     mut request: Request,
 ) -> Result<Response, Error> {
-    let slot = state.relays.slot(&conv.key)?;
+    let slot = state.relays.slot(&conv.key, created_must_be.is_some())?;
     let (link, created) = relay::agent_link_of(state, conv, Operation::Attach, "previews").await?;
     if created_must_be.is_some_and(|c| c != created) {
         // The link's conversation was destroyed; this one was made again under its id.

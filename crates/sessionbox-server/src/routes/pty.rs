@@ -72,7 +72,7 @@ pub(crate) async fn pty(
             None => None,
         };
         // A terminal holds one of the conversation's relay places for its whole life.
-        let slot = state.relays.slot(&conv.key)?;
+        let slot = state.relays.slot(&conv.key, false)?;
         let link = relay::agent_link(&state, &conv, Operation::Terminal, "terminals").await?;
         let session = link
             .create_terminal(&CreatePtyRequest { cwd, command: None })

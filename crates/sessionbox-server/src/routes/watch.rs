@@ -48,6 +48,8 @@ pub(crate) async fn watch(
     on_conversation(&principal, "watch", &id, async |conv| {
         let path = query.path.unwrap_or_else(|| ".".to_owned());
         state.manager.check_path(&conv, &path)?;
+        // A watch holds one of the conversation's relay places for as long as it is open.
+        let slot = state.relays.slot(&conv.key, false)?;
         let link = agent_link(&state, &conv, Operation::Attach, "file watching").await?;
         let stream = link.watch(&path).await.map_err(Error::from)?;
         let events = futures::stream::unfold(Some(stream), |stream| async move {
@@ -62,7 +64,11 @@ pub(crate) async fn watch(
                 Err(e) => Some((error_event(Error::from(e)), None)),
             }
         })
-        .filter_map(|e| async move { e });
+        .filter_map(|e| async move { e })
+        .map(move |e| {
+            let _ = &slot;
+            e
+        });
         Ok(sse_response(events))
     })
     .await
