@@ -38,6 +38,11 @@ pub struct HostConfig {
     /// Arguments given to `supervisor` (none for the `sessionbox` binary; a test binary may
     /// need some to reach its supervisor entry).
     pub supervisor_args: Vec<String>,
+    /// The program, and the arguments that select its agent mode, started on a workspace for
+    /// what front ends relay (terminals, previews, watches; see [`crate::host_agent`]): the
+    /// `sessionbox` binary and `agent`. `None`: a host conversation has no agent, and those
+    /// relays are refused with a clear error.
+    pub agent: Option<Vec<std::ffi::OsString>>,
 }
 
 impl HostConfig {
@@ -49,6 +54,7 @@ impl HostConfig {
             kill_grace: Duration::from_secs(2),
             supervisor: None,
             supervisor_args: Vec::new(),
+            agent: None,
         }
     }
 }
@@ -63,6 +69,7 @@ pub struct HostRuntime {
     kill_grace: Duration,
     supervisor: Option<PathBuf>,
     supervisor_args: Vec<String>,
+    agents: Option<Arc<crate::host_agent::HostAgents>>,
 }
 
 impl HostRuntime {
@@ -84,6 +91,9 @@ impl HostRuntime {
             kill_grace: config.kill_grace,
             supervisor: config.supervisor,
             supervisor_args: config.supervisor_args,
+            agents: config
+                .agent
+                .map(|program| Arc::new(crate::host_agent::HostAgents::new(program))),
         })
     }
 
@@ -159,6 +169,7 @@ impl Runtime for HostRuntime {
         .await
         .map_err(Error::backend)??;
         Ok(Box::new(HostSession {
+            agents: self.agents.clone(),
             key: conversation.key.clone(),
             workspace: Arc::new(ws),
             kill_grace: self.kill_grace,
@@ -171,6 +182,9 @@ impl Runtime for HostRuntime {
     }
 
     async fn destroy(&self, key: &ConversationKey) -> Result<DestroyReport> {
+        if let Some(agents) = &self.agents {
+            agents.stop(key).await;
+        }
         let dir = self.dir_of(key);
         let run = self.run.join(key.as_str());
         let commands = CommandDir {
@@ -242,6 +256,8 @@ impl Runtime for HostRuntime {
 
 /// An open `host` conversation.
 struct HostSession {
+    /// The runtime's agents, for relays; `None` when it has none.
+    agents: Option<Arc<crate::host_agent::HostAgents>>,
     key: ConversationKey,
     workspace: Arc<Workspace>,
     kill_grace: Duration,
@@ -293,6 +309,16 @@ impl HostSession {
 
 #[async_trait]
 impl Session for HostSession {
+    async fn agent(&self) -> Result<Option<sessionbox_core::AgentAccess>> {
+        match &self.agents {
+            Some(agents) => agents
+                .access(&self.key, Path::new(self.workspace.presented_root()))
+                .await
+                .map(Some),
+            None => Ok(None),
+        }
+    }
+
     fn key(&self) -> &ConversationKey {
         &self.key
     }

@@ -3,6 +3,7 @@
 //! launched by [`sessionbox_sandbox`] and served by the agent).
 
 pub mod host;
+pub mod host_agent;
 pub mod host_volumes;
 pub mod isolated;
 pub mod log_relay;

@@ -65,7 +65,11 @@ pub(crate) async fn run(
         print_uids(file, data_dir);
     }
     outln!(
-        "  terminals    at most {} per conversation ([isolated] ptys; its own devpts instance)",
+        "  terminals    at most {} open at once per conversation (the agent's --max-terminals), \
+         within {} pseudo-terminals ([isolated] ptys; its own devpts instance)",
+        u64::try_from(sessionbox_execd::agent_args::DEFAULT_MAX_TERMINALS)
+            .unwrap_or(u64::MAX)
+            .min(limits.ptys),
         limits.ptys
     );
     let disk_ok = print_disk(file.isolated.disk_quota());

@@ -195,6 +195,7 @@ fn host_runtime(
 ) -> anyhow::Result<HostRuntime> {
     let mut host = HostConfig::new(data_dir);
     host.supervisor = Some(options.exe.clone());
+    host.agent = Some(vec![options.exe.clone().into_os_string(), "agent".into()]);
     if let Some(l) = file.limits {
         host.limits = l;
     }

@@ -8,8 +8,8 @@
 //! included), its size sent first and at every `SIGWINCH`, every key byte (Ctrl-C, Ctrl-D
 //! included) passed to the sandbox's terminal, every output byte written unchanged. The exit
 //! status is the shell's. The agent's session is deleted at the end, which kills whatever the
-//! shell left running. The `host` runtime runs no agent: for it this process starts
-//! `sessionbox agent` on the workspace for the terminal's life.
+//! shell left running. On the `host` runtime the agent is one the runtime starts on the
+//! workspace (it stops itself a minute after its last use).
 
 use std::io::Write;
 use std::os::fd::AsFd;
@@ -48,21 +48,10 @@ pub(crate) async fn run(
     // path through a descriptor it holds (the isolated runtime's run directory).
     let (handle, lock) = held.into_parts();
     drop(lock);
-    // The host runtime runs no agent: this process starts one of its own on the workspace
-    // for the terminal's life (the same program its commands would meet in a sandbox, here as
-    // the calling user, as the host runtime's commands run).
-    let mut local = None;
-    let access = match handle.agent().await? {
-        Some(a) => Some(a),
-        None if app.manager.runtime().info().name == "host" => {
-            let (child, dir, access) = local_agent(handle.workspace_root()).await?;
-            local = Some((child, dir));
-            Some(access)
-        }
-        None => None,
-    };
+    // Every runtime with an agent gives it here (the host runtime starts one on the
+    // workspace).
+    let access = handle.agent().await?;
     let result = on_agent(app, access, cwd).await;
-    drop(local);
     let closed = Box::new(handle).close().await;
     let code = result?;
     closed?;
@@ -93,51 +82,6 @@ async fn on_agent(
     Ok(ExitCode::from(
         u8::try_from(code.clamp(0, 255)).unwrap_or(255),
     ))
-}
-
-/// Starts `sessionbox agent` on `root` listening on a Unix socket in a private temporary
-/// directory (no token: only this user can reach it); killed when the returned child drops.
-async fn local_agent(
-    root: &str,
-) -> anyhow::Result<(
-    tokio::process::Child,
-    tempfile::TempDir,
-    sessionbox_core::AgentAccess,
-)> {
-    let dir = tempfile::Builder::new()
-        .prefix("sessionbox-shell-")
-        .tempdir()
-        .context("a private directory for the terminal's agent")?;
-    let socket = dir.path().join("agent.sock");
-    let exe = std::env::current_exe().context("this program's path")?;
-    let mut child = tokio::process::Command::new(exe)
-        .arg("agent")
-        .arg("--listen")
-        .arg(format!("unix:{}", socket.display()))
-        .arg("--root")
-        .arg(root)
-        // Gone a minute after its terminal's client, should this process die without killing it.
-        .args(["--idle-timeout", "60"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .env_remove("EXECD_ACCESS_TOKEN")
-        .kill_on_drop(true)
-        .spawn()
-        .context("start the terminal's agent")?;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while tokio::net::UnixStream::connect(&socket).await.is_err() {
-        if let Some(status) = child.try_wait()? {
-            anyhow::bail!("the terminal's agent exited at once ({status})");
-        }
-        if std::time::Instant::now() > deadline {
-            anyhow::bail!("the terminal's agent did not start within 10 s");
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    let access =
-        sessionbox_core::AgentAccess::new(sessionbox_core::AgentEndpoint::Unix(socket), None);
-    Ok((child, dir, access))
 }
 
 /// Opens the WebSocket of agent session `session` over `link`.

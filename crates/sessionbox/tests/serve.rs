@@ -732,14 +732,27 @@ fn static_busybox() -> Option<Vec<u8>> {
 ///   requests in flight the 4th is refused 429 at once, and the next after them is served;
 /// - a port nothing listens on is 502, a port out of range 400.
 ///
-/// On runtimes whose sandboxes run no agent (host, aio), both routes refuse with 503
-/// `runtime_unavailable`, and the sandbox's network stays closed to the host either way.
+/// On `host` the runtime's own agent relays to the host's loopback; `aio`, which has no agent,
+/// refuses both routes with 503 `runtime_unavailable`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_port_in_the_sandbox_is_previewed_through_serve_with_a_key_or_a_signed_link() {
     let busybox = static_busybox();
     for rt in exact::runtimes("preview") {
         let name = rt.name;
-        let relays = matches!(name, "isolated" | "opensandbox");
+        let relays = name != "aio";
+        // Inside a sandbox any port is free; on the host's own loopback, one that is now.
+        let free = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        };
+        let (port, closed) = if name == "host" {
+            (free(), free())
+        } else {
+            (8000, 8001)
+        };
         let key = create_key(&rt.data, "default");
         let stranger = create_key(&rt.data, "stranger");
         let served =
@@ -779,7 +792,7 @@ async fn a_port_in_the_sandbox_is_previewed_through_serve_with_a_key_or_a_signed
         .await;
         if !relays {
             let r = client
-                .get(format!("{base}/ports/8000/index.html"))
+                .get(format!("{base}/ports/{port}/index.html"))
                 .bearer_auth(&key)
                 .send()
                 .await
@@ -793,7 +806,7 @@ async fn a_port_in_the_sandbox_is_previewed_through_serve_with_a_key_or_a_signed
             let r = client
                 .post(format!("{base}/previews"))
                 .bearer_auth(&key)
-                .json(&json!({"port": 8000}))
+                .json(&json!({"port": port}))
                 .send()
                 .await
                 .unwrap();
@@ -811,8 +824,8 @@ async fn a_port_in_the_sandbox_is_previewed_through_serve_with_a_key_or_a_signed
             .post(format!("{base}/exec"))
             .bearer_auth(&key)
             .json(&json!({
-                "command": "chmod +x .bin/busybox site/cgi-bin/*; \
-                            exec ./.bin/busybox httpd -f -p 127.0.0.1:8000 -h site",
+                "command": format!("chmod +x .bin/busybox site/cgi-bin/*; \
+                            exec ./.bin/busybox httpd -f -p 127.0.0.1:{port} -h site"),
                 "background": true
             }))
             .send()
@@ -821,7 +834,7 @@ async fn a_port_in_the_sandbox_is_previewed_through_serve_with_a_key_or_a_signed
         assert_eq!(r.status(), StatusCode::ACCEPTED, "{name}");
 
         // With the key: the page, once the server listens.
-        let page = format!("{base}/ports/8000/index.html");
+        let page = format!("{base}/ports/{port}/index.html");
         let started = std::time::Instant::now();
         let response = loop {
             let r = client.get(&page).bearer_auth(&key).send().await.unwrap();
@@ -846,7 +859,7 @@ async fn a_port_in_the_sandbox_is_previewed_through_serve_with_a_key_or_a_signed
         assert_eq!(response.text().await.unwrap(), marker, "{name}");
         // Without its slash the prefix redirects, so relative links resolve under it.
         let r = client
-            .get(format!("{base}/ports/8000"))
+            .get(format!("{base}/ports/{port}"))
             .bearer_auth(&key)
             .send()
             .await
@@ -854,12 +867,12 @@ async fn a_port_in_the_sandbox_is_previewed_through_serve_with_a_key_or_a_signed
         assert_eq!(r.status(), StatusCode::PERMANENT_REDIRECT, "{name}");
         assert_eq!(
             r.headers()["location"],
-            "/v1/conversations/web/ports/8000/",
+            format!("/v1/conversations/web/ports/{port}/"),
             "{name}"
         );
         // The program sees the request, never the key.
         let env = client
-            .get(format!("{base}/ports/8000/cgi-bin/env?q=1"))
+            .get(format!("{base}/ports/{port}/cgi-bin/env?q=1"))
             .bearer_auth(&key)
             .header("x-custom", "passed")
             .header("cookie", "session=browser-state")
@@ -888,7 +901,7 @@ async fn a_port_in_the_sandbox_is_previewed_through_serve_with_a_key_or_a_signed
         }
         // And a page cannot set state on the API's origin.
         let r = client
-            .get(format!("{base}/ports/8000/cgi-bin/cookie"))
+            .get(format!("{base}/ports/{port}/cgi-bin/cookie"))
             .bearer_auth(&key)
             .send()
             .await
@@ -898,7 +911,9 @@ async fn a_port_in_the_sandbox_is_previewed_through_serve_with_a_key_or_a_signed
         assert!(r.headers().get("clear-site-data").is_none(), "{name}");
         assert_eq!(r.headers()["referrer-policy"], "no-referrer", "{name}");
         assert!(
-            env.contains("HTTP_X_FORWARDED_PREFIX=/v1/conversations/web/ports/8000"),
+            env.contains(&format!(
+                "HTTP_X_FORWARDED_PREFIX=/v1/conversations/web/ports/{port}"
+            )),
             "{name}: {env}"
         );
         // Another tenant's key reaches nothing: its conversation "web" does not exist.
@@ -911,7 +926,7 @@ async fn a_port_in_the_sandbox_is_previewed_through_serve_with_a_key_or_a_signed
         assert_eq!(r.status(), StatusCode::NOT_FOUND, "{name}");
         // Ports nothing listens on, and ports that are not ports.
         let r = client
-            .get(format!("{base}/ports/8001/"))
+            .get(format!("{base}/ports/{closed}/"))
             .bearer_auth(&key)
             .send()
             .await
@@ -933,7 +948,7 @@ async fn a_port_in_the_sandbox_is_previewed_through_serve_with_a_key_or_a_signed
             client
                 .post(format!("{base}/previews"))
                 .bearer_auth(&key)
-                .json(&json!({"port": 8000, "ttl_secs": 600}))
+                .json(&json!({"port": port, "ttl_secs": 600}))
                 .send()
                 .await
                 .unwrap(),
@@ -981,7 +996,7 @@ async fn a_port_in_the_sandbox_is_previewed_through_serve_with_a_key_or_a_signed
         let r = client
             .post(format!("{base}/previews"))
             .bearer_auth(&stranger)
-            .json(&json!({"port": 8000}))
+            .json(&json!({"port": port}))
             .send()
             .await
             .unwrap();
@@ -989,7 +1004,7 @@ async fn a_port_in_the_sandbox_is_previewed_through_serve_with_a_key_or_a_signed
         let r = client
             .post(format!("{base}/previews"))
             .bearer_auth(&key)
-            .json(&json!({"port": 8000, "ttl_secs": 100_000}))
+            .json(&json!({"port": port, "ttl_secs": 100_000}))
             .send()
             .await
             .unwrap();
@@ -997,7 +1012,7 @@ async fn a_port_in_the_sandbox_is_previewed_through_serve_with_a_key_or_a_signed
 
         // The relay cap: three slow requests hold the conversation's three slots; a fourth is
         // refused at once; once they end, the next is served.
-        let slow = format!("{base}/ports/8000/cgi-bin/slow");
+        let slow = format!("{base}/ports/{port}/cgi-bin/slow");
         let mut held = Vec::new();
         for _ in 0..3 {
             let request = client.get(&slow).bearer_auth(&key).send();
@@ -1041,7 +1056,7 @@ async fn a_port_in_the_sandbox_is_previewed_through_serve_with_a_key_or_a_signed
             .post(format!("{base}/exec"))
             .bearer_auth(&key)
             .json(&json!({
-                "command": "chmod +x .bin/busybox; exec ./.bin/busybox httpd -f -p 127.0.0.1:8000 -h site",
+                "command": format!("chmod +x .bin/busybox; exec ./.bin/busybox httpd -f -p 127.0.0.1:{port} -h site"),
                 "background": true
             }))
             .send()

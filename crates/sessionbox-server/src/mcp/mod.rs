@@ -256,7 +256,13 @@ impl ServerHandler for Tools {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(schema::tools()))
+        // A preview link is a path on an HTTP server: MCP over stdio (no server, no preview
+        // key) has no `preview` to offer.
+        let mut tools = schema::tools();
+        if self.state.config.preview_key.is_none() {
+            tools.retain(|t| t.name != "preview");
+        }
+        Ok(ListToolsResult::with_all_items(tools))
     }
 
     async fn call_tool(
