@@ -84,8 +84,8 @@ async fn type_in(ws: &mut Ws, text: &str) {
 
 /// Issue 21's terminal on every runtime, through `sessionbox serve`: on `isolated` and on a real
 /// OpenSandbox server a shell in the conversation's workspace (what it writes the REST API
-/// reads), with the window size, its change, Ctrl-C and the exit status; `host` and `aio`
-/// refuse with 503 `runtime_unavailable` naming the runtimes that have terminals.
+/// reads), with the window size, its change, Ctrl-C and the exit status; on `host` through the
+/// agent its runtime starts; `aio` refuses with 503 `runtime_unavailable`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_terminal_over_rest_on_every_runtime() {
     for rt in exact::runtimes("pty") {
@@ -154,6 +154,103 @@ async fn a_terminal_over_rest_on_every_runtime() {
         );
         drop(served);
         rt.destroy("pty");
+    }
+}
+
+/// A WebSocket through a preview (issue 21): a program in the sandbox that serves one on a port
+/// (here a second agent, whose terminal is a WebSocket) is reached at
+/// `/v1/conversations/{id}/ports/{port}/...` with the upgrade tunnelled both ways: a command
+/// typed in reaches the program and its output comes back. On `isolated`, the real OpenSandbox
+/// server and `host`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_is_previewed_through_serve_on_every_runtime_with_an_agent() {
+    for rt in exact::runtimes("preview-ws") {
+        let name = rt.name;
+        if name == "aio" {
+            continue;
+        }
+        let key = create_key(&rt.data, "default");
+        let served = Served::start(&rt.data);
+        let base = format!("{}/v1/conversations/wsprev", served.base);
+        let client = reqwest::Client::new();
+        // The agent program as the conversation's commands see it.
+        let program = match name {
+            "isolated" => "/.sessionbox/sessionbox agent".to_owned(),
+            "opensandbox" => "/opt/opensandbox/execd".to_owned(),
+            _ => format!("{} agent", env!("CARGO_BIN_EXE_sessionbox")),
+        };
+        let port = if name == "host" {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        } else {
+            9000
+        };
+        let r = client
+            .post(format!("{base}/exec"))
+            .bearer_auth(&key)
+            .json(&serde_json::json!({
+                "command": format!("exec {program} --listen tcp:127.0.0.1:{port} --root ."),
+                "background": true
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202, "{name}");
+        let started = Instant::now();
+        let session = loop {
+            let r = client
+                .post(format!("{base}/ports/{port}/pty"))
+                .bearer_auth(&key)
+                .json(&serde_json::json!({}))
+                .send()
+                .await
+                .unwrap();
+            if r.status().is_success() {
+                let v: serde_json::Value = r.json().await.unwrap();
+                break v["session_id"].as_str().unwrap().to_owned();
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                panic!(
+                    "{name}: the program never listened: {} {}",
+                    r.status(),
+                    r.text().await.unwrap_or_default()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let url = format!(
+            "{}/ports/{port}/pty/{session}/ws",
+            base.replace("http://", "ws://")
+        );
+        let mut req = url.into_client_request().unwrap();
+        req.headers_mut()
+            .insert("authorization", format!("Bearer {key}").parse().unwrap());
+        let stream = tokio::net::TcpStream::connect(served.base.trim_start_matches("http://"))
+            .await
+            .unwrap();
+        let (mut ws, response) = tokio_tungstenite::client_async(req, stream)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: the upgrade through the preview: {e}"));
+        assert_eq!(response.status(), 101, "{name}");
+        let mut seen = Seen::default();
+        read_until(&mut ws, &mut seen, name, |s| {
+            s.frames.first().is_some_and(|f| f.kind == "connected")
+        })
+        .await;
+        type_in(&mut ws, "echo through-$((40+2))\n").await;
+        read_until(&mut ws, &mut seen, name, |s| {
+            s.text().contains("through-42")
+        })
+        .await;
+        type_in(&mut ws, "exit 6\n").await;
+        read_until(&mut ws, &mut seen, name, |_| false).await;
+        let exit = seen.frames.iter().find(|f| f.kind == "exit");
+        assert_eq!(exit.and_then(|f| f.exit_code), Some(6), "{name}: {seen:?}");
+        drop(served);
+        rt.destroy("wsprev");
     }
 }
 
