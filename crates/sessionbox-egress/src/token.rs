@@ -127,10 +127,6 @@ impl TokenKey {
         }
     }
 
-    fn mac(&self, payload: &str) -> Hmac<Sha256> {
-        self.mac_of(PREFIX, payload)
-    }
-
     /// The MAC of `prefix` and `payload`: each kind of token signs under its own prefix, so
     /// no token of one kind is ever a valid token of another.
     fn mac_of(&self, prefix: &str, payload: &str) -> Hmac<Sha256> {
@@ -144,13 +140,7 @@ impl TokenKey {
     /// `now + ttl_secs`" (`sbxp1.<base64url(JSON)>.<base64url(HMAC-SHA256)>`). Whoever holds
     /// it may reach that port through `serve` until it expires, and nothing else.
     pub fn issue_preview(&self, claims: &PreviewClaims) -> String {
-        let payload = B64.encode(serde_json::to_vec(claims).unwrap_or_default());
-        let sig = B64.encode(
-            self.mac_of(PREVIEW_PREFIX, &payload)
-                .finalize()
-                .into_bytes(),
-        );
-        format!("{PREVIEW_PREFIX}{payload}.{sig}")
+        self.sign(PREVIEW_PREFIX, claims)
     }
 
     /// Checks a preview link token's signature (in constant time) and expiry at `now`.
@@ -158,23 +148,37 @@ impl TokenKey {
     /// # Errors
     /// [`TokenError`].
     pub fn verify_preview(&self, token: &str, now: u64) -> Result<PreviewClaims, TokenError> {
-        let rest = token
-            .strip_prefix(PREVIEW_PREFIX)
-            .ok_or(TokenError::Malformed)?;
-        let (payload, sig) = rest.split_once('.').ok_or(TokenError::Malformed)?;
-        let sig = B64.decode(sig).map_err(|_| TokenError::Malformed)?;
-        self.mac_of(PREVIEW_PREFIX, payload)
-            .verify_slice(&sig)
-            .map_err(|_| TokenError::BadSignature)?;
-        let claims: PreviewClaims = B64
-            .decode(payload)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .ok_or(TokenError::Malformed)?;
+        let claims: PreviewClaims = self.open(PREVIEW_PREFIX, token)?;
         if now >= claims.expires {
             return Err(TokenError::Expired);
         }
         Ok(claims)
+    }
+
+    /// `prefix`, `claims` as base64url JSON, and their MAC.
+    fn sign(&self, prefix: &str, claims: &impl Serialize) -> String {
+        let payload = B64.encode(serde_json::to_vec(claims).unwrap_or_default());
+        let sig = B64.encode(self.mac_of(prefix, &payload).finalize().into_bytes());
+        format!("{prefix}{payload}.{sig}")
+    }
+
+    /// The claims of a token [`TokenKey::sign`] made under `prefix`, once its MAC is checked
+    /// (in constant time, before the payload is parsed).
+    fn open<T: for<'de> Deserialize<'de>>(
+        &self,
+        prefix: &str,
+        token: &str,
+    ) -> Result<T, TokenError> {
+        let rest = token.strip_prefix(prefix).ok_or(TokenError::Malformed)?;
+        let (payload, sig) = rest.split_once('.').ok_or(TokenError::Malformed)?;
+        let sig = B64.decode(sig).map_err(|_| TokenError::Malformed)?;
+        self.mac_of(prefix, payload)
+            .verify_slice(&sig)
+            .map_err(|_| TokenError::BadSignature)?;
+        B64.decode(payload)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .ok_or(TokenError::Malformed)
     }
 
     /// The access token of the agent in `conversation`'s remote sandbox (a conversation key):
@@ -201,9 +205,7 @@ impl TokenKey {
             policy_hash: policy_hash.to_owned(),
             expires: now.saturating_add(ttl_secs),
         };
-        let payload = B64.encode(serde_json::to_vec(&claims).unwrap_or_default());
-        let sig = B64.encode(self.mac(&payload).finalize().into_bytes());
-        format!("{PREFIX}{payload}.{sig}")
+        self.sign(PREFIX, &claims)
     }
 
     /// Checks the signature (in constant time) and the expiry at `now`.
@@ -211,17 +213,7 @@ impl TokenKey {
     /// # Errors
     /// [`TokenError`].
     pub fn verify(&self, token: &str, now: u64) -> Result<Claims, TokenError> {
-        let rest = token.strip_prefix(PREFIX).ok_or(TokenError::Malformed)?;
-        let (payload, sig) = rest.split_once('.').ok_or(TokenError::Malformed)?;
-        let sig = B64.decode(sig).map_err(|_| TokenError::Malformed)?;
-        self.mac(payload)
-            .verify_slice(&sig)
-            .map_err(|_| TokenError::BadSignature)?;
-        let claims: Claims = B64
-            .decode(payload)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .ok_or(TokenError::Malformed)?;
+        let claims: Claims = self.open(PREFIX, token)?;
         if now >= claims.expires {
             return Err(TokenError::Expired);
         }
