@@ -46,7 +46,11 @@ async fn the_official_python_sdk_uses_the_tools_in_separate_conversations() {
         .key;
     let state = AppState::new(
         Manager::new(store.clone(), runtime),
-        ServerConfig::default(),
+        ServerConfig {
+            // As `serve` has: the tools list `preview` only with a key to sign links.
+            preview_key: Some(sessionbox_egress::token::TokenKey::from_bytes([9; 32])),
+            ..ServerConfig::default()
+        },
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr: SocketAddr = listener.local_addr().unwrap();
