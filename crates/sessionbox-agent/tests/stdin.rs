@@ -88,7 +88,9 @@ async fn a_command_that_does_not_read_makes_a_write_time_out_with_what_the_pipe_
         took >= STDIN_WRITE_WAIT && took < STDIN_WRITE_WAIT + Duration::from_secs(3),
         "{took:?}"
     );
-    // One byte over the limit of one write is refused before anything is written.
+    // One byte over the limit of one write is refused before anything is written: by the
+    // client before sending (a peer refusing a body early closes the connection under the
+    // sender, who would see a broken pipe)...
     let e = Error::from(
         a.client
             .write_stdin(&c.id, &vec![b'y'; MAX_STDIN_BYTES + 1])
@@ -96,6 +98,15 @@ async fn a_command_that_does_not_read_makes_a_write_time_out_with_what_the_pipe_
             .unwrap_err(),
     );
     assert!(matches!(e, Error::TooLarge { .. }), "{e:?}");
+    // ...and by the agent, from the declared length, before reading any of it.
+    let over = format!("Content-Length: {}", MAX_STDIN_BYTES + 1);
+    let head = format!(
+        "POST /sessionbox/v1/commands/{}/stdin HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n{over}\r\n\r\n",
+        c.id
+    );
+    let r = a.raw(head.as_bytes()).await;
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert!(r.text().contains("too_large"), "{}", r.text());
     a.client.kill_background(&c.id).await.unwrap();
     let e = Error::from(a.client.write_stdin(&c.id, b"x").await.unwrap_err());
     assert!(matches!(e, Error::Conflict(_)), "{e:?}");

@@ -19,6 +19,16 @@ pub enum ExecdError {
     /// The request was refused before sending.
     #[error("invalid execd request: {0}")]
     InvalidRequest(String),
+    /// A body was over the agent's limit for it, so it was refused before sending: a peer that
+    /// refuses a body early closes the connection while it is still being written, and the
+    /// sender then sees a broken pipe instead of the refusal.
+    #[error("{what} is larger than {limit} bytes")]
+    TooLarge {
+        /// What was too large.
+        what: &'static str,
+        /// The limit in bytes.
+        limit: u64,
+    },
     /// No connection could be made.
     #[error("cannot connect to execd at {endpoint}: {reason}")]
     Connect {
@@ -104,10 +114,14 @@ impl ExecdError {
 impl From<ExecdError> for Error {
     /// 404 and `FILE_NOT_FOUND`/`CONTEXT_NOT_FOUND` become [`Error::NotFound`]; 400, 416 and 422
     /// [`Error::InvalidRequest`]; 409 [`Error::Conflict`]; deadlines [`Error::TimedOut`]; a refused
-    /// request [`Error::InvalidRequest`]; everything else [`Error::Backend`] with the full message.
+    /// request [`Error::InvalidRequest`], a refused body [`Error::TooLarge`]; everything else [`Error::Backend`] with the full message.
     fn from(e: ExecdError) -> Self {
         match &e {
             ExecdError::InvalidRequest(m) => Error::InvalidRequest(m.clone()),
+            ExecdError::TooLarge { what, limit } => Error::TooLarge {
+                what: (*what).into(),
+                limit: *limit,
+            },
             ExecdError::Timeout { after, .. } => Error::TimedOut(*after),
             ExecdError::Status {
                 status,

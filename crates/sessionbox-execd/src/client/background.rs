@@ -117,9 +117,17 @@ impl ExecdClient {
     /// [`STDIN_WRITE_WAIT`](sessionbox_core::STDIN_WRITE_WAIT)).
     ///
     /// # Errors
-    /// `not_found`, `conflict` (not kept open, closed, ended), `too_large`; a transport failure.
+    /// `not_found`, `conflict` (not kept open, closed, ended); [`ExecdError::TooLarge`] for
+    /// more than [`MAX_STDIN_BYTES`](sessionbox_core::MAX_STDIN_BYTES), before sending; a
+    /// transport failure.
     pub async fn write_stdin(&self, id: &str, data: &[u8]) -> Result<StdinWrite, ExecdError> {
         const OP: &str = "write background command stdin";
+        if data.len() > sessionbox_core::MAX_STDIN_BYTES {
+            return Err(ExecdError::TooLarge {
+                what: "a write to stdin",
+                limit: sessionbox_core::MAX_STDIN_BYTES as u64,
+            });
+        }
         let body = data.to_vec();
         let r = self
             .call(OP, Method::POST, &stdin_path(id), &[], |rb| {
