@@ -24,6 +24,7 @@ mod open;
 mod path;
 pub mod patterns;
 mod runtime;
+mod snapshot;
 mod watch;
 
 pub use agent::{AgentAccess, AgentEndpoint, no_agent};
@@ -50,5 +51,9 @@ pub use path::{MAX_PATH_BYTES, WorkspacePath};
 pub use patterns::{check_glob, check_grep};
 pub use runtime::{
     DestroyReport, DiskUsage, PoolSizes, Runtime, RuntimeConversation, RuntimeInfo, Session,
+};
+pub use snapshot::{
+    ArchiveStats, MAX_ARCHIVE_ENTRIES, MAX_SNAPSHOT_NAME_BYTES, archive_unsupported,
+    temporary_archive, validate_snapshot_name,
 };
 pub use watch::{MAX_QUEUED_WATCH_EVENTS, MAX_WATCH_STREAMS, MAX_WATCHED_DIRS, WatchEvent};

@@ -72,11 +72,16 @@ pub enum Operation {
     /// Reaching the sandbox's agent for a relay that makes nothing: a preview of a port, a
     /// watch of the workspace, stdin to a running background command.
     Attach,
+    /// Taking a snapshot of the workspace (CLI `snapshot`, REST `POST .../snapshots`; the
+    /// origin of a fork).
+    Snapshot,
+    /// Replacing the workspace with a snapshot (CLI `restore`, REST `.../restore`).
+    Restore,
 }
 
 impl Operation {
     /// Every operation, for tests and tables.
-    pub const ALL: [Operation; 19] = [
+    pub const ALL: [Operation; 21] = [
         Operation::Open,
         Operation::Exec,
         Operation::Spawn,
@@ -96,6 +101,8 @@ impl Operation {
         Operation::KillCommand,
         Operation::Terminal,
         Operation::Attach,
+        Operation::Snapshot,
+        Operation::Restore,
     ];
 
     /// True when this operation makes its conversation if it does not exist (or expired): an
@@ -120,7 +127,9 @@ impl Operation {
             | Operation::Commands
             | Operation::CommandStatus
             | Operation::CommandOutput
-            | Operation::KillCommand => false,
+            | Operation::KillCommand
+            | Operation::Snapshot
+            | Operation::Restore => false,
         }
     }
 
@@ -147,7 +156,9 @@ impl Operation {
             | Operation::CommandOutput
             | Operation::KillCommand
             | Operation::Terminal
-            | Operation::Attach => false,
+            | Operation::Attach
+            | Operation::Snapshot
+            | Operation::Restore => false,
         }
     }
 

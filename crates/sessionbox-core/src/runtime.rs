@@ -368,6 +368,37 @@ pub trait Session: Send + Sync {
         Ok(None)
     }
 
+    /// Writes an archive of the whole workspace (see the crate's snapshot rules:
+    /// [`crate::ArchiveStats`]) to the local file `to`, created or truncated, on the machine
+    /// this process runs on. The conversation's background commands are paused while it is
+    /// taken, so none writes during it; the caller holds the conversation for the archive's
+    /// length, so no other operation runs.
+    ///
+    /// The default refuses: a runtime that cannot archive says so.
+    ///
+    /// # Errors
+    /// [`crate::Error::RuntimeUnavailable`] when the runtime cannot; an I/O failure writing `to`
+    /// or reading the workspace.
+    async fn archive_workspace(&self, to: &std::path::Path) -> Result<crate::ArchiveStats> {
+        let _ = to;
+        Err(crate::archive_unsupported("of this conversation"))
+    }
+
+    /// Replaces the workspace's whole contents with the archive in the local file `from`. The
+    /// archive is checked before anything is removed (see the snapshot rules); background
+    /// commands should not be running (they are not stopped).
+    ///
+    /// The default refuses.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidRequest`] for an archive that breaks a rule (nothing changed);
+    /// [`crate::Error::TooLarge`] when it does not fit the conversation's disk quota;
+    /// [`crate::Error::RuntimeUnavailable`] when the runtime cannot.
+    async fn restore_workspace(&self, from: &std::path::Path) -> Result<crate::ArchiveStats> {
+        let _ = from;
+        Err(crate::archive_unsupported("of this conversation"))
+    }
+
     /// Releases this handle. All state (files, sandbox) is kept for the next `open`.
     async fn close(self: Box<Self>) -> Result<()>;
 }
