@@ -24,6 +24,7 @@ mod plot;
 mod report;
 mod run;
 mod scale;
+mod snapshots;
 mod stats;
 
 use std::ffi::OsString;

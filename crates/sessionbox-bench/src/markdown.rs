@@ -473,6 +473,36 @@ fn markdown_more(r: &Value) -> String {
                 num(&f["write_plus_read"]["p99_ms"]),
             );
         }
+        if let Some(rows) = v["snapshots"].as_array().filter(|r| !r.is_empty()) {
+            let _ = writeln!(
+                s,
+                "\n{rt}: snapshots against the workspace's size (x: against `cp -a` of the same files, measured in the same run)\n"
+            );
+            let _ = writeln!(
+                s,
+                "| files | MiB | stored MiB | cp -a ms | snapshot ms (x) | fork ms (x) | template open ms (x) | live fork ms (x) |"
+            );
+            let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+            let mib = |v: &Value| v.as_f64().map_or("-".into(), |b| format!("{:.1}", b / 1048576.0));
+            for row in rows {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} ({}) | {} ({}) | {} ({}) | {} ({}) |",
+                    row["files"],
+                    mib(&row["bytes"]),
+                    mib(&row["stored_bytes"]),
+                    num(&row["copy_ms"]),
+                    num(&row["snapshot_ms"]),
+                    num(&row["snapshot_x_copy"]),
+                    num(&row["fork_ms"]),
+                    num(&row["fork_x_copy"]),
+                    num(&row["template_open_ms"]),
+                    num(&row["template_open_x_copy"]),
+                    num(&row["live_fork_ms"]),
+                    num(&row["live_fork_x_copy"]),
+                );
+            }
+        }
         if let Some(n) = v["memory"]["sandboxes_per_gib"].as_f64() {
             let _ = writeln!(
                 s,

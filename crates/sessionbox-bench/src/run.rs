@@ -166,6 +166,8 @@ struct Plan {
     live: usize,
     /// Warm execs counted under callgrind (0: not measured).
     callgrind: usize,
+    /// Workspace sizes of the snapshot measurement ([`crate::snapshots`]).
+    snapshot_sizes: Vec<crate::snapshots::Size>,
 }
 
 impl Plan {
@@ -195,6 +197,7 @@ impl Plan {
             callgrind: args
                 .callgrind_execs
                 .unwrap_or(if args.quick { 20 } else { 100 }) as usize,
+            snapshot_sizes: crate::snapshots::sizes(args.quick),
         }
     }
 
@@ -429,7 +432,10 @@ async fn measure_runtime(
     kind: RuntimeKind,
     base_samples: &mut Vec<f64>,
 ) -> anyhow::Result<Measured> {
-    let manager = Manager::new(bench.store.clone(), bench.runtime(kind, AGENT_IDLE_SECS)?);
+    let manager = Manager::new(bench.store.clone(), bench.runtime(kind, AGENT_IDLE_SECS)?)
+        .with_snapshots(sessionbox_manager::SnapshotConfig::new(
+            bench.data_dir.join("snapshots"),
+        ));
     let before = Inventory::take(&manager)
         .await
         .context("cannot take the inventory before the run")?;
@@ -470,6 +476,19 @@ async fn measure_runtime(
                 }
             }
             Err(e) => measured = Err(e.context("at scale")),
+        }
+    }
+    if let (Ok(r), true) = (
+        &mut measured,
+        matches!(kind, RuntimeKind::Host | RuntimeKind::Isolated),
+    ) {
+        bench
+            .progress
+            .set_message(format!("{} snapshots", kind.name()));
+        match crate::snapshots::measure(bench, &manager, &plan.snapshot_sizes, &mut created).await
+        {
+            Ok(v) => r["snapshots"] = v,
+            Err(e) => measured = Err(e.context("snapshots")),
         }
     }
     bench

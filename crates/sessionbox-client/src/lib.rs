@@ -301,6 +301,52 @@ impl Client {
             .await
             .map(drop)
     }
+
+    /// Takes snapshot `name` of conversation `id` (`POST .../snapshots`); answers the
+    /// snapshot as the server shows it.
+    ///
+    /// # Errors
+    /// As the server answers: `already_exists`, `too_large`, `not_found`.
+    pub async fn snapshot(&self, id: &ConversationId, name: &str) -> Result<Value> {
+        let r = self
+            .request(Method::POST, self.url(id, "/snapshots"))
+            .json(&serde_json::json!({ "name": name }));
+        self.json(r, CALL_TIMEOUT).await
+    }
+
+    /// Makes conversation `to` from conversation `id` as it is now (`POST .../fork`).
+    ///
+    /// # Errors
+    /// As the server answers: `already_exists` when `to` exists.
+    pub async fn fork(&self, id: &ConversationId, to: &ConversationId) -> Result<Value> {
+        let r = self
+            .request(Method::POST, self.url(id, "/fork"))
+            .json(&serde_json::json!({ "to": to.as_str() }));
+        self.json(r, CALL_TIMEOUT).await
+    }
+
+    /// Makes conversation `to` from snapshot `name` (`POST /v1/snapshots/{name}/fork`).
+    ///
+    /// # Errors
+    /// As the server answers.
+    pub async fn fork_snapshot(&self, name: &str, to: &ConversationId) -> Result<Value> {
+        let url = format!("{}/v1/snapshots/{}/fork", self.pick(), segment(name));
+        let r = self
+            .request(Method::POST, url)
+            .json(&serde_json::json!({ "to": to.as_str() }));
+        self.json(r, CALL_TIMEOUT).await
+    }
+
+    /// Deletes snapshot `name` (`DELETE /v1/snapshots/{name}`); succeeds when absent.
+    ///
+    /// # Errors
+    /// As the server answers: `conflict` while a template names it.
+    pub async fn delete_snapshot(&self, name: &str) -> Result<()> {
+        let url = format!("{}/v1/snapshots/{}", self.pick(), segment(name));
+        self.send(self.request(Method::DELETE, url), CALL_TIMEOUT)
+            .await
+            .map(drop)
+    }
 }
 
 /// How long a call other than exec may take.

@@ -120,6 +120,11 @@ pub struct GcReport {
     ///
     /// [`Runtime::prune_pool`]: sessionbox_core::Runtime::prune_pool
     pub pool_pruned: usize,
+    /// Snapshots past their retention (`tenant/name`), removed unless a dry run.
+    pub snapshots_expired: Vec<String>,
+    /// Snapshot files removed: archives no record names and stale temporary files (in a dry
+    /// run, those that would be).
+    pub snapshot_files_removed: usize,
 }
 
 impl GcReport {
@@ -281,6 +286,15 @@ impl Manager {
                 Err(e) => {
                     tracing::warn!(error = %e, "garbage collection could not prune the logs");
                 }
+            }
+        }
+        match self.collect_snapshot_garbage(options.dry_run).await {
+            Ok((expired, files)) => {
+                report.snapshots_expired = expired;
+                report.snapshot_files_removed = files;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "garbage collection could not prune the snapshots");
             }
         }
         Ok(report)

@@ -27,13 +27,14 @@
 mod directory;
 pub mod gc;
 mod open;
+mod snapshots;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::Utc;
 use sessionbox_core::{
-    BackgroundCommand, CommandOutput, ConversationKey, ConversationRef, DestroyReport, DirEntry,
+    ArchiveStats, BackgroundCommand, CommandOutput, ConversationKey, ConversationRef, DestroyReport, DirEntry,
     EditRequest, EditResult, Error, ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch,
     GrepRequest, OutputRequest, Result, Runtime, Session, TenantId, WorkspacePath,
 };
@@ -45,6 +46,7 @@ use sessionbox_store::{
 pub use directory::{StoreDirectory, decode_policy, effective_policy};
 pub use gc::{GcItem, GcOptions, GcReport};
 pub use open::{Held, TOUCH_EVERY};
+pub use snapshots::{DEFAULT_TEMPLATE, ForkFrom, SnapshotConfig};
 
 /// A bootstrap claimed this long ago whose end was never recorded (its process died) may be
 /// claimed again.
@@ -63,6 +65,9 @@ pub struct Manager {
     /// Tenants whose warm pool this process refills ([`Manager::with_pool_refill`]); `None`:
     /// it refills none.
     warm: Option<Arc<std::sync::Mutex<std::collections::BTreeSet<TenantId>>>>,
+    /// Where snapshots are kept and their limits ([`Manager::with_snapshots`]); `None`: no
+    /// snapshots.
+    snapshots: Option<Arc<SnapshotConfig>>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -105,6 +110,7 @@ impl Manager {
             skills: Arc::default(),
             logs: sessionbox_store::LogRetention::default(),
             warm: None,
+            snapshots: None,
         }
     }
 
@@ -565,10 +571,40 @@ async fn audit<T>(
     outcome: &Result<T>,
     detail: Option<String>,
 ) {
+    audit_entry(
+        store,
+        &conversation.tenant,
+        Some(&conversation.key),
+        operation,
+        outcome,
+        detail,
+    )
+    .await;
+}
+
+/// [`audit`] of what belongs to a tenant and no conversation (its snapshots and templates).
+async fn audit_tenant<T>(
+    store: &Store,
+    tenant: &TenantId,
+    operation: &str,
+    outcome: &Result<T>,
+    detail: Option<String>,
+) {
+    audit_entry(store, tenant, None, operation, outcome, detail).await;
+}
+
+async fn audit_entry<T>(
+    store: &Store,
+    tenant: &TenantId,
+    key: Option<&ConversationKey>,
+    operation: &str,
+    outcome: &Result<T>,
+    detail: Option<String>,
+) {
     let entry = AuditEntry {
         at: Utc::now(),
-        tenant: conversation.tenant.clone(),
-        conversation_key: Some(conversation.key.clone()),
+        tenant: tenant.clone(),
+        conversation_key: key.cloned(),
         operation: operation.to_owned(),
         outcome: match outcome {
             Ok(_) => "ok".to_owned(),
@@ -775,6 +811,18 @@ impl Session for Conversation {
         self.session.close_stdin(id).await
     }
 
+    async fn archive_workspace(&self, to: &std::path::Path) -> Result<ArchiveStats> {
+        let r = self.session.archive_workspace(to).await;
+        let detail = r.as_ref().ok().map(archive_detail);
+        self.audited("archive", detail, r).await
+    }
+
+    async fn restore_workspace(&self, from: &std::path::Path) -> Result<ArchiveStats> {
+        let r = self.session.restore_workspace(from).await;
+        let detail = r.as_ref().ok().map(archive_detail);
+        self.audited("restore", detail, r).await
+    }
+
     async fn close(self: Box<Self>) -> Result<()> {
         let Conversation {
             session,
@@ -799,6 +847,14 @@ fn exec_detail(r: &Result<ExecResult>) -> Option<String> {
             r.duration.as_millis()
         )
     })
+}
+
+/// What the audit log keeps of an archive: its counts.
+fn archive_detail(s: &ArchiveStats) -> String {
+    format!(
+        "bytes={} files={} directories={} links={} skipped={}",
+        s.bytes, s.files, s.directories, s.links, s.skipped
+    )
 }
 
 /// A path for the audit log: escaped, cut to 256 characters.

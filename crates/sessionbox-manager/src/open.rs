@@ -148,7 +148,7 @@ impl Manager {
                 }
             }
         };
-        self.open_known(conversation, known).await
+        self.open_known(conversation, known, true).await
     }
 
     /// Whether `conversation`, a session kept from an earlier open, may still be used: its
@@ -202,15 +202,26 @@ impl Manager {
     /// - [`Error::NotFound`] when it was destroyed while this call opened it.
     /// - The runtime's errors.
     pub async fn open(&self, conversation: &ConversationRef) -> Result<Conversation> {
-        self.open_known(conversation, None).await
+        self.open_known(conversation, None, true).await
+    }
+
+    /// [`Manager::open`] without restoring the tenant's default template into a conversation
+    /// it creates: for a fork, which restores its own archive.
+    pub(crate) async fn open_without_template(
+        &self,
+        conversation: &ConversationRef,
+    ) -> Result<Conversation> {
+        self.open_known(conversation, None, false).await
     }
 
     /// [`Manager::open`], starting from the record the caller read (`Some`), or reading it
-    /// (`None`). Audits the open and delivers skills.
+    /// (`None`). Audits the open, restores the tenant's default template into a conversation it
+    /// creates (with `template`) and delivers skills.
     async fn open_known(
         &self,
         conversation: &ConversationRef,
         known: Option<Option<ConversationRecord>>,
+        template: bool,
     ) -> Result<Conversation> {
         let result = self.open_inner(conversation, known).await;
         match &result {
@@ -239,6 +250,20 @@ impl Manager {
         let (conv, created) = result?;
         if created {
             self.refill_after_create(&conversation.tenant);
+        }
+        if created && template {
+            let r = self.apply_default_template(conversation, &*conv.session).await;
+            if !matches!(r, Ok(None)) {
+                self.audit(conversation, "template", &r, r.as_ref().ok().flatten().clone())
+                    .await;
+            }
+            if let Err(e) = r {
+                // Made without its starting state: undone, so the next open tries again.
+                let generation = conv.record.generation;
+                let _ = Box::new(conv).close().await;
+                self.undo_create(&conversation.key, generation).await;
+                return Err(e);
+            }
         }
         if !self.skills.roots(&conversation.tenant).is_empty() {
             let r = self.deliver_skills(conversation, &*conv.session).await;

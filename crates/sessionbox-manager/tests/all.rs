@@ -14,3 +14,4 @@ mod gc;
 mod manager;
 mod open;
 mod skills;
+mod snapshots;

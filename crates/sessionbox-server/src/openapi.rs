@@ -14,7 +14,9 @@ use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder
 use utoipa::openapi::{RefOr, ResponseBuilder};
 use utoipa::{IntoResponses, Modify, OpenApi, ToSchema};
 
-use crate::routes::{commands, conversations, exec, files, fs, health, preview, pty, watch};
+use crate::routes::{
+    commands, conversations, exec, files, fs, health, preview, pty, snapshots, watch,
+};
 use crate::views::{ErrorBody, ExitStatusView, FileKindView};
 
 /// The error answers of the routes on one conversation, besides 401 (see [`Unauthorized`]).
@@ -164,6 +166,19 @@ impl Modify for Security {
         fs::grep,
         pty::pty,
         watch::watch,
+        snapshots::take,
+        snapshots::restore,
+        snapshots::fork_conversation,
+        snapshots::list,
+        snapshots::get,
+        snapshots::delete,
+        snapshots::export,
+        snapshots::import,
+        snapshots::fork_snapshot,
+        snapshots::templates,
+        snapshots::set_template,
+        snapshots::delete_template,
+        snapshots::fork_template,
         crate::policy::get_tenant_policy,
         crate::policy::put_tenant_policy,
         crate::policy::delete_tenant_policy,

@@ -166,7 +166,10 @@ impl App {
             manager: Manager::new(store, runtime)
                 .with_lifecycle(lifecycle)
                 .with_log_retention(settings.file.log_retention())
-                .with_skills(skills),
+                .with_skills(skills)
+                .with_snapshots(sessionbox_manager::SnapshotConfig::new(
+                    settings.data_dir.join("snapshots"),
+                )),
             tenant: settings.tenant.clone(),
             runtime_name: kind.name(),
             warm_tenants: warm_tenants(settings, kind)?,

@@ -370,6 +370,24 @@ pub(crate) enum ManagerCommand {
         /// The skill to print.
         name: Option<String>,
     },
+    /// Take, list, restore, delete, export and import snapshots of workspaces (kept under the
+    /// data directory's `snapshots/`, 30 days unless told otherwise).
+    #[command(display_order = 15)]
+    Snapshot {
+        #[command(subcommand)]
+        command: crate::snapshots::SnapshotCommand,
+    },
+    /// Make a new conversation from a live one (-c), a snapshot (--snapshot) or a template
+    /// (--template): its workspace is a copy, sharing nothing writable with the origin.
+    #[command(display_order = 16)]
+    Fork(crate::snapshots::ForkArgs),
+    /// Name snapshots as templates; the template `default` is restored into every new
+    /// conversation of the tenant.
+    #[command(display_order = 17)]
+    Template {
+        #[command(subcommand)]
+        command: crate::snapshots::TemplateCommand,
+    },
 }
 
 /// The commands on the store alone: no runtime is built.

@@ -25,6 +25,7 @@ mod session;
 mod shell;
 mod shown;
 mod skills;
+mod snapshots;
 mod stdin_pass;
 mod verify;
 
@@ -230,6 +231,9 @@ async fn manager_command(
             serve::run(app, *args, &settings.file.serve, &settings.data_dir).await
         }
         ManagerCommand::Skills { name } => skills::run(app, name).await,
+        ManagerCommand::Snapshot { command } => snapshots::snapshot(app, command).await,
+        ManagerCommand::Fork(args) => snapshots::fork(app, args).await,
+        ManagerCommand::Template { command } => snapshots::template(app, command).await,
         ManagerCommand::Conversations { all_tenants, json } => {
             let tenant = (!all_tenants).then_some(&app.tenant);
             let records = app.manager.list(tenant).await?;

@@ -163,6 +163,46 @@ impl Target<'_> {
             Target::Http { .. } => "set by the API key".to_owned(),
         }
     }
+
+    async fn snapshot(&self, conv: &ConversationRef, name: &str) -> anyhow::Result<()> {
+        match self {
+            Target::Local(app) => drop(app.manager.snapshot(conv, name, None).await?),
+            Target::Http { client, .. } => drop(client.snapshot(&conv.id, name).await?),
+        }
+        Ok(())
+    }
+
+    async fn fork_snapshot(&self, name: &str, to: &ConversationRef) -> anyhow::Result<()> {
+        match self {
+            Target::Local(app) => drop(
+                app.manager
+                    .fork(&sessionbox_manager::ForkFrom::Snapshot(name.to_owned()), to)
+                    .await?,
+            ),
+            Target::Http { client, .. } => drop(client.fork_snapshot(name, &to.id).await?),
+        }
+        Ok(())
+    }
+
+    async fn fork_live(&self, from: &ConversationRef, to: &ConversationRef) -> anyhow::Result<()> {
+        match self {
+            Target::Local(app) => drop(
+                app.manager
+                    .fork(&sessionbox_manager::ForkFrom::Conversation(from.id.clone()), to)
+                    .await?,
+            ),
+            Target::Http { client, .. } => drop(client.fork(&from.id, &to.id).await?),
+        }
+        Ok(())
+    }
+
+    async fn delete_snapshot(&self, tenant: &TenantId, name: &str) -> anyhow::Result<()> {
+        match self {
+            Target::Local(app) => drop(app.manager.delete_snapshot(tenant, name).await?),
+            Target::Http { client, .. } => client.delete_snapshot(name).await?,
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Default, Clone, Serialize)]
@@ -368,6 +408,19 @@ pub(crate) async fn run(
     isolation.finish();
     concurrency.finish();
 
+    // Fork: a snapshot and a live fork of the first conversation, if it was made.
+    run.progress.set_message("fork");
+    let mut fork = Check::default();
+    if created.contains(&convs[0]) {
+        if let Err(e) = fork_check(&run, tenant, &convs[0], &id, &mut fork, &mut created).await {
+            fork.failures.push(format!("{e:#}"));
+        }
+    } else {
+        fork.failures
+            .push("the first conversation was never made; nothing to fork".into());
+    }
+    fork.finish();
+
     // Cleanup: destroy every conversation created, whatever happened above.
     run.progress.set_message("cleanup");
     let mut cleanup = Check::default();
@@ -396,7 +449,7 @@ pub(crate) async fn run(
     cleanup.finish();
     run.progress.finish_and_clear();
 
-    let ok = resume.ok && isolation.ok && concurrency.ok && cleanup.ok;
+    let ok = resume.ok && isolation.ok && concurrency.ok && fork.ok && cleanup.ok;
     let (runtime, info, via) = match target {
         Target::Local(app) => {
             let info = app.manager.runtime().info();
@@ -418,6 +471,7 @@ pub(crate) async fn run(
             "resume": resume,
             "isolation": isolation,
             "concurrency": {"ok": concurrency.ok, "rounds_verified": rounds_verified, "failures": concurrency.failures},
+            "fork": fork,
             "cleanup": {"ok": cleanup.ok, "leftovers": leftover.len(), "touched": touched.len(), "failures": cleanup.failures},
         },
         "runtime_info": info,
@@ -446,6 +500,84 @@ pub(crate) async fn run(
 }
 
 type Checks = (Check, Check, Check, usize);
+
+/// The fork check on `origin`: a file written before a snapshot is what a conversation forked
+/// from the snapshot sees, not the origin's later write; a live fork sees the origin as it is
+/// at the fork; after that, a write in either is never seen in the other. The forks are added
+/// to `created` (cleanup destroys them) and the snapshot is deleted.
+async fn fork_check(
+    run: &Run<'_>,
+    tenant: &TenantId,
+    origin: &ConversationRef,
+    id: &str,
+    check: &mut Check,
+    created: &mut Vec<ConversationRef>,
+) -> anyhow::Result<()> {
+    let target = run.target;
+    let path = "verify-fork/state.txt";
+    let snapshot = format!("verify-{id}");
+    let named = |tail: &str| -> anyhow::Result<ConversationRef> {
+        Ok(ConversationRef::new(
+            tenant.clone(),
+            ConversationId::new(format!("verify-{id}-{tail}"))?,
+        ))
+    };
+    let (from_snapshot, live) = (named("fork-s")?, named("fork-l")?);
+
+    let o = run.open(origin).await?.session;
+    run.write(&*o, path, "before the snapshot").await?;
+    run.close(o).await?;
+    let t = Instant::now();
+    target.snapshot(origin, &snapshot).await?;
+    run.timings.add("snapshot", t);
+    let o = run.open(origin).await?.session;
+    run.write(&*o, path, "after the snapshot").await?;
+    run.close(o).await?;
+
+    created.push(from_snapshot.clone());
+    let t = Instant::now();
+    let forked = target.fork_snapshot(&snapshot, &from_snapshot).await;
+    run.timings.add("fork", t);
+    let deleted = target.delete_snapshot(tenant, &snapshot).await;
+    forked?;
+    deleted?;
+    created.push(live.clone());
+    let t = Instant::now();
+    target.fork_live(origin, &live).await?;
+    run.timings.add("fork", t);
+
+    let f = run.open(&from_snapshot).await?.session;
+    let seen = run.read(&*f, path).await?;
+    check.expect(seen == "before the snapshot", || {
+        format!("the fork of the snapshot reads {seen:?}, not the file as of the snapshot")
+    });
+    run.write(&*f, path, "written in the fork").await?;
+    let l = run.open(&live).await?.session;
+    let seen = run.read(&*l, path).await?;
+    check.expect(seen == "after the snapshot", || {
+        format!("the live fork reads {seen:?}, not the origin as it was at the fork")
+    });
+    let o = run.open(origin).await?.session;
+    run.write(&*o, path, "written in the origin after the forks").await?;
+    let seen = run.read(&*o, path).await?;
+    check.expect(seen == "written in the origin after the forks", || {
+        format!("the origin reads {seen:?}: a fork's write reached it")
+    });
+    for (name, s) in [("the fork of the snapshot", &f), ("the live fork", &l)] {
+        let seen = run.read(&**s, path).await?;
+        check.expect(seen != "written in the origin after the forks", || {
+            format!("{name} sees the origin's write made after the fork")
+        });
+    }
+    let seen = run.read(&*l, path).await?;
+    check.expect(seen == "after the snapshot", || {
+        format!("the live fork reads {seen:?}: another conversation's write reached it")
+    });
+    run.close(o).await?;
+    run.close(f).await?;
+    run.close(l).await?;
+    Ok(())
+}
 
 async fn experiment(
     run: &Run<'_>,
@@ -697,6 +829,11 @@ fn markdown(r: &serde_json::Value) -> String {
     );
     let _ = writeln!(
         s,
+        "| fork | {} | a snapshot and a live fork see the origin as it was, and no later write of either |",
+        yes(&c["fork"]["ok"])
+    );
+    let _ = writeln!(
+        s,
         "| cleanup | {} | {} leftovers |",
         yes(&c["cleanup"]["ok"]),
         c["cleanup"]["leftovers"]
@@ -714,7 +851,7 @@ fn markdown(r: &serde_json::Value) -> String {
         }
     }
     let mut failures = Vec::new();
-    for name in ["resume", "isolation", "concurrency", "cleanup"] {
+    for name in ["resume", "isolation", "concurrency", "fork", "cleanup"] {
         if let Some(f) = c[name]["failures"].as_array() {
             failures.extend(
                 f.iter()

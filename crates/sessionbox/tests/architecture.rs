@@ -123,6 +123,17 @@ fn core_does_no_io_and_depends_on_no_other_sessionbox_crate() {
 }
 
 #[test]
+fn the_archive_format_knows_only_core_and_tar() {
+    let deps = direct(member(&members(), "sessionbox-archive"));
+    for d in &deps {
+        assert!(
+            matches!(d.as_str(), "sessionbox-core" | "tar"),
+            "sessionbox-archive depends on {d}: the archive format is pure over a reader"
+        );
+    }
+}
+
+#[test]
 fn the_agent_links_neither_the_launcher_nor_an_http_client_nor_a_store() {
     let linked = linked("sessionbox-agent");
     for forbidden in [

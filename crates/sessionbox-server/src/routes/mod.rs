@@ -14,6 +14,7 @@ pub(crate) mod fs;
 pub(crate) mod health;
 pub(crate) mod preview;
 pub(crate) mod pty;
+pub(crate) mod snapshots;
 pub(crate) mod watch;
 
 use axum::Router;
@@ -21,7 +22,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::middleware::from_fn_with_state;
 use axum::response::Response;
-use axum::routing::{any, get, post};
+use axum::routing::{any, get, post, put};
 use sessionbox_core::{ConversationId, ConversationRef};
 
 use crate::audit::Audited;
@@ -83,6 +84,25 @@ pub fn router(state: AppState) -> Router {
         .route(&at("/glob"), get(fs::glob))
         .route(&at("/grep"), post(fs::grep))
         .route(&at("/pty"), get(pty::pty))
+        .route(&at("/snapshots"), post(snapshots::take))
+        .route(&at("/restore"), post(snapshots::restore))
+        .route(&at("/fork"), post(snapshots::fork_conversation))
+        .route("/v1/snapshots", get(snapshots::list))
+        .route(
+            "/v1/snapshots/{name}",
+            get(snapshots::get).delete(snapshots::delete),
+        )
+        .route(
+            "/v1/snapshots/{name}/archive",
+            get(snapshots::export).put(snapshots::import),
+        )
+        .route("/v1/snapshots/{name}/fork", post(snapshots::fork_snapshot))
+        .route("/v1/templates", get(snapshots::templates))
+        .route(
+            "/v1/templates/{name}",
+            put(snapshots::set_template).delete(snapshots::delete_template),
+        )
+        .route("/v1/templates/{name}/fork", post(snapshots::fork_template))
         .route(&at("/watch"), get(watch::watch))
         .route(
             "/v1/policy",

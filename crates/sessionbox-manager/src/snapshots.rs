@@ -1,0 +1,829 @@
+//! Snapshots, restore, fork and templates: a conversation's workspace saved as an archive,
+//! put back, branched into a new conversation, or made the starting state of new ones.
+//!
+//! A snapshot is an archive of the workspace ([`Session::archive_workspace`]; the rules are
+//! `sessionbox_core`'s) checked with [`sessionbox_archive::check`] (an archive comes from
+//! inside a sandbox, so it is untrusted), compressed with zstd and kept as
+//! `<dir>/<id>.tar.zst`, written to a temporary name and renamed into place, then recorded in
+//! the store ([`Store::create_snapshot`], which applies the tenant's cap in the same
+//! transaction). A snapshot is immutable: restoring or forking reads it; only delete and
+//! retention remove it. The archive file goes after its record, so a crash between the two
+//! leaves a file no record names, which garbage collection removes
+//! ([`Manager::collect_snapshot_garbage`]).
+//!
+//! Fork makes a new conversation of the same tenant from a snapshot or from a live
+//! conversation (taken as a snapshot that is never recorded), by restoring the archive into
+//! it: the new workspace is a copy, so nothing writable is shared with the origin. A tenant's
+//! template [`DEFAULT_TEMPLATE`] is restored into every conversation it creates.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use sessionbox_core::{
+    ArchiveStats, ConversationId, ConversationRef, Error, Operation, Result, Session,
+    TenantId, temporary_archive, validate_snapshot_name,
+};
+use sessionbox_store::{SnapshotRecord, Store};
+
+use crate::{Conversation, Manager};
+
+/// The template restored into every new conversation of a tenant that has one.
+pub const DEFAULT_TEMPLATE: &str = "default";
+
+/// The first bytes of a zstd frame (RFC 8878, section 3.1.1).
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+
+/// A temporary file older than this in the snapshot directory belongs to no running operation
+/// and is removed by garbage collection.
+const STALE_TEMPORARY: Duration = Duration::from_secs(3600);
+
+/// Where snapshots are kept and how much they may take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotConfig {
+    /// The directory of the archives (made 0700 on first use).
+    pub dir: PathBuf,
+    /// How long a snapshot is kept when its maker names no time (`None`: until deleted).
+    pub retention: Option<Duration>,
+    /// Most bytes of stored (compressed) archives one tenant may keep (`None`: no cap).
+    pub tenant_cap_bytes: Option<u64>,
+    /// Largest archive one snapshot, restore or import may be before compression, in bytes.
+    pub max_archive_bytes: u64,
+    /// zstd's compression level (1 to 19; 3 is zstd's own default).
+    pub level: i32,
+}
+
+impl SnapshotConfig {
+    /// Default retention: 30 days.
+    pub const DEFAULT_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+    /// Default cap of one tenant's snapshots: 10 GiB stored.
+    pub const DEFAULT_TENANT_CAP_BYTES: u64 = 10 << 30;
+    /// Default largest archive: 4 GiB.
+    pub const DEFAULT_MAX_ARCHIVE_BYTES: u64 = 4 << 30;
+
+    /// Snapshots kept in `dir` with the defaults above.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        SnapshotConfig {
+            dir: dir.into(),
+            retention: Some(Self::DEFAULT_RETENTION),
+            tenant_cap_bytes: Some(Self::DEFAULT_TENANT_CAP_BYTES),
+            max_archive_bytes: Self::DEFAULT_MAX_ARCHIVE_BYTES,
+            level: 3,
+        }
+    }
+
+    fn archive_path(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.tar.zst"))
+    }
+}
+
+/// Where a fork starts from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ForkFrom {
+    /// A snapshot of the tenant, by name.
+    Snapshot(String),
+    /// A live conversation of the tenant, as it is now.
+    Conversation(ConversationId),
+}
+
+/// A temporary file removed when dropped.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A store-unique id for a snapshot: 26 hex digits of a hash of its tenant, name, the time and
+/// this process (names are unique per tenant, so two ids never collide in practice; the store
+/// refuses the second if they do).
+fn new_id(tenant: &TenantId, name: &str) -> String {
+    use sha2::{Digest, Sha256};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut h = Sha256::new();
+    h.update(tenant.as_str().as_bytes());
+    h.update([0]);
+    h.update(name.as_bytes());
+    h.update(Utc::now().timestamp_nanos_opt().unwrap_or(0).to_le_bytes());
+    h.update(std::process::id().to_le_bytes());
+    h.update(NEXT.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+    let digest = h.finalize();
+    digest.iter().take(13).map(|b| format!("{b:02x}")).collect()
+}
+
+fn io_error(what: &str, path: &Path, e: &std::io::Error) -> Error {
+    Error::Backend(format!("cannot {what} {}: {e}", path.display()))
+}
+
+/// Runs blocking file work off the async runtime.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Backend(format!("a snapshot task failed: {e}")))?
+}
+
+/// Checks the plain archive `tar` (at most `max` bytes) and compresses it into `out` at
+/// `level`, synced. Returns its counts and the compressed size.
+fn check_and_compress(tar: &Path, out: &Path, max: u64, level: i32) -> Result<(ArchiveStats, u64)> {
+    let len = std::fs::metadata(tar)
+        .map_err(|e| io_error("read", tar, &e))?
+        .len();
+    if len > max {
+        return Err(Error::TooLarge {
+            what: "the workspace archive".into(),
+            limit: max,
+        });
+    }
+    let file = std::fs::File::open(tar).map_err(|e| io_error("open", tar, &e))?;
+    let stats = sessionbox_archive::check(std::io::BufReader::new(file))?;
+    let mut input = std::fs::File::open(tar).map_err(|e| io_error("open", tar, &e))?;
+    let output = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(out)
+        .map_err(|e| io_error("create", out, &e))?;
+    let mut enc = zstd::Encoder::new(output, level).map_err(|e| io_error("compress", out, &e))?;
+    std::io::copy(&mut input, &mut enc).map_err(|e| io_error("compress into", out, &e))?;
+    let output = enc.finish().map_err(|e| io_error("compress into", out, &e))?;
+    output.sync_all().map_err(|e| io_error("sync", out, &e))?;
+    let stored = output
+        .metadata()
+        .map_err(|e| io_error("read", out, &e))?
+        .len();
+    Ok((stats, stored))
+}
+
+/// Decompresses the stored archive `zst` into the plain archive `out`, at most `max` bytes.
+fn decompress(zst: &Path, out: &Path, max: u64) -> Result<()> {
+    let input = std::fs::File::open(zst).map_err(|e| io_error("open", zst, &e))?;
+    let dec = zstd::Decoder::new(input).map_err(|e| io_error("decompress", zst, &e))?;
+    let mut output = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(out)
+        .map_err(|e| io_error("create", out, &e))?;
+    use std::io::Read;
+    let copied = std::io::copy(&mut dec.take(max + 1), &mut output).map_err(|e| {
+        Error::InvalidRequest(format!(
+            "the archive is not a valid zstd-compressed tar archive: {e}"
+        ))
+    })?;
+    if copied > max {
+        return Err(Error::TooLarge {
+            what: "the workspace archive".into(),
+            limit: max,
+        });
+    }
+    Ok(())
+}
+
+/// Renames `from` to `to` and syncs the directory, so the name survives a crash.
+fn publish(from: &Path, to: &Path) -> Result<()> {
+    std::fs::rename(from, to).map_err(|e| io_error("rename into place", to, &e))?;
+    if let Some(dir) = to.parent() {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io_error("sync", dir, &e))?;
+    }
+    Ok(())
+}
+
+impl Manager {
+    /// Keeps snapshots as `config` says; without it, every snapshot operation is refused.
+    #[must_use]
+    pub fn with_snapshots(mut self, config: SnapshotConfig) -> Self {
+        self.snapshots = Some(Arc::new(config));
+        self
+    }
+
+    /// The snapshot configuration, when snapshots are on.
+    pub fn snapshot_config(&self) -> Option<&SnapshotConfig> {
+        self.snapshots.as_deref()
+    }
+
+    fn snapshot_dir(&self) -> Result<Arc<SnapshotConfig>> {
+        let config = self.snapshots.clone().ok_or_else(|| Error::RuntimeUnavailable {
+            runtime: self.runtime.info().name,
+            reason: "snapshots are not configured in this process".into(),
+            hint: "run it with a data directory (the CLI and `serve` keep snapshots under it)"
+                .into(),
+        })?;
+        let dir = config.dir.clone();
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode_private()
+            .create(&dir)
+            .map_err(|e| io_error("create", &dir, &e))?;
+        Ok(config)
+    }
+
+    /// Takes a snapshot named `name` of `conversation`'s workspace, kept for `keep` (`None`:
+    /// the configured retention): opens it held ([`Operation::Snapshot`]), then
+    /// [`Manager::snapshot_of`].
+    ///
+    /// # Errors
+    /// As [`Manager::snapshot_of`]; [`Error::NotFound`] for an absent conversation.
+    pub async fn snapshot(
+        &self,
+        conversation: &ConversationRef,
+        name: &str,
+        keep: Option<Duration>,
+    ) -> Result<SnapshotRecord> {
+        validate_snapshot_name(name)?;
+        let opened = self
+            .open_for(conversation, Operation::Snapshot.open_mode())
+            .await?;
+        let (conv, lock) = opened.into_parts();
+        let r = self.snapshot_of(&conv, name, keep).await;
+        let closed = Box::new(conv).close().await;
+        drop(lock);
+        let record = r?;
+        closed?;
+        Ok(record)
+    }
+
+    /// Takes a snapshot named `name` of the open `conversation` (the caller holds it for the
+    /// snapshot's length; the runtime pauses its background commands).
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] for a bad name or an archive that breaks the rules;
+    /// [`Error::AlreadyExists`] when the tenant has a snapshot of that name;
+    /// [`Error::TooLarge`] past the archive limit or the tenant's cap (nothing kept); the
+    /// runtime's errors.
+    pub async fn snapshot_of(
+        &self,
+        conversation: &Conversation,
+        name: &str,
+        keep: Option<Duration>,
+    ) -> Result<SnapshotRecord> {
+        validate_snapshot_name(name)?;
+        let config = self.snapshot_dir()?;
+        let conv = conversation.conversation().clone();
+        let tenant = conv.tenant.clone();
+        let (t, n) = (tenant.clone(), name.to_owned());
+        if self.store.run(move |s| s.snapshot(&t, &n)).await?.is_some() {
+            return Err(taken(name));
+        }
+        let tar = Scratch(temporary_archive(&config.dir, "snapshot"));
+        conversation.archive_workspace(&tar.0).await?;
+        let packed = Scratch(temporary_archive(&config.dir, "snapshot"));
+        let (t, p, c) = (tar.0.clone(), packed.0.clone(), config.clone());
+        let (stats, stored) =
+            blocking(move || check_and_compress(&t, &p, c.max_archive_bytes, c.level)).await?;
+        drop(tar);
+        let now = Utc::now();
+        let keep = keep.or(config.retention);
+        let record = SnapshotRecord {
+            id: new_id(&tenant, name),
+            tenant,
+            name: name.to_owned(),
+            origin: Some(conv.id.clone()),
+            runtime: self.runtime.info().name,
+            bytes: stats.bytes,
+            files: stats.files,
+            directories: stats.directories,
+            links: stats.links,
+            stored_bytes: stored,
+            created_at: now,
+            expires_at: keep.and_then(|k| chrono::Duration::from_std(k).ok()).map(|k| now + k),
+        };
+        self.keep_snapshot(&config, packed, record).await
+    }
+
+    /// Publishes the compressed archive `packed` as `record`'s file, then records it; on a
+    /// refusal the file goes.
+    async fn keep_snapshot(
+        &self,
+        config: &SnapshotConfig,
+        packed: Scratch,
+        record: SnapshotRecord,
+    ) -> Result<SnapshotRecord> {
+        let path = config.archive_path(&record.id);
+        let (from, to) = (packed.0.clone(), path.clone());
+        blocking(move || publish(&from, &to)).await?;
+        std::mem::forget(packed);
+        let (r, cap) = (record.clone(), config.tenant_cap_bytes);
+        let created = self.store.run(move |s| s.create_snapshot(&r, cap)).await;
+        let detail = format!(
+            "snapshot={} bytes={} files={} stored_bytes={}",
+            record.name, record.bytes, record.files, record.stored_bytes
+        );
+        if let Err(e) = created {
+            let _ = std::fs::remove_file(&path);
+            self.audit_tenant(&record.tenant, "snapshot", &Err::<(), _>(e.clone()), detail)
+                .await;
+            return Err(e);
+        }
+        self.audit_tenant(&record.tenant, "snapshot", &Ok::<(), Error>(()), detail)
+            .await;
+        Ok(record)
+    }
+
+    /// The tenant's snapshots, oldest first.
+    ///
+    /// # Errors
+    /// When the store fails.
+    pub async fn snapshots(&self, tenant: &TenantId) -> Result<Vec<SnapshotRecord>> {
+        let t = tenant.clone();
+        self.store.run(move |s| s.snapshots(&t)).await
+    }
+
+    /// The tenant's snapshot `name`.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when it has none of that name.
+    pub async fn snapshot_record(&self, tenant: &TenantId, name: &str) -> Result<SnapshotRecord> {
+        validate_snapshot_name(name)?;
+        let (t, n) = (tenant.clone(), name.to_owned());
+        self.store
+            .run(move |s| s.snapshot(&t, &n))
+            .await?
+            .ok_or_else(|| no_snapshot(name))
+    }
+
+    /// The stored archive (zstd-compressed tar) of snapshot `name`, opened: what an export
+    /// sends. The file stays readable through the handle if the snapshot is deleted meanwhile.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when the tenant has none of that name or its file is missing.
+    pub async fn snapshot_archive(
+        &self,
+        tenant: &TenantId,
+        name: &str,
+    ) -> Result<(SnapshotRecord, std::fs::File)> {
+        let config = self.snapshot_dir()?;
+        let record = self.snapshot_record(tenant, name).await?;
+        let path = config.archive_path(&record.id);
+        let file = std::fs::File::open(&path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::NotFound(format!(
+                "the archive of snapshot {name:?} is missing: delete the snapshot and take it again"
+            )),
+            _ => io_error("open", &path, &e),
+        })?;
+        Ok((record, file))
+    }
+
+    /// Deletes the tenant's snapshot `name` (its record, then its archive). False when it had
+    /// none.
+    ///
+    /// # Errors
+    /// [`Error::Conflict`] while a template names it.
+    pub async fn delete_snapshot(&self, tenant: &TenantId, name: &str) -> Result<bool> {
+        validate_snapshot_name(name)?;
+        let config = self.snapshot_dir()?;
+        let (t, n) = (tenant.clone(), name.to_owned());
+        let r = self.store.run(move |s| s.delete_snapshot(&t, &n)).await;
+        self.audit_tenant(tenant, "snapshot.delete", &r, format!("snapshot={name}"))
+            .await;
+        let Some(record) = r? else {
+            return Ok(false);
+        };
+        let path = config.archive_path(&record.id);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            // The record is gone: garbage collection removes the file later.
+            Err(e) => tracing::warn!("cannot remove {}: {e}", path.display()),
+        }
+        Ok(true)
+    }
+
+    /// Decompresses snapshot `record`'s archive into a scratch file.
+    async fn unpack(&self, config: &Arc<SnapshotConfig>, record: &SnapshotRecord) -> Result<Scratch> {
+        let tar = Scratch(temporary_archive(&config.dir, "restore"));
+        let (from, to, max) = (
+            config.archive_path(&record.id),
+            tar.0.clone(),
+            config.max_archive_bytes,
+        );
+        blocking(move || decompress(&from, &to, max)).await?;
+        Ok(tar)
+    }
+
+    /// Replaces `conversation`'s workspace with snapshot `name` of its tenant: opens it held
+    /// ([`Operation::Restore`]), then [`Manager::restore_into`].
+    ///
+    /// # Errors
+    /// As [`Manager::restore_into`]; [`Error::NotFound`] for an absent conversation.
+    pub async fn restore(&self, conversation: &ConversationRef, name: &str) -> Result<ArchiveStats> {
+        let config = self.snapshot_dir()?;
+        let record = self.snapshot_record(&conversation.tenant, name).await?;
+        let tar = self.unpack(&config, &record).await?;
+        let opened = self
+            .open_for(conversation, Operation::Restore.open_mode())
+            .await?;
+        let (conv, lock) = opened.into_parts();
+        let r = conv.restore_workspace(&tar.0).await;
+        let closed = Box::new(conv).close().await;
+        drop(lock);
+        let stats = r?;
+        closed?;
+        Ok(stats)
+    }
+
+    /// Replaces the open `conversation`'s workspace with snapshot `name` of its tenant (the
+    /// caller holds it). Background commands are not stopped: stop them first.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for an absent snapshot; the runtime's errors ([`Error::TooLarge`]
+    /// when it does not fit the disk quota).
+    pub async fn restore_into(&self, conversation: &Conversation, name: &str) -> Result<ArchiveStats> {
+        let config = self.snapshot_dir()?;
+        let record = self
+            .snapshot_record(&conversation.conversation().tenant, name)
+            .await?;
+        let tar = self.unpack(&config, &record).await?;
+        conversation.restore_workspace(&tar.0).await
+    }
+
+    /// Makes conversation `to` (which must not exist) from `from`, of the same tenant: its
+    /// workspace is a copy of the snapshot's, or of the live conversation's as it is now (held
+    /// while it is archived). The tenant's default template is not applied to it. A fork that
+    /// fails removes what it made.
+    ///
+    /// # Errors
+    /// [`Error::AlreadyExists`] when `to` exists (it is left alone); [`Error::NotFound`] for
+    /// an absent origin; the runtime's errors.
+    pub async fn fork(&self, from: &ForkFrom, to: &ConversationRef) -> Result<ArchiveStats> {
+        match from {
+            ForkFrom::Snapshot(name) => {
+                let config = self.snapshot_dir()?;
+                self.refuse_existing(to).await?;
+                let record = self.snapshot_record(&to.tenant, name).await?;
+                let tar = self.unpack(&config, &record).await?;
+                let r = self.create_from(to, &tar.0).await;
+                self.audit(to, "fork", &r, Some(format!("from_snapshot={name}")))
+                    .await;
+                r
+            }
+            ForkFrom::Conversation(id) => {
+                let origin = ConversationRef::new(to.tenant.clone(), id.clone());
+                if origin.key == to.key {
+                    return Err(into_itself());
+                }
+                let opened = self
+                    .open_for(&origin, Operation::Snapshot.open_mode())
+                    .await?;
+                let (conv, lock) = opened.into_parts();
+                let r = self.fork_of(&conv, to).await;
+                let _ = Box::new(conv).close().await;
+                drop(lock);
+                r
+            }
+        }
+    }
+
+    /// Makes conversation `to` (which must not exist, same tenant) from the open conversation
+    /// `origin` as it is now (the caller holds it): as [`Manager::fork`].
+    ///
+    /// # Errors
+    /// As [`Manager::fork`].
+    pub async fn fork_of(&self, origin: &Conversation, to: &ConversationRef) -> Result<ArchiveStats> {
+        let config = self.snapshot_dir()?;
+        let from = origin.conversation();
+        if from.key == to.key {
+            return Err(into_itself());
+        }
+        if from.tenant != to.tenant {
+            return Err(Error::InvalidRequest(
+                "a fork stays in its tenant".into(),
+            ));
+        }
+        self.refuse_existing(to).await?;
+        let tar = Scratch(temporary_archive(&config.dir, "fork"));
+        origin.archive_workspace(&tar.0).await?;
+        let (t, max) = (tar.0.clone(), config.max_archive_bytes);
+        blocking(move || {
+            let len = std::fs::metadata(&t)
+                .map_err(|e| io_error("read", &t, &e))?
+                .len();
+            if len > max {
+                return Err(Error::TooLarge {
+                    what: "the workspace archive".into(),
+                    limit: max,
+                });
+            }
+            let f = std::fs::File::open(&t).map_err(|e| io_error("open", &t, &e))?;
+            sessionbox_archive::check(std::io::BufReader::new(f)).map(drop)
+        })
+        .await?;
+        let r = self.create_from(to, &tar.0).await;
+        let detail = format!("from_conversation={}", from.id.as_str());
+        self.audit(to, "fork", &r, Some(detail)).await;
+        r
+    }
+
+    /// [`Error::AlreadyExists`] when `to` has a record.
+    async fn refuse_existing(&self, to: &ConversationRef) -> Result<()> {
+        let key = to.key.clone();
+        if self.store.run(move |s| s.get(&key)).await?.is_some() {
+            return Err(exists(to));
+        }
+        Ok(())
+    }
+
+    /// Makes conversation `to` (absent) and restores the plain archive `tar` into it; on a
+    /// failure after it was made, destroys it.
+    async fn create_from(&self, to: &ConversationRef, tar: &Path) -> Result<ArchiveStats> {
+        let lock = self.hold(to).await?;
+        // Without the tenant's default template: the fork's own archive replaces it at once.
+        let conv = self.open_without_template(to).await?;
+        if !conv.created() {
+            let _ = Box::new(conv).close().await;
+            return Err(exists(to));
+        }
+        let r = conv.restore_workspace(tar).await;
+        let closed = Box::new(conv).close().await;
+        drop(lock);
+        match (r, closed) {
+            (Ok(stats), Ok(())) => Ok(stats),
+            (Err(e), _) | (Ok(_), Err(e)) => {
+                if let Err(d) = self.destroy(to).await {
+                    tracing::warn!("a failed fork could not remove what it made: {d}");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes conversation `to` from the tenant's template `template`, as [`Manager::fork`]
+    /// from the snapshot it names.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when the tenant has no such template; as [`Manager::fork`].
+    pub async fn create_from_template(
+        &self,
+        to: &ConversationRef,
+        template: &str,
+    ) -> Result<ArchiveStats> {
+        let record = self.template_snapshot(&to.tenant, template).await?.ok_or_else(|| {
+            Error::NotFound(format!("tenant has no template {template:?}"))
+        })?;
+        self.fork(&ForkFrom::Snapshot(record.name), to).await
+    }
+
+    async fn template_snapshot(
+        &self,
+        tenant: &TenantId,
+        template: &str,
+    ) -> Result<Option<SnapshotRecord>> {
+        validate_snapshot_name(template)?;
+        let (t, n) = (tenant.clone(), template.to_owned());
+        self.store.run(move |s| s.template(&t, &n)).await
+    }
+
+    /// Names snapshot `snapshot` as the tenant's template `template` (replacing one of that
+    /// name). [`DEFAULT_TEMPLATE`] is restored into every new conversation of the tenant.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for an absent snapshot; [`Error::InvalidRequest`] for a bad name.
+    pub async fn set_template(&self, tenant: &TenantId, template: &str, snapshot: &str) -> Result<()> {
+        validate_snapshot_name(template)?;
+        validate_snapshot_name(snapshot)?;
+        let (t, n, s2) = (tenant.clone(), template.to_owned(), snapshot.to_owned());
+        let r = self.store.run(move |s| s.set_template(&t, &n, &s2)).await;
+        self.audit_tenant(tenant, "template.set", &r, format!("template={template} snapshot={snapshot}"))
+            .await;
+        r
+    }
+
+    /// Removes the tenant's template `template`; false when it had none.
+    ///
+    /// # Errors
+    /// When the store fails.
+    pub async fn remove_template(&self, tenant: &TenantId, template: &str) -> Result<bool> {
+        validate_snapshot_name(template)?;
+        let (t, n) = (tenant.clone(), template.to_owned());
+        let r = self.store.run(move |s| s.remove_template(&t, &n)).await;
+        self.audit_tenant(tenant, "template.remove", &r, format!("template={template}"))
+            .await;
+        r
+    }
+
+    /// The tenant's templates: (template, snapshot) by template name.
+    ///
+    /// # Errors
+    /// When the store fails.
+    pub async fn templates(&self, tenant: &TenantId) -> Result<Vec<(String, String)>> {
+        let t = tenant.clone();
+        self.store.run(move |s| s.templates(&t)).await
+    }
+
+    /// Restores the tenant's [`DEFAULT_TEMPLATE`], if it has one and snapshots are on, into
+    /// `session`, a conversation just created. Returns the audit detail.
+    pub(crate) async fn apply_default_template(
+        &self,
+        conversation: &ConversationRef,
+        session: &dyn Session,
+    ) -> Result<Option<String>> {
+        let Some(config) = self.snapshots.clone() else {
+            return Ok(None);
+        };
+        let Some(record) = self
+            .template_snapshot(&conversation.tenant, DEFAULT_TEMPLATE)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let tar = self.unpack(&config, &record).await?;
+        let stats = session.restore_workspace(&tar.0).await?;
+        Ok(Some(format!(
+            "template={DEFAULT_TEMPLATE} snapshot={} files={} bytes={}",
+            record.name, stats.files, stats.bytes
+        )))
+    }
+
+    /// Imports the archive in `from` (a tar, or a zstd-compressed tar) as snapshot `name` of
+    /// `tenant`, checked against the rules first.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] for a bad name or archive; [`Error::AlreadyExists`];
+    /// [`Error::TooLarge`] past the archive limit or the tenant's cap.
+    pub async fn import_snapshot(
+        &self,
+        tenant: &TenantId,
+        name: &str,
+        from: &Path,
+        keep: Option<Duration>,
+    ) -> Result<SnapshotRecord> {
+        validate_snapshot_name(name)?;
+        let config = self.snapshot_dir()?;
+        let (t, n) = (tenant.clone(), name.to_owned());
+        if self.store.run(move |s| s.snapshot(&t, &n)).await?.is_some() {
+            return Err(taken(name));
+        }
+        let plain = Scratch(temporary_archive(&config.dir, "import"));
+        let packed = Scratch(temporary_archive(&config.dir, "import"));
+        let (src, p, k, c) = (
+            from.to_path_buf(),
+            plain.0.clone(),
+            packed.0.clone(),
+            config.clone(),
+        );
+        let (stats, stored) = blocking(move || {
+            let mut magic = [0u8; 4];
+            let n = {
+                use std::io::Read;
+                let mut f = std::fs::File::open(&src).map_err(|e| io_error("open", &src, &e))?;
+                let mut got = 0;
+                while got < 4 {
+                    match f.read(&mut magic[got..]) {
+                        Ok(0) => break,
+                        Ok(k) => got += k,
+                        Err(e) => return Err(io_error("read", &src, &e)),
+                    }
+                }
+                got
+            };
+            let tar = if n == 4 && magic == ZSTD_MAGIC {
+                decompress(&src, &p, c.max_archive_bytes)?;
+                p
+            } else {
+                src
+            };
+            check_and_compress(&tar, &k, c.max_archive_bytes, c.level)
+        })
+        .await?;
+        drop(plain);
+        let now = Utc::now();
+        let keep = keep.or(config.retention);
+        let record = SnapshotRecord {
+            id: new_id(tenant, name),
+            tenant: tenant.clone(),
+            name: name.to_owned(),
+            origin: None,
+            runtime: "import".into(),
+            bytes: stats.bytes,
+            files: stats.files,
+            directories: stats.directories,
+            links: stats.links,
+            stored_bytes: stored,
+            created_at: now,
+            expires_at: keep.and_then(|k| chrono::Duration::from_std(k).ok()).map(|k| now + k),
+        };
+        self.keep_snapshot(&config, packed, record).await
+    }
+
+    /// Removes snapshots past their retention (their records, then their archives), archive
+    /// files no record names, and temporary files older than an hour. Returns the names of
+    /// the expired snapshots removed and how many files went. Nothing to do without
+    /// snapshots configured.
+    ///
+    /// # Errors
+    /// When the store or the directory cannot be read.
+    pub async fn collect_snapshot_garbage(&self, dry_run: bool) -> Result<(Vec<String>, usize)> {
+        let Some(config) = self.snapshots.clone() else {
+            return Ok((Vec::new(), 0));
+        };
+        let now = Utc::now();
+        let expired = self.store.run(move |s| s.expired_snapshots(now)).await?;
+        let mut names = Vec::new();
+        for record in expired {
+            names.push(format!("{}/{}", record.tenant, record.name));
+            if dry_run {
+                continue;
+            }
+            let (t, n) = (record.tenant.clone(), record.name.clone());
+            match self.store.run(move |s| s.delete_snapshot(&t, &n)).await {
+                Ok(_) => {
+                    let _ = std::fs::remove_file(config.archive_path(&record.id));
+                    self.audit_tenant(
+                        &record.tenant,
+                        "snapshot.expire",
+                        &Ok::<(), Error>(()),
+                        format!("snapshot={}", record.name),
+                    )
+                    .await;
+                }
+                Err(e) => tracing::warn!(snapshot = %record.name, "cannot remove an expired snapshot: {e}"),
+            }
+        }
+        let ids = self.store.run(move |s| s.snapshot_ids()).await?;
+        let dir = config.dir.clone();
+        let files = blocking(move || {
+            let mut removed = 0;
+            let entries = match std::fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+                Err(e) => return Err(io_error("read", &dir, &e)),
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let stale = || {
+                    entry
+                        .metadata()
+                        .and_then(|m| m.modified())
+                        .ok()
+                        .and_then(|t| t.elapsed().ok())
+                        .is_some_and(|age| age >= STALE_TEMPORARY)
+                };
+                let orphan = match name.strip_suffix(".tar.zst") {
+                    Some(id) if !name.starts_with('.') => !ids.contains(id) && older_than_a_minute(&entry),
+                    _ => name.starts_with('.') && name.ends_with(".tmp") && stale(),
+                };
+                if orphan {
+                    if !dry_run && std::fs::remove_file(entry.path()).is_ok() {
+                        removed += 1;
+                    } else if dry_run {
+                        removed += 1;
+                    }
+                }
+            }
+            Ok(removed)
+        })
+        .await?;
+        Ok((names, files))
+    }
+
+    /// An audit entry about a tenant's snapshots (no conversation).
+    async fn audit_tenant<T>(&self, tenant: &TenantId, operation: &str, outcome: &Result<T>, detail: String) {
+        crate::audit_tenant(&self.store, tenant, operation, outcome, Some(detail)).await;
+    }
+}
+
+/// An archive file whose record is missing is removed only once it is older than a minute: a
+/// snapshot being taken publishes its file just before recording it.
+fn older_than_a_minute(entry: &std::fs::DirEntry) -> bool {
+    entry
+        .metadata()
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|age| age >= Duration::from_secs(60))
+}
+
+fn exists(to: &ConversationRef) -> Error {
+    Error::AlreadyExists(format!(
+        "conversation {:?} exists: a fork makes a new conversation; pick an unused id",
+        to.id.as_str()
+    ))
+}
+
+fn into_itself() -> Error {
+    Error::InvalidRequest("a conversation cannot be forked into itself".into())
+}
+
+fn taken(name: &str) -> Error {
+    Error::AlreadyExists(format!(
+        "the tenant has a snapshot named {name:?}: choose another name or delete it first"
+    ))
+}
+
+fn no_snapshot(name: &str) -> Error {
+    Error::NotFound(format!("the tenant has no snapshot named {name:?}"))
+}
+
+/// `DirBuilder` made private (0700) on Unix.
+trait PrivateDir {
+    fn mode_private(&mut self) -> &mut Self;
+}
+
+impl PrivateDir for std::fs::DirBuilder {
+    fn mode_private(&mut self) -> &mut Self {
+        use std::os::unix::fs::DirBuilderExt;
+        self.mode(0o700)
+    }
+}
