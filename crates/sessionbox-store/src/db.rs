@@ -86,11 +86,31 @@ impl Row {
     }
 }
 
+/// A constraint a statement broke, told apart from other failures by
+/// [`Db::execute_checked`], so a caller can say what it means instead of passing the
+/// database's text on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Violation {
+    /// A primary key or a `UNIQUE` constraint.
+    Unique,
+    /// A foreign key (a row referring to one that is absent, or a referred-to row deleted).
+    ForeignKey,
+}
+
 /// Statements and queries on one connection or transaction.
 pub(crate) trait Db {
     /// Runs a statement; returns how many rows it changed. `doing` names the operation in
     /// errors.
     fn execute(&mut self, doing: &str, sql: &str, params: &[Val]) -> Result<u64>;
+    /// [`Db::execute`], with a broken unique or foreign-key constraint returned as
+    /// `Ok(Err(violation))` rather than as an error. In PostgreSQL the transaction is then
+    /// aborted: the caller may only end it (by returning an error).
+    fn execute_checked(
+        &mut self,
+        doing: &str,
+        sql: &str,
+        params: &[Val],
+    ) -> Result<std::result::Result<u64, Violation>>;
     /// Runs a query; returns its rows.
     fn query(&mut self, doing: &str, sql: &str, params: &[Val]) -> Result<Vec<Row>>;
 
@@ -134,6 +154,42 @@ impl Db for Lite<'_> {
         stmt.execute(rusqlite::params_from_iter(params))
             .map(|n| n as u64)
             .map_err(crate::sql_error(doing))
+    }
+
+    fn execute_checked(
+        &mut self,
+        doing: &str,
+        sql: &str,
+        params: &[Val],
+    ) -> Result<std::result::Result<u64, Violation>> {
+        use rusqlite::ffi;
+        let mut stmt = self
+            .0
+            .prepare_cached(&lite_sql(sql))
+            .map_err(crate::sql_error(doing))?;
+        match stmt.execute(rusqlite::params_from_iter(params)) {
+            Ok(n) => Ok(Ok(n as u64)),
+            Err(rusqlite::Error::SqliteFailure(f, _))
+                if f.extended_code == ffi::SQLITE_CONSTRAINT_FOREIGNKEY =>
+            {
+                Ok(Err(Violation::ForeignKey))
+            }
+            // SQLite carries out `ON DELETE RESTRICT` as a trigger raising this fixed text (the
+            // store defines no triggers of its own).
+            Err(rusqlite::Error::SqliteFailure(f, Some(m)))
+                if f.extended_code == ffi::SQLITE_CONSTRAINT_TRIGGER
+                    && m == "FOREIGN KEY constraint failed" =>
+            {
+                Ok(Err(Violation::ForeignKey))
+            }
+            Err(rusqlite::Error::SqliteFailure(f, _))
+                if f.extended_code == ffi::SQLITE_CONSTRAINT_UNIQUE
+                    || f.extended_code == ffi::SQLITE_CONSTRAINT_PRIMARYKEY =>
+            {
+                Ok(Err(Violation::Unique))
+            }
+            Err(e) => Err(crate::sql_error(doing)(e)),
+        }
     }
 
     fn query(&mut self, doing: &str, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
@@ -209,6 +265,23 @@ impl<C: postgres::GenericClient> Db for Pg<'_, C> {
             .map_err(crate::pg::pg_error(doing))
     }
 
+    fn execute_checked(
+        &mut self,
+        doing: &str,
+        sql: &str,
+        params: &[Val],
+    ) -> Result<std::result::Result<u64, Violation>> {
+        use postgres::error::SqlState;
+        match self.0.execute(sql, &pg_params(params)) {
+            Ok(n) => Ok(Ok(n)),
+            Err(e) if e.code() == Some(&SqlState::FOREIGN_KEY_VIOLATION) => {
+                Ok(Err(Violation::ForeignKey))
+            }
+            Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => Ok(Err(Violation::Unique)),
+            Err(e) => Err(crate::pg::pg_error(doing)(e)),
+        }
+    }
+
     fn query(&mut self, doing: &str, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
         let rows = self
             .0
@@ -248,6 +321,11 @@ impl<C: postgres::GenericClient> Db for Pg<'_, C> {
 }
 
 #[cfg(test)]
+#[allow(unreachable_pub, missing_docs, missing_debug_implementations)]
+#[path = "../tests/support/pg.rs"]
+mod test_pg;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -255,5 +333,75 @@ mod tests {
     fn placeholders_become_sqlite_numbered_parameters() {
         assert_eq!(lite_sql("a = $1 AND b = $12"), "a = ?1 AND b = ?12");
         assert!(matches!(lite_sql("SELECT 1"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn broken_unique_and_foreign_keys_are_told_apart_from_other_failures() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        conn.pragma_update(None, "foreign_keys", true).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE p (id TEXT PRIMARY KEY, u TEXT UNIQUE);
+             CREATE TABLE c (p TEXT NOT NULL REFERENCES p (id) ON DELETE RESTRICT);",
+        )
+        .unwrap();
+        let mut db = Lite(&conn);
+        let run = |db: &mut Lite<'_>, sql: &str| db.execute_checked("test", sql, &[]);
+        assert_eq!(
+            run(&mut db, "INSERT INTO p VALUES ('a', 'x')").unwrap(),
+            Ok(1)
+        );
+        for dup in [
+            "INSERT INTO p VALUES ('a', 'y')",
+            "INSERT INTO p VALUES ('b', 'x')",
+        ] {
+            assert_eq!(run(&mut db, dup).unwrap(), Err(Violation::Unique), "{dup}");
+        }
+        assert_eq!(
+            run(&mut db, "INSERT INTO c VALUES ('absent')").unwrap(),
+            Err(Violation::ForeignKey)
+        );
+        assert_eq!(run(&mut db, "INSERT INTO c VALUES ('a')").unwrap(), Ok(1));
+        assert_eq!(
+            run(&mut db, "DELETE FROM p WHERE id = 'a'").unwrap(),
+            Err(Violation::ForeignKey)
+        );
+        let other = run(&mut db, "INSERT INTO p VALUES (NULL)").unwrap_err();
+        assert_eq!(other.code(), "backend_error");
+    }
+
+    #[test]
+    fn broken_unique_and_foreign_keys_are_told_apart_in_postgresql_too() {
+        let Some(d) = super::test_pg::database() else {
+            return;
+        };
+        let mut client = postgres::Client::connect(&d.url, postgres::NoTls).unwrap();
+        client
+            .batch_execute(
+                "CREATE TABLE p (id TEXT PRIMARY KEY, u TEXT UNIQUE);
+                 CREATE TABLE c (p TEXT NOT NULL REFERENCES p (id) ON DELETE RESTRICT);",
+            )
+            .unwrap();
+        let mut db = Pg(&mut client);
+        let mut run = |sql: &str| db.execute_checked("test", sql, &[]);
+        assert_eq!(run("INSERT INTO p VALUES ('a', 'x')").unwrap(), Ok(1));
+        assert_eq!(
+            run("INSERT INTO p VALUES ('a', 'y')").unwrap(),
+            Err(Violation::Unique)
+        );
+        assert_eq!(
+            run("INSERT INTO p VALUES ('b', 'x')").unwrap(),
+            Err(Violation::Unique)
+        );
+        assert_eq!(
+            run("INSERT INTO c VALUES ('absent')").unwrap(),
+            Err(Violation::ForeignKey)
+        );
+        assert_eq!(run("INSERT INTO c VALUES ('a')").unwrap(), Ok(1));
+        assert_eq!(
+            run("DELETE FROM p WHERE id = 'a'").unwrap(),
+            Err(Violation::ForeignKey)
+        );
+        let other = run("INSERT INTO p VALUES (NULL)").unwrap_err();
+        assert_eq!(other.code(), "backend_error");
     }
 }

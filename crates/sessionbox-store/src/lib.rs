@@ -1,5 +1,6 @@
 //! The conversation store of sessionbox: which conversations exist, which runtime owns each,
-//! the audit log, and per-conversation sandbox uids.
+//! the audit log, per-conversation sandbox uids, and the records of workspace snapshots and
+//! templates (the archives themselves are files the manager keeps).
 //!
 //! One [`Store`] has one of two backends, with the same semantics:
 //!
@@ -8,7 +9,8 @@
 //!   write runs in one IMMEDIATE transaction. [`Store::backup`] copies it online.
 //! - **PostgreSQL** ([`Store::connect`], a `postgres://` URL): shared by several server
 //!   replicas. Writes that decide something (create, claim, allocate) take a transaction-level
-//!   advisory lock on the conversation (or a global one), so replicas decide one at a time.
+//!   advisory lock on the conversation (or on its tenant, or a global one), so replicas decide
+//!   one at a time.
 //!
 //! Either way, two processes racing to create one conversation make exactly one record, and a
 //! crash mid-operation leaves the previous state. [`Store::lock_conversation`] holds a
@@ -49,6 +51,7 @@ mod pool;
 mod remote;
 mod retention;
 mod schema;
+mod snapshots;
 mod types;
 mod uids;
 
@@ -59,7 +62,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use rusqlite::{Connection, ErrorCode, TransactionBehavior};
-use sessionbox_core::{ConversationKey, Error, Result};
+use sessionbox_core::{ConversationKey, Error, Result, TenantId};
 
 use crate::db::{Db, Lite, Pg};
 use crate::pg::PgBackend;
@@ -76,6 +79,7 @@ pub use retention::{LogRetention, LogsPruned, MAX_LOG_TEXT, PRUNE_BATCH};
 pub use schema::SCHEMA_VERSION;
 /// A conversation's remote sandbox, as recorded (core's type, so runtimes see it without the store).
 pub use sessionbox_core::{RemotePoolSlot, RemoteSandbox};
+pub use snapshots::{MAX_SNAPSHOT_ID_BYTES, SnapshotRecord};
 pub use types::{
     AuditEntry, AuditFilter, AuditRecord, ConversationRecord, ConversationState, Lifecycle,
     LifecyclePolicy,
@@ -114,6 +118,7 @@ enum Backend {
 enum TxLock<'a> {
     None,
     Record(&'a ConversationKey),
+    Tenant(&'a TenantId),
     Global(i32),
 }
 
@@ -305,6 +310,7 @@ impl Store {
                 let (class, id) = match tx_lock {
                     TxLock::None => (0, 0),
                     TxLock::Record(key) => (pg::CLASS_RECORD, pg::key_id(key)),
+                    TxLock::Tenant(tenant) => (pg::CLASS_TENANT, pg::tenant_id(tenant)),
                     TxLock::Global(id) => (pg::CLASS_GLOBAL, id),
                 };
                 if class != 0 {

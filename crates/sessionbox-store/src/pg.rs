@@ -28,6 +28,7 @@ const MAX_IDLE: usize = 16;
 pub(crate) const CLASS_OPERATION: i32 = 0x5342_0001; // held for a whole operation
 pub(crate) const CLASS_RECORD: i32 = 0x5342_0002; // held by one transaction on a record
 pub(crate) const CLASS_GLOBAL: i32 = 0x5342_0003; // migrations, uid allocation
+pub(crate) const CLASS_TENANT: i32 = 0x5342_0004; // held by one transaction on a tenant's records
 
 /// Second keys of [`CLASS_GLOBAL`].
 pub(crate) const GLOBAL_MIGRATE: i32 = 1;
@@ -283,6 +284,14 @@ impl Drop for PgLock {
 pub(crate) fn key_id(key: &sessionbox_core::ConversationKey) -> i32 {
     let hex = &key.as_str()[..8];
     u32::from_str_radix(hex, 16).unwrap_or(0) as i32
+}
+
+/// The second key of a tenant's advisory locks: 32 bits of the SHA-256 of its id (two tenants
+/// sharing them only wait for each other).
+pub(crate) fn tenant_id(tenant: &sessionbox_core::TenantId) -> i32 {
+    use sha2::{Digest, Sha256};
+    let d = Sha256::digest(tenant.as_str().as_bytes());
+    i32::from_be_bytes([d[0], d[1], d[2], d[3]])
 }
 
 /// Runs `f`, which uses the synchronous PostgreSQL client. That client drives each call on a

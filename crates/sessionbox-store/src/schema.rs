@@ -298,6 +298,60 @@ const MIGRATIONS: &[Step] = &[
     );
     CREATE INDEX remote_pool_slots_by_tenant ON remote_pool_slots (runtime, tenant, created_at);",
     },
+    // 12: snapshots of workspaces (the archives are files the manager keeps; these are their
+    // records), unique by name within a tenant, and templates: a tenant's names for its
+    // snapshots. A template pins its snapshot: deleting a snapshot a template names is refused
+    // (see `snapshots.rs`).
+    Step {
+        sqlite: "CREATE TABLE snapshots (
+        id           TEXT PRIMARY KEY NOT NULL CHECK (length(id) BETWEEN 1 AND 64),
+        tenant       TEXT NOT NULL,
+        name         TEXT NOT NULL CHECK (length(name) BETWEEN 1 AND 64),
+        origin       TEXT,
+        runtime      TEXT NOT NULL,
+        bytes        INTEGER NOT NULL CHECK (bytes >= 0),
+        files        INTEGER NOT NULL CHECK (files >= 0),
+        directories  INTEGER NOT NULL CHECK (directories >= 0),
+        links        INTEGER NOT NULL CHECK (links >= 0),
+        stored_bytes INTEGER NOT NULL CHECK (stored_bytes >= 0),
+        created_at   INTEGER NOT NULL,
+        expires_at   INTEGER,
+        UNIQUE (tenant, name)
+    );
+    CREATE INDEX snapshots_by_expiry ON snapshots (expires_at);
+    CREATE TABLE snapshot_templates (
+        tenant   TEXT NOT NULL,
+        name     TEXT NOT NULL CHECK (length(name) BETWEEN 1 AND 64),
+        snapshot TEXT NOT NULL,
+        PRIMARY KEY (tenant, name),
+        FOREIGN KEY (tenant, snapshot) REFERENCES snapshots (tenant, name) ON DELETE RESTRICT
+    );
+    CREATE INDEX snapshot_templates_by_snapshot ON snapshot_templates (tenant, snapshot);",
+        postgres: "CREATE TABLE snapshots (
+        id           TEXT PRIMARY KEY NOT NULL CHECK (length(id) BETWEEN 1 AND 64),
+        tenant       TEXT NOT NULL,
+        name         TEXT NOT NULL CHECK (length(name) BETWEEN 1 AND 64),
+        origin       TEXT,
+        runtime      TEXT NOT NULL,
+        bytes        BIGINT NOT NULL CHECK (bytes >= 0),
+        files        BIGINT NOT NULL CHECK (files >= 0),
+        directories  BIGINT NOT NULL CHECK (directories >= 0),
+        links        BIGINT NOT NULL CHECK (links >= 0),
+        stored_bytes BIGINT NOT NULL CHECK (stored_bytes >= 0),
+        created_at   BIGINT NOT NULL,
+        expires_at   BIGINT,
+        UNIQUE (tenant, name)
+    );
+    CREATE INDEX snapshots_by_expiry ON snapshots (expires_at);
+    CREATE TABLE snapshot_templates (
+        tenant   TEXT NOT NULL,
+        name     TEXT NOT NULL CHECK (length(name) BETWEEN 1 AND 64),
+        snapshot TEXT NOT NULL,
+        PRIMARY KEY (tenant, name),
+        FOREIGN KEY (tenant, snapshot) REFERENCES snapshots (tenant, name) ON DELETE RESTRICT
+    );
+    CREATE INDEX snapshot_templates_by_snapshot ON snapshot_templates (tenant, snapshot);",
+    },
 ];
 
 /// The schema version this build writes: the number of migrations.
@@ -417,5 +471,50 @@ mod tests {
         conn.prepare("SELECT uid, conversation_key FROM sandbox_uids")
             .unwrap();
         migrate(&mut conn).unwrap(); // and again: a no-op
+    }
+
+    #[test]
+    fn a_database_before_snapshots_gets_their_tables_and_keeps_its_records() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        conn.pragma_update(None, "foreign_keys", true).unwrap();
+        for step in &MIGRATIONS[..11] {
+            conn.execute_batch(step.sqlite).unwrap();
+        }
+        conn.pragma_update(None, "user_version", 11).unwrap();
+        conn.execute(
+            "INSERT INTO conversations (key, tenant, conversation_id, runtime, state, created_at,
+                 last_used_at)
+             VALUES (?1, 'acme', 'c1', 'host', 'active', 1, 1)",
+            [&"a".repeat(64)],
+        )
+        .unwrap();
+        migrate(&mut conn).unwrap();
+        let version: u32 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        let kept: i64 = conn
+            .query_row("SELECT COUNT(*) FROM conversations", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(kept, 1);
+        conn.execute_batch(
+            "INSERT INTO snapshots (id, tenant, name, runtime, bytes, files, directories, links,
+                 stored_bytes, created_at)
+             VALUES ('s1', 'acme', 'base', 'host', 0, 0, 0, 0, 0, 1);
+             INSERT INTO snapshot_templates (tenant, name, snapshot) VALUES ('acme', 't', 'base');",
+        )
+        .unwrap();
+        // The template pins its snapshot, and names only a snapshot of its own tenant.
+        assert!(
+            conn.execute("DELETE FROM snapshots WHERE id = 's1'", [])
+                .is_err()
+        );
+        assert!(
+            conn.execute(
+                "INSERT INTO snapshot_templates (tenant, name, snapshot) VALUES ('other', 't', 'base')",
+                [],
+            )
+            .is_err()
+        );
     }
 }
