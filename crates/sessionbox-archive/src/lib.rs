@@ -126,10 +126,7 @@ pub fn check<R: Read>(reader: R) -> Result<ArchiveStats> {
                         }
                     }
                     _ => {
-                        return Err(invalid(format!(
-                            "link {} has no target",
-                            path.display()
-                        )));
+                        return Err(invalid(format!("link {} has no target", path.display())));
                     }
                 }
                 stats.links += 1;

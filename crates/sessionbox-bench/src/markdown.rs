@@ -483,7 +483,10 @@ fn markdown_more(r: &Value) -> String {
                 "| files | MiB | stored MiB | cp -a ms | snapshot ms (x) | fork ms (x) | template open ms (x) | live fork ms (x) |"
             );
             let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
-            let mib = |v: &Value| v.as_f64().map_or("-".into(), |b| format!("{:.1}", b / 1048576.0));
+            let mib = |v: &Value| {
+                v.as_f64()
+                    .map_or("-".into(), |b| format!("{:.1}", b / 1048576.0))
+            };
             for row in rows {
                 let _ = writeln!(
                     s,

@@ -485,8 +485,7 @@ async fn measure_runtime(
         bench
             .progress
             .set_message(format!("{} snapshots", kind.name()));
-        match crate::snapshots::measure(bench, &manager, &plan.snapshot_sizes, &mut created).await
-        {
+        match crate::snapshots::measure(bench, &manager, &plan.snapshot_sizes, &mut created).await {
             Ok(v) => r["snapshots"] = v,
             Err(e) => measured = Err(e.context("snapshots")),
         }

@@ -34,9 +34,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::Utc;
 use sessionbox_core::{
-    ArchiveStats, BackgroundCommand, CommandOutput, ConversationKey, ConversationRef, DestroyReport, DirEntry,
-    EditRequest, EditResult, Error, ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch,
-    GrepRequest, OutputRequest, Result, Runtime, Session, TenantId, WorkspacePath,
+    ArchiveStats, BackgroundCommand, CommandOutput, ConversationKey, ConversationRef,
+    DestroyReport, DirEntry, EditRequest, EditResult, Error, ExecRequest, ExecResult, ExecSink,
+    FileStat, GrepMatch, GrepRequest, OutputRequest, Result, Runtime, Session, TenantId,
+    WorkspacePath,
 };
 use sessionbox_skills::{Catalog, Delivery, Skills};
 use sessionbox_store::{

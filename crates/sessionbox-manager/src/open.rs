@@ -252,15 +252,22 @@ impl Manager {
             self.refill_after_create(&conversation.tenant);
         }
         if created && template {
-            let r = self.apply_default_template(conversation, &*conv.session).await;
+            let r = self
+                .apply_default_template(conversation, &*conv.session)
+                .await;
             if !matches!(r, Ok(None)) {
-                self.audit(conversation, "template", &r, r.as_ref().ok().flatten().clone())
-                    .await;
+                self.audit(
+                    conversation,
+                    "template",
+                    &r,
+                    r.as_ref().ok().cloned().flatten(),
+                )
+                .await;
             }
             if let Err(e) = r {
                 // Made without its starting state: undone, so the next open tries again.
                 let generation = conv.record.generation;
-                let _ = Box::new(conv).close().await;
+                let _ = sessionbox_core::Session::close(Box::new(conv)).await;
                 self.undo_create(&conversation.key, generation).await;
                 return Err(e);
             }

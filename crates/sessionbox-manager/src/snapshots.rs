@@ -5,7 +5,7 @@
 //! `sessionbox_core`'s) checked with [`sessionbox_archive::check`] (an archive comes from
 //! inside a sandbox, so it is untrusted), compressed with zstd and kept as
 //! `<dir>/<id>.tar.zst`, written to a temporary name and renamed into place, then recorded in
-//! the store ([`Store::create_snapshot`], which applies the tenant's cap in the same
+//! the store ([`sessionbox_store::Store::create_snapshot`], which applies the tenant's cap in the same
 //! transaction). A snapshot is immutable: restoring or forking reads it; only delete and
 //! retention remove it. The archive file goes after its record, so a crash between the two
 //! leaves a file no record names, which garbage collection removes
@@ -22,10 +22,10 @@ use std::time::Duration;
 
 use chrono::Utc;
 use sessionbox_core::{
-    ArchiveStats, ConversationId, ConversationRef, Error, Operation, Result, Session,
-    TenantId, temporary_archive, validate_snapshot_name,
+    ArchiveStats, ConversationId, ConversationRef, Error, Operation, Result, Session, TenantId,
+    temporary_archive, validate_snapshot_name,
 };
-use sessionbox_store::{SnapshotRecord, Store};
+use sessionbox_store::SnapshotRecord;
 
 use crate::{Conversation, Manager};
 
@@ -147,7 +147,9 @@ fn check_and_compress(tar: &Path, out: &Path, max: u64, level: i32) -> Result<(A
         .map_err(|e| io_error("create", out, &e))?;
     let mut enc = zstd::Encoder::new(output, level).map_err(|e| io_error("compress", out, &e))?;
     std::io::copy(&mut input, &mut enc).map_err(|e| io_error("compress into", out, &e))?;
-    let output = enc.finish().map_err(|e| io_error("compress into", out, &e))?;
+    let output = enc
+        .finish()
+        .map_err(|e| io_error("compress into", out, &e))?;
     output.sync_all().map_err(|e| io_error("sync", out, &e))?;
     let stored = output
         .metadata()
@@ -205,12 +207,15 @@ impl Manager {
     }
 
     fn snapshot_dir(&self) -> Result<Arc<SnapshotConfig>> {
-        let config = self.snapshots.clone().ok_or_else(|| Error::RuntimeUnavailable {
-            runtime: self.runtime.info().name,
-            reason: "snapshots are not configured in this process".into(),
-            hint: "run it with a data directory (the CLI and `serve` keep snapshots under it)"
-                .into(),
-        })?;
+        let config = self
+            .snapshots
+            .clone()
+            .ok_or_else(|| Error::RuntimeUnavailable {
+                runtime: self.runtime.info().name,
+                reason: "snapshots are not configured in this process".into(),
+                hint: "run it with a data directory (the CLI and `serve` keep snapshots under it)"
+                    .into(),
+            })?;
         let dir = config.dir.clone();
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -288,7 +293,9 @@ impl Manager {
             links: stats.links,
             stored_bytes: stored,
             created_at: now,
-            expires_at: keep.and_then(|k| chrono::Duration::from_std(k).ok()).map(|k| now + k),
+            expires_at: keep
+                .and_then(|k| chrono::Duration::from_std(k).ok())
+                .map(|k| now + k),
         };
         self.keep_snapshot(&config, packed, record).await
     }
@@ -392,7 +399,11 @@ impl Manager {
     }
 
     /// Decompresses snapshot `record`'s archive into a scratch file.
-    async fn unpack(&self, config: &Arc<SnapshotConfig>, record: &SnapshotRecord) -> Result<Scratch> {
+    async fn unpack(
+        &self,
+        config: &Arc<SnapshotConfig>,
+        record: &SnapshotRecord,
+    ) -> Result<Scratch> {
         let tar = Scratch(temporary_archive(&config.dir, "restore"));
         let (from, to, max) = (
             config.archive_path(&record.id),
@@ -408,7 +419,11 @@ impl Manager {
     ///
     /// # Errors
     /// As [`Manager::restore_into`]; [`Error::NotFound`] for an absent conversation.
-    pub async fn restore(&self, conversation: &ConversationRef, name: &str) -> Result<ArchiveStats> {
+    pub async fn restore(
+        &self,
+        conversation: &ConversationRef,
+        name: &str,
+    ) -> Result<ArchiveStats> {
         let config = self.snapshot_dir()?;
         let record = self.snapshot_record(&conversation.tenant, name).await?;
         let tar = self.unpack(&config, &record).await?;
@@ -430,7 +445,11 @@ impl Manager {
     /// # Errors
     /// [`Error::NotFound`] for an absent snapshot; the runtime's errors ([`Error::TooLarge`]
     /// when it does not fit the disk quota).
-    pub async fn restore_into(&self, conversation: &Conversation, name: &str) -> Result<ArchiveStats> {
+    pub async fn restore_into(
+        &self,
+        conversation: &Conversation,
+        name: &str,
+    ) -> Result<ArchiveStats> {
         let config = self.snapshot_dir()?;
         let record = self
             .snapshot_record(&conversation.conversation().tenant, name)
@@ -481,16 +500,18 @@ impl Manager {
     ///
     /// # Errors
     /// As [`Manager::fork`].
-    pub async fn fork_of(&self, origin: &Conversation, to: &ConversationRef) -> Result<ArchiveStats> {
+    pub async fn fork_of(
+        &self,
+        origin: &Conversation,
+        to: &ConversationRef,
+    ) -> Result<ArchiveStats> {
         let config = self.snapshot_dir()?;
         let from = origin.conversation();
         if from.key == to.key {
             return Err(into_itself());
         }
         if from.tenant != to.tenant {
-            return Err(Error::InvalidRequest(
-                "a fork stays in its tenant".into(),
-            ));
+            return Err(Error::InvalidRequest("a fork stays in its tenant".into()));
         }
         self.refuse_existing(to).await?;
         let tar = Scratch(temporary_archive(&config.dir, "fork"));
@@ -559,9 +580,10 @@ impl Manager {
         to: &ConversationRef,
         template: &str,
     ) -> Result<ArchiveStats> {
-        let record = self.template_snapshot(&to.tenant, template).await?.ok_or_else(|| {
-            Error::NotFound(format!("tenant has no template {template:?}"))
-        })?;
+        let record = self
+            .template_snapshot(&to.tenant, template)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("tenant has no template {template:?}")))?;
         self.fork(&ForkFrom::Snapshot(record.name), to).await
     }
 
@@ -580,13 +602,23 @@ impl Manager {
     ///
     /// # Errors
     /// [`Error::NotFound`] for an absent snapshot; [`Error::InvalidRequest`] for a bad name.
-    pub async fn set_template(&self, tenant: &TenantId, template: &str, snapshot: &str) -> Result<()> {
+    pub async fn set_template(
+        &self,
+        tenant: &TenantId,
+        template: &str,
+        snapshot: &str,
+    ) -> Result<()> {
         validate_snapshot_name(template)?;
         validate_snapshot_name(snapshot)?;
         let (t, n, s2) = (tenant.clone(), template.to_owned(), snapshot.to_owned());
         let r = self.store.run(move |s| s.set_template(&t, &n, &s2)).await;
-        self.audit_tenant(tenant, "template.set", &r, format!("template={template} snapshot={snapshot}"))
-            .await;
+        self.audit_tenant(
+            tenant,
+            "template.set",
+            &r,
+            format!("template={template} snapshot={snapshot}"),
+        )
+        .await;
         r
     }
 
@@ -598,8 +630,13 @@ impl Manager {
         validate_snapshot_name(template)?;
         let (t, n) = (tenant.clone(), template.to_owned());
         let r = self.store.run(move |s| s.remove_template(&t, &n)).await;
-        self.audit_tenant(tenant, "template.remove", &r, format!("template={template}"))
-            .await;
+        self.audit_tenant(
+            tenant,
+            "template.remove",
+            &r,
+            format!("template={template}"),
+        )
+        .await;
         r
     }
 
@@ -702,7 +739,9 @@ impl Manager {
             links: stats.links,
             stored_bytes: stored,
             created_at: now,
-            expires_at: keep.and_then(|k| chrono::Duration::from_std(k).ok()).map(|k| now + k),
+            expires_at: keep
+                .and_then(|k| chrono::Duration::from_std(k).ok())
+                .map(|k| now + k),
         };
         self.keep_snapshot(&config, packed, record).await
     }
@@ -726,9 +765,16 @@ impl Manager {
             if dry_run {
                 continue;
             }
-            let (t, n) = (record.tenant.clone(), record.name.clone());
-            match self.store.run(move |s| s.delete_snapshot(&t, &n)).await {
-                Ok(_) => {
+            // By id, and only while still expired and unpinned: a snapshot deleted and made
+            // again under the same name meanwhile is not this one.
+            let id = record.id.clone();
+            match self
+                .store
+                .run(move |s| s.delete_expired_snapshot(&id, now))
+                .await
+            {
+                Ok(None) => {}
+                Ok(Some(_)) => {
                     let _ = std::fs::remove_file(config.archive_path(&record.id));
                     self.audit_tenant(
                         &record.tenant,
@@ -738,7 +784,9 @@ impl Manager {
                     )
                     .await;
                 }
-                Err(e) => tracing::warn!(snapshot = %record.name, "cannot remove an expired snapshot: {e}"),
+                Err(e) => {
+                    tracing::warn!(snapshot = %record.name, "cannot remove an expired snapshot: {e}")
+                }
             }
         }
         let ids = self.store.run(move |s| s.snapshot_ids()).await?;
@@ -761,15 +809,13 @@ impl Manager {
                         .is_some_and(|age| age >= STALE_TEMPORARY)
                 };
                 let orphan = match name.strip_suffix(".tar.zst") {
-                    Some(id) if !name.starts_with('.') => !ids.contains(id) && older_than_a_minute(&entry),
+                    Some(id) if !name.starts_with('.') => {
+                        !ids.contains(id) && older_than_a_minute(&entry)
+                    }
                     _ => name.starts_with('.') && name.ends_with(".tmp") && stale(),
                 };
-                if orphan {
-                    if !dry_run && std::fs::remove_file(entry.path()).is_ok() {
-                        removed += 1;
-                    } else if dry_run {
-                        removed += 1;
-                    }
+                if orphan && (dry_run || std::fs::remove_file(entry.path()).is_ok()) {
+                    removed += 1;
                 }
             }
             Ok(removed)
@@ -779,7 +825,13 @@ impl Manager {
     }
 
     /// An audit entry about a tenant's snapshots (no conversation).
-    async fn audit_tenant<T>(&self, tenant: &TenantId, operation: &str, outcome: &Result<T>, detail: String) {
+    async fn audit_tenant<T>(
+        &self,
+        tenant: &TenantId,
+        operation: &str,
+        outcome: &Result<T>,
+        detail: String,
+    ) {
         crate::audit_tenant(&self.store, tenant, operation, outcome, Some(detail)).await;
     }
 }

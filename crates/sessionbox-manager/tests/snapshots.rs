@@ -87,10 +87,16 @@ async fn a_snapshot_restores_the_workspace_as_it_was() {
     Box::new(s).close().await.unwrap();
     let stats = f.m.restore(&a, "v1").await.unwrap();
     assert_eq!(stats.files, 3);
-    assert_eq!(read(&f.m, &a, "src/main.rs").await.unwrap(), b"fn main() {}\n");
+    assert_eq!(
+        read(&f.m, &a, "src/main.rs").await.unwrap(),
+        b"fn main() {}\n"
+    );
     assert_eq!(read(&f.m, &a, "odd bytes").await.unwrap(), b"\x00\xff\x01");
     assert_eq!(read(&f.m, &a, "empty").await.unwrap(), b"");
-    assert!(matches!(read(&f.m, &a, "new.txt").await, Err(Error::NotFound(_))));
+    assert!(matches!(
+        read(&f.m, &a, "new.txt").await,
+        Err(Error::NotFound(_))
+    ));
 
     // The name is taken: refused, nothing added.
     let e = f.m.snapshot(&a, "v1", None).await.unwrap_err();
@@ -154,30 +160,26 @@ async fn forks_share_nothing_writable_with_their_origin() {
     assert_ne!(ino(&a), ino(&live));
 
     // Into an existing conversation: refused, and it is left as it was.
-    let e = f
-        .m
-        .fork(&ForkFrom::Snapshot("s".into()), &live)
-        .await
-        .unwrap_err();
+    let e =
+        f.m.fork(&ForkFrom::Snapshot("s".into()), &live)
+            .await
+            .unwrap_err();
     assert!(matches!(e, Error::AlreadyExists(_)), "{e:?}");
     assert_eq!(read(&f.m, &live, "state.txt").await.unwrap(), b"live later");
-    let e = f
-        .m
-        .fork(&ForkFrom::Conversation(a.id.clone()), &a)
-        .await
-        .unwrap_err();
+    let e =
+        f.m.fork(&ForkFrom::Conversation(a.id.clone()), &a)
+            .await
+            .unwrap_err();
     assert_eq!(e.code(), "invalid_request");
     // From something absent: refused, nothing made.
     let ghost = conv("ghost");
-    let e = f
-        .m
-        .fork(&ForkFrom::Snapshot("nope".into()), &ghost)
-        .await
-        .unwrap_err();
+    let e =
+        f.m.fork(&ForkFrom::Snapshot("nope".into()), &ghost)
+            .await
+            .unwrap_err();
     assert!(matches!(e, Error::NotFound(_)), "{e:?}");
-    let e = f
-        .m
-        .fork(
+    let e =
+        f.m.fork(
             &ForkFrom::Conversation(ConversationId::new("nobody").unwrap()),
             &ghost,
         )
@@ -230,7 +232,11 @@ async fn the_default_template_starts_every_new_conversation_and_pins_its_snapsho
     // A template pins its snapshot.
     let e = f.m.delete_snapshot(&tenant(), "deps").await.unwrap_err();
     assert!(matches!(e, Error::Conflict(_)), "{e:?}");
-    assert!(f.m.remove_template(&tenant(), DEFAULT_TEMPLATE).await.unwrap());
+    assert!(
+        f.m.remove_template(&tenant(), DEFAULT_TEMPLATE)
+            .await
+            .unwrap()
+    );
     assert!(f.m.remove_template(&tenant(), "named").await.unwrap());
     assert!(!f.m.remove_template(&tenant(), "named").await.unwrap());
     let after = conv("after");
@@ -274,13 +280,15 @@ async fn an_exported_archive_imports_and_a_hostile_one_is_refused() {
     let exported = f._dir.path().join("v1.tar.zst");
     let mut out = std::fs::File::create(&exported).unwrap();
     std::io::copy(&mut archive, &mut out).unwrap();
-    assert_eq!(std::fs::metadata(&exported).unwrap().len(), record.stored_bytes);
+    assert_eq!(
+        std::fs::metadata(&exported).unwrap().len(),
+        record.stored_bytes
+    );
 
-    let imported = f
-        .m
-        .import_snapshot(&tenant(), "copied", &exported, None)
-        .await
-        .unwrap();
+    let imported =
+        f.m.import_snapshot(&tenant(), "copied", &exported, None)
+            .await
+            .unwrap();
     assert_eq!((imported.files, imported.bytes), (1, 8));
     assert_eq!(imported.runtime, "import");
     assert!(imported.origin.is_none());
@@ -304,20 +312,18 @@ async fn an_exported_archive_imports_and_a_hostile_one_is_refused() {
         }
         let path = f._dir.path().join(format!("hostile-{i}.tar"));
         std::fs::write(&path, raw_tar(&tail)).unwrap();
-        let e = f
-            .m
-            .import_snapshot(&tenant(), &format!("hostile-{i}"), &path, None)
-            .await
-            .unwrap_err();
+        let e =
+            f.m.import_snapshot(&tenant(), &format!("hostile-{i}"), &path, None)
+                .await
+                .unwrap_err();
         assert_eq!(e.code(), "invalid_request", "{e}");
     }
     let not_an_archive = f._dir.path().join("noise");
     std::fs::write(&not_an_archive, [0x41u8; 4096]).unwrap();
-    let e = f
-        .m
-        .import_snapshot(&tenant(), "noise", &not_an_archive, None)
-        .await
-        .unwrap_err();
+    let e =
+        f.m.import_snapshot(&tenant(), "noise", &not_an_archive, None)
+            .await
+            .unwrap_err();
     assert_eq!(e.code(), "invalid_request", "{e}");
     assert_eq!(files(&f.snapshots), before, "refusals leave no file");
     assert_eq!(f.m.snapshots(&tenant()).await.unwrap().len(), 2);
@@ -344,18 +350,16 @@ async fn garbage_collection_removes_expired_snapshots_orphans_and_stale_temporar
     let f = fixture(|_| {});
     let a = conv("a");
     write(&f.m, &a, "x", b"1").await;
-    let gone = f
-        .m
-        .snapshot(&a, "short", Some(Duration::ZERO))
-        .await
-        .unwrap();
+    let gone =
+        f.m.snapshot(&a, "short", Some(Duration::ZERO))
+            .await
+            .unwrap();
     let kept = f.m.snapshot(&a, "kept", None).await.unwrap();
     // A short-lived one pinned by a template stays.
-    let pinned = f
-        .m
-        .snapshot(&a, "pinned", Some(Duration::ZERO))
-        .await
-        .unwrap();
+    let pinned =
+        f.m.snapshot(&a, "pinned", Some(Duration::ZERO))
+            .await
+            .unwrap();
     f.m.set_template(&tenant(), "t", "pinned").await.unwrap();
     // An archive no record names, and temporary files, old and new.
     let old = std::time::SystemTime::now() - Duration::from_secs(7200);
@@ -373,9 +377,8 @@ async fn garbage_collection_removes_expired_snapshots_orphans_and_stale_temporar
             .set_modified(old)
             .unwrap();
     }
-    let dry = f
-        .m
-        .collect_garbage(GcOptions {
+    let dry =
+        f.m.collect_garbage(GcOptions {
             dry_run: true,
             grace: Duration::ZERO,
         })
@@ -383,11 +386,13 @@ async fn garbage_collection_removes_expired_snapshots_orphans_and_stale_temporar
         .unwrap();
     assert_eq!(dry.snapshots_expired, ["default/short"]);
     assert_eq!(dry.snapshot_files_removed, 2);
-    assert!(orphan.exists() && stale.exists(), "a dry run removes nothing");
+    assert!(
+        orphan.exists() && stale.exists(),
+        "a dry run removes nothing"
+    );
 
-    let report = f
-        .m
-        .collect_garbage(GcOptions {
+    let report =
+        f.m.collect_garbage(GcOptions {
             dry_run: false,
             grace: Duration::ZERO,
         })

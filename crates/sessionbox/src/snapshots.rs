@@ -126,7 +126,8 @@ fn print_record(r: &SnapshotRecord) {
         r.stored_bytes,
         r.origin.as_ref().map_or("an import", |o| o.as_str()),
         r.runtime,
-        r.created_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        r.created_at
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         r.expires_at
             .map(|t| format!(
                 "  expires {}",
@@ -266,7 +267,9 @@ pub(crate) async fn fork(app: &App, args: ForkArgs) -> anyhow::Result<ExitCode> 
             )
         }
         (None, Some(s), None) => (
-            app.manager.fork(&ForkFrom::Snapshot(s.clone()), &to).await?,
+            app.manager
+                .fork(&ForkFrom::Snapshot(s.clone()), &to)
+                .await?,
             format!("snapshot {s}"),
         ),
         (None, None, Some(t)) => (

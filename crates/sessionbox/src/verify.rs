@@ -188,7 +188,10 @@ impl Target<'_> {
         match self {
             Target::Local(app) => drop(
                 app.manager
-                    .fork(&sessionbox_manager::ForkFrom::Conversation(from.id.clone()), to)
+                    .fork(
+                        &sessionbox_manager::ForkFrom::Conversation(from.id.clone()),
+                        to,
+                    )
                     .await?,
             ),
             Target::Http { client, .. } => drop(client.fork(&from.id, &to.id).await?),
@@ -558,7 +561,8 @@ async fn fork_check(
         format!("the live fork reads {seen:?}, not the origin as it was at the fork")
     });
     let o = run.open(origin).await?.session;
-    run.write(&*o, path, "written in the origin after the forks").await?;
+    run.write(&*o, path, "written in the origin after the forks")
+        .await?;
     let seen = run.read(&*o, path).await?;
     check.expect(seen == "written in the origin after the forks", || {
         format!("the origin reads {seen:?}: a fork's write reached it")

@@ -175,7 +175,10 @@ pub(crate) async fn take(
         let keep = body.keep_seconds.map(Duration::from_secs);
         let record = state
             .with_conversation(&conv, Operation::Snapshot, async |opened| {
-                state.manager.snapshot_of(opened.conv, &body.name, keep).await
+                state
+                    .manager
+                    .snapshot_of(opened.conv, &body.name, keep)
+                    .await
             })
             .await??;
         Ok((StatusCode::CREATED, Json(SnapshotView::from(record))).into_response())
@@ -199,7 +202,10 @@ pub(crate) async fn restore(
     on_conversation(&principal, "restore", &id, async |conv| {
         let stats = state
             .with_conversation(&conv, Operation::Restore, async |opened| {
-                state.manager.restore_into(opened.conv, &body.snapshot).await
+                state
+                    .manager
+                    .restore_into(opened.conv, &body.snapshot)
+                    .await
             })
             .await??;
         Ok(Json(RestoredView::of(&conv, stats)).into_response())
@@ -263,7 +269,10 @@ pub(crate) async fn get(
     PathArgs(name): PathArgs<String>,
 ) -> Response {
     let result = async {
-        let record = state.manager.snapshot_record(&principal.tenant, &name).await?;
+        let record = state
+            .manager
+            .snapshot_record(&principal.tenant, &name)
+            .await?;
         Ok(Json(SnapshotView::from(record)).into_response())
     }
     .await;
@@ -281,7 +290,10 @@ pub(crate) async fn delete(
     PathArgs(name): PathArgs<String>,
 ) -> Response {
     let result = async {
-        state.manager.delete_snapshot(&principal.tenant, &name).await?;
+        state
+            .manager
+            .delete_snapshot(&principal.tenant, &name)
+            .await?;
         Ok(StatusCode::NO_CONTENT.into_response())
     }
     .await;
@@ -300,7 +312,10 @@ pub(crate) async fn export(
     PathArgs(name): PathArgs<String>,
 ) -> Response {
     let result = async {
-        let (record, file) = state.manager.snapshot_archive(&principal.tenant, &name).await?;
+        let (record, file) = state
+            .manager
+            .snapshot_archive(&principal.tenant, &name)
+            .await?;
         let file = tokio::fs::File::from_std(file);
         let body = Body::from_stream(tokio_util::io::ReaderStream::new(file));
         Ok((
@@ -366,9 +381,8 @@ pub(crate) async fn import(
         let mut stream = request.into_body().into_data_stream();
         let mut written = 0u64;
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| {
-                Error::InvalidRequest(format!("the upload could not be read: {e}"))
-            })?;
+            let chunk = chunk
+                .map_err(|e| Error::InvalidRequest(format!("the upload could not be read: {e}")))?;
             written += chunk.len() as u64;
             if written > max {
                 return Err(too_large(max).into());
@@ -427,7 +441,10 @@ pub(crate) async fn fork_snapshot(
     JsonBody(body): JsonBody<ForkBody>,
 ) -> Response {
     on_conversation(&principal, "fork", &body.to, async |to| {
-        let stats = state.manager.fork(&ForkFrom::Snapshot(name.clone()), &to).await?;
+        let stats = state
+            .manager
+            .fork(&ForkFrom::Snapshot(name.clone()), &to)
+            .await?;
         Ok((StatusCode::CREATED, Json(RestoredView::of(&to, stats))).into_response())
     })
     .await
@@ -496,7 +513,10 @@ pub(crate) async fn delete_template(
     PathArgs(name): PathArgs<String>,
 ) -> Response {
     let result = async {
-        state.manager.remove_template(&principal.tenant, &name).await?;
+        state
+            .manager
+            .remove_template(&principal.tenant, &name)
+            .await?;
         Ok(StatusCode::NO_CONTENT.into_response())
     }
     .await;
