@@ -280,6 +280,7 @@ impl HostSession {
             cwd: std::os::fd::AsFd::as_fd(&cwd_fd),
             home: self.workspace.presented_root(),
             kill_grace: self.kill_grace,
+            group: None,
         };
         process::run(spawn, on_output).await
     }

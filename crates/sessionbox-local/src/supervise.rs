@@ -200,6 +200,7 @@ async fn run(dir: &Path, spec: &Spec, cwd: OwnedFd) -> End {
             cwd: std::os::fd::AsFd::as_fd(&cwd),
             home: &spec.home,
             kill_grace: Duration::from_millis(spec.kill_grace_ms),
+            group: None,
         };
         let run = sessionbox_process::run(spawn, Some(&mut on_output));
         tokio::select! {
