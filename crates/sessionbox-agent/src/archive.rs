@@ -150,6 +150,9 @@ pub(crate) async fn restore(State(state): State<Arc<AppState>>, req: Request) ->
     let mut file = tokio::fs::File::from_std(spool);
     let mut body = req.into_body().into_data_stream();
     let mut got: u64 = 0;
+    // A spooling failure (the workspace full) is answered once the body is read whole: a
+    // client still sending would see the early answer as a broken pipe, not the typed error.
+    let mut failed: Option<Error> = None;
     while let Some(piece) = body.next().await {
         let piece = match piece {
             Ok(p) => p,
@@ -163,10 +166,15 @@ pub(crate) async fn restore(State(state): State<Arc<AppState>>, req: Request) ->
         if got > limit {
             return typed_error(&too_large(limit));
         }
-        if let Err(e) = file.write_all(&piece).await {
-            return typed_error(&spool_error(&e));
+        if failed.is_none()
+            && let Err(e) = file.write_all(&piece).await
+        {
+            failed = Some(spool_error(&e));
         }
         state.activity.touch();
+    }
+    if let Some(e) = failed {
+        return typed_error(&e);
     }
     if let Err(e) = file.flush().await {
         return typed_error(&spool_error(&e));
@@ -181,18 +189,18 @@ pub(crate) async fn restore(State(state): State<Arc<AppState>>, req: Request) ->
 }
 
 fn spool_error(e: &std::io::Error) -> Error {
-    match e.raw_os_error() {
-        Some(libc_enospc)
-            if libc_enospc == rustix::io::Errno::NOSPC.raw_os_error()
-                || libc_enospc == rustix::io::Errno::DQUOT.raw_os_error() =>
-        {
-            Error::TooLarge {
-                what: "the archive does not fit the workspace's disk quota while it is \
-                       received; delete files to make room"
-                    .into(),
-                limit: u64::MAX,
-            }
+    use rustix::io::Errno;
+    let full = e
+        .raw_os_error()
+        .is_some_and(|n| n == Errno::NOSPC.raw_os_error() || n == Errno::DQUOT.raw_os_error());
+    if full {
+        Error::TooLarge {
+            what: "the archive, received into the workspace's disk quota before it is \
+                   restored (no space left); delete files to make room"
+                .into(),
+            limit: u64::MAX,
         }
-        _ => Error::Backend(format!("cannot spool the archive: {e}")),
+    } else {
+        Error::Backend(format!("cannot spool the archive: {e}"))
     }
 }
