@@ -406,6 +406,7 @@ async fn execute(
             cwd: cwd.as_fd(),
             home: &state.presented_root,
             kill_grace: state.config.kill_grace,
+            group: None,
         };
         tokio::select! {
             r = sessionbox_process::run(spawn, Some(&mut on_output)) => Some(r),

@@ -47,6 +47,8 @@ pub(crate) struct Command {
     state: Mutex<CommandState>,
     /// Its stdin, when it was started with `keep_stdin_open`.
     pub(crate) stdin: Option<process::LiveStdin>,
+    /// Its process group while it runs (0 before it starts and after it ended).
+    pub(crate) group: std::sync::atomic::AtomicI32,
 }
 
 #[derive(Default)]
@@ -77,6 +79,7 @@ impl Command {
                 ..Default::default()
             }),
             stdin: None,
+            group: std::sync::atomic::AtomicI32::new(0),
         })
     }
 
@@ -356,6 +359,7 @@ async fn start(state: Arc<AppState>, req: Request) -> Result<Response, ApiError>
             ..Default::default()
         }),
         stdin: exec.keep_stdin_open.then(process::LiveStdin::new),
+        group: std::sync::atomic::AtomicI32::new(0),
     });
     if request.keep_stdin_open && !request.background {
         return Err(ApiError::bad_request(
@@ -559,6 +563,7 @@ async fn execute(
             cwd: cwd.as_fd(),
             home: &state.presented_root,
             kill_grace: state.config.kill_grace,
+            group: Some(&cmd.group),
         };
         let run = async {
             match &cmd.stdin {

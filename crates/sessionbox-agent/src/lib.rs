@@ -42,6 +42,7 @@
 //! The crate's README lists the endpoints, the sessionbox extensions to the protocol, and what
 //! is not supported.
 
+mod archive;
 mod background;
 mod bash_session;
 mod cli;
@@ -160,6 +161,9 @@ pub struct AgentConfig {
     pub max_request_bytes: usize,
     /// Largest `POST /files/upload` body, in bytes (default: `limits.max_file_bytes` + 1 MiB).
     pub max_upload_bytes: usize,
+    /// Largest `PUT /sessionbox/v1/archive` body, in bytes (default
+    /// [`sessionbox_execd::archive_ext::DEFAULT_MAX_ARCHIVE_BYTES`], 4 GiB).
+    pub max_archive_bytes: u64,
     /// Default cap on what is forwarded (foreground) or kept (background logs) of each output
     /// stream, in bytes; a request may ask for less or more with `max_output_bytes`, up to
     /// [`MAX_OUTPUT_LIMIT`] ([`DEFAULT_OUTPUT_CAP`]).
@@ -191,6 +195,7 @@ impl AgentConfig {
             max_upload_bytes: usize::try_from(limits.max_file_bytes)
                 .unwrap_or(usize::MAX)
                 .saturating_add(1024 * 1024),
+            max_archive_bytes: sessionbox_execd::archive_ext::DEFAULT_MAX_ARCHIVE_BYTES,
             output_cap: DEFAULT_OUTPUT_CAP,
             kill_grace: sessionbox_process::DEFAULT_KILL_GRACE,
             max_finished_commands: DEFAULT_MAX_FINISHED_COMMANDS,

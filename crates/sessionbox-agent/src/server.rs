@@ -404,6 +404,10 @@ fn api_routes() -> Router<Arc<AppState>> {
             post(crate::background::write_stdin).delete(crate::background::close_stdin),
         )
         .route(
+            sessionbox_execd::archive_ext::ARCHIVE_PATH,
+            get(crate::archive::take).put(crate::archive::restore),
+        )
+        .route(
             sessionbox_execd::watch_ext::WATCH_PATH,
             get(crate::watch::watch),
         )

@@ -8,6 +8,7 @@
 
 mod common;
 
+mod archive;
 mod background;
 mod bash_session;
 mod commands;

@@ -11,6 +11,7 @@
 //!   the runtime that launches it.
 //! - [`types`]: serde bodies ([`RunCommandRequest`], [`ServerStreamEvent`], [`FileInfo`], ...).
 //! - [`EventStreamParser`]: the body of `POST /command` as events, tolerant of upstream quirks.
+//! - [`archive_ext`]: the workspace as one tar (`/sessionbox/v1/archive`).
 //! - [`bash_session`]: upstream's bash sessions (`/session`).
 //! - [`pty`]: interactive terminals (upstream's `/pty` routes and WebSocket frames).
 //! - [`multipart`]: the upload body, laid out as the SDK lays it out.
@@ -37,6 +38,7 @@
 
 #[cfg(feature = "args")]
 pub mod agent_args;
+pub mod archive_ext;
 mod b64;
 pub mod bash_session;
 #[cfg(feature = "client")]

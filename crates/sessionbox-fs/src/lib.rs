@@ -28,6 +28,7 @@
 //!
 //! Error messages name workspace-relative paths, never the host path of the workspace.
 
+mod archive;
 mod perm;
 mod resolve;
 mod tree;
@@ -36,6 +37,17 @@ mod write;
 
 pub use perm::PERMISSION_BITS;
 pub use tree::remove_tree;
+
+/// Checks every entry of a tar archive read from `archive` against the restore rules of
+/// `sessionbox_core`'s snapshot module (kinds, absolute paths, `..`, paths through a link or a
+/// file of the archive, paths given twice, the entry limit) and counts what it holds; reads
+/// nothing else and changes nothing.
+///
+/// # Errors
+/// [`Error::InvalidRequest`] naming the first entry at fault, or when `archive` is not a tar.
+pub fn check_archive<R: std::io::Read>(archive: R) -> Result<ArchiveStats> {
+    archive::check(archive)
+}
 
 /// The pattern checks, now in `sessionbox_core::patterns` (one implementation, used by the
 /// walks here too); re-exported for the callers that name them here.
@@ -50,8 +62,8 @@ use std::path::Path;
 use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 use sessionbox_core::{
-    DirEntry, EditRequest, EditResult, Error, FileKind, FileStat, GrepMatch, GrepRequest, Limits,
-    Result, WorkspacePath,
+    ArchiveStats, DirEntry, EditRequest, EditResult, Error, FileKind, FileStat, GrepMatch,
+    GrepRequest, Limits, Result, WorkspacePath,
 };
 
 use crate::resolve::{RESOLVE, io_error, open_beneath, resolve_error, stat_mtime, stat_size};
@@ -479,6 +491,51 @@ impl Workspace {
         let from = self.resolve(from)?;
         let to = self.resolve(to)?;
         walk::rename(self, &from, &to)
+    }
+
+    /// Writes a tar archive of the whole workspace to `out` (see `sessionbox_core`'s snapshot
+    /// rules): paths relative to the root, regular files, directories and links (never
+    /// followed); other kinds, and other file systems mounted inside, are left out and counted
+    /// in [`ArchiveStats::skipped`]. The walk never leaves the workspace.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when `out` fails; an I/O error reading the workspace;
+    /// [`Error::TooLarge`] past [`sessionbox_core::MAX_ARCHIVE_ENTRIES`] entries.
+    pub fn archive<W: std::io::Write>(&self, out: W) -> Result<ArchiveStats> {
+        archive::write(self, out)
+    }
+
+    /// Replaces the workspace's whole contents with the tar archive in `archive` (read from
+    /// its start, twice). Every entry is checked first ([`check_archive`]); nothing is removed
+    /// unless all pass. Then the root is emptied (the root itself is kept) and the entries are
+    /// written beneath it, never through a link. Owners are not restored: the files belong to
+    /// this process's user.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] for an archive that breaks a rule (nothing changed);
+    /// [`Error::TooLarge`] when the workspace's file system is full (the workspace then holds
+    /// part of the archive); [`Error::Conflict`] when a mount point inside cannot be removed.
+    pub fn restore(&self, archive: &mut File) -> Result<ArchiveStats> {
+        archive::restore(self, archive)
+    }
+
+    /// An unnamed temporary file (`O_TMPFILE`) on the workspace's file system, for spooling an
+    /// archive before it is restored: no name in any directory, so no listing or walk sees it,
+    /// and its space is freed when it is closed, whatever happens. Its bytes count against the
+    /// workspace's disk quota while it is open. Where the file system cannot make one, it is
+    /// made in the process's temporary directory instead.
+    ///
+    /// # Errors
+    /// An I/O error when neither can be made.
+    pub fn spool_file(&self) -> Result<File> {
+        let flags = OFlags::RDWR | OFlags::TMPFILE | OFlags::CLOEXEC;
+        let mode = Mode::from_raw_mode(0o600);
+        match rustix::fs::openat(&self.root, c".", flags, mode) {
+            Ok(fd) => Ok(File::from(fd)),
+            Err(_) => rustix::fs::open(std::env::temp_dir(), flags, mode)
+                .map(File::from)
+                .map_err(|e| io_error(e, "create a temporary file for", "the archive")),
+        }
     }
 
     pub(crate) fn root(&self) -> std::os::fd::BorrowedFd<'_> {

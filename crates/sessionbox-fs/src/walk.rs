@@ -31,7 +31,7 @@ const MAX_LINE: usize = 4 * 1024;
 /// Reads the names and types of a directory's entries (without `.` and `..`), classifying
 /// unknown types with `statat` (no link followed). Stops with `Err(count)` once more than
 /// `max` entries were seen.
-fn read_entries(
+pub(crate) fn read_entries(
     fd: &OwnedFd,
     max: usize,
 ) -> rustix::io::Result<Result<Vec<(CString, FileType)>, usize>> {
@@ -160,7 +160,7 @@ fn walk(
     Ok(())
 }
 
-fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
+pub(crate) fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
     if a.is_empty() {
         return b.to_vec();
     }
@@ -171,7 +171,7 @@ fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
     v
 }
 
-fn lossy(b: &[u8]) -> String {
+pub(crate) fn lossy(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 

@@ -280,6 +280,7 @@ impl HostSession {
             cwd: std::os::fd::AsFd::as_fd(&cwd_fd),
             home: self.workspace.presented_root(),
             kill_grace: self.kill_grace,
+            group: None,
         };
         process::run(spawn, on_output).await
     }
@@ -431,6 +432,34 @@ impl Session for HostSession {
 
     async fn kill_command(&self, id: &str) -> Result<BackgroundCommand> {
         self.commands()?.kill(id).await
+    }
+
+    async fn archive_workspace(&self, to: &Path) -> Result<sessionbox_core::ArchiveStats> {
+        let ws = self.workspace.clone();
+        let commands = self.commands.clone();
+        let to = to.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            let file = std::fs::File::create(&to).map_err(|e| {
+                Error::InvalidRequest(format!("cannot create {}: {e}", to.display()))
+            })?;
+            let _paused = commands.as_ref().map(CommandDir::pause_all);
+            ws.archive(std::io::BufWriter::with_capacity(256 * 1024, file))
+        })
+        .await
+        .map_err(Error::backend)?
+    }
+
+    async fn restore_workspace(&self, from: &Path) -> Result<sessionbox_core::ArchiveStats> {
+        let ws = self.workspace.clone();
+        let from = from.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            let mut file = std::fs::File::open(&from).map_err(|e| {
+                Error::InvalidRequest(format!("cannot open {}: {e}", from.display()))
+            })?;
+            ws.restore(&mut file)
+        })
+        .await
+        .map_err(Error::backend)?
     }
 
     async fn close(self: Box<Self>) -> Result<()> {

@@ -200,6 +200,7 @@ async fn run(dir: &Path, spec: &Spec, cwd: OwnedFd) -> End {
             cwd: std::os::fd::AsFd::as_fd(&cwd),
             home: &spec.home,
             kill_grace: Duration::from_millis(spec.kill_grace_ms),
+            group: None,
         };
         let run = sessionbox_process::run(spawn, Some(&mut on_output));
         tokio::select! {
@@ -483,6 +484,64 @@ impl CommandDir {
             }
         }
         n
+    }
+
+    /// Stops (`SIGSTOP`) the process group of every command a live supervisor runs (the
+    /// supervisor's child, the command's shell, leads it) until the returned guard is dropped,
+    /// which continues them (`SIGCONT`).
+    pub(crate) fn pause_all(&self) -> Paused {
+        let supervisors: Vec<u32> = std::fs::read_dir(&self.dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter_map(|e| live_supervisor(&e.path()).map(|s| s.pid))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut groups = Vec::new();
+        if supervisors.is_empty() {
+            return Paused(groups);
+        }
+        let Ok(procs) = std::fs::read_dir("/proc") else {
+            return Paused(groups);
+        };
+        for p in procs.flatten() {
+            let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            // After the command name: state, ppid, pgrp.
+            let mut f = stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .skip(1);
+            let ppid = f.next().and_then(|s| s.parse::<u32>().ok());
+            let pgrp = f.next().and_then(|s| s.parse::<i32>().ok());
+            if ppid.is_some_and(|pp| supervisors.contains(&pp))
+                && pgrp == Some(pid)
+                && let Some(g) = rustix::process::Pid::from_raw(pid)
+                && rustix::process::kill_process_group(g, rustix::process::Signal::STOP).is_ok()
+            {
+                groups.push(g);
+            }
+        }
+        Paused(groups)
+    }
+}
+
+/// Process groups stopped by [`CommandDir::pause_all`], continued on drop.
+#[derive(Debug)]
+pub(crate) struct Paused(Vec<rustix::process::Pid>);
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        for g in &self.0 {
+            let _ = rustix::process::kill_process_group(*g, rustix::process::Signal::CONT);
+        }
     }
 }
 

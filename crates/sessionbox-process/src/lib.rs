@@ -84,6 +84,10 @@ pub struct Spawn<'a> {
     /// Time between `SIGTERM` and `SIGKILL` to the process group when the timeout expires. The
     /// grace ends early when the shell exits: the rest of the group gets `SIGKILL` then.
     pub kill_grace: Duration,
+    /// Where to publish the command's process group while it runs (the shell's pid, which
+    /// leads it), so a caller can signal it (pause and resume it); set back to 0 when the shell
+    /// has exited. `None`: not published.
+    pub group: Option<&'a std::sync::atomic::AtomicI32>,
 }
 
 impl<'a> Spawn<'a> {
@@ -94,6 +98,7 @@ impl<'a> Spawn<'a> {
             cwd,
             home,
             kill_grace: DEFAULT_KILL_GRACE,
+            group: None,
         }
     }
 }
@@ -199,6 +204,7 @@ async fn run_with(
         .spawn()
         .map_err(|e| Error::Backend(format!("could not start /bin/sh -c for the command: {e}")))?;
     let group = child.id().and_then(|id| Pid::from_raw(id as i32));
+    let _published = Published::new(spawn.group, group);
     let mut guard = GroupGuard(group);
     let mut stdin = child.stdin.take();
     let mut stdout = child.stdout.take();
@@ -438,6 +444,29 @@ impl Capped {
 fn signal_group(group: Option<Pid>, sig: Signal) {
     if let Some(g) = group {
         let _ = rustix::process::kill_process_group(g, sig);
+    }
+}
+
+/// The process group published in [`Spawn::group`] while the command runs; 0 again on drop.
+struct Published<'a>(Option<&'a std::sync::atomic::AtomicI32>);
+
+impl<'a> Published<'a> {
+    fn new(slot: Option<&'a std::sync::atomic::AtomicI32>, group: Option<Pid>) -> Self {
+        if let (Some(s), Some(g)) = (slot, group) {
+            s.store(
+                g.as_raw_nonzero().get(),
+                std::sync::atomic::Ordering::SeqCst,
+            );
+        }
+        Published(slot)
+    }
+}
+
+impl Drop for Published<'_> {
+    fn drop(&mut self) {
+        if let Some(s) = self.0 {
+            s.store(0, std::sync::atomic::Ordering::SeqCst);
+        }
     }
 }
 

@@ -359,6 +359,96 @@ async fn destroy_unmounts_and_removes_the_volume() {
     .await;
 }
 
+/// A workspace archived in one conversation (`Session::archive_workspace`) and restored into
+/// another (`Session::restore_workspace`) comes back whole (odd bytes, an empty file, nested
+/// directories, a link, a mode), every entry owned by the other conversation's uid, and what
+/// the target held before is gone. An archive larger than the target's quota is refused with
+/// `too_large`, and the target still takes writes afterwards (the spooled archive is freed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_archive_restores_into_another_conversation_as_its_own_and_past_the_quota_is_too_large()
+{
+    use std::os::unix::fs::MetadataExt;
+    needs_root!();
+    let _heavy = HEAVY.lock().await;
+    bounded(180, async {
+        let env = env();
+        let src = env.open("archive-source").await;
+        let dst = env.open("archive-target").await;
+        let r = sh(
+            &src,
+            "mkdir -p d/e && printf 'x\\000y\\377' > d/e/f && chmod 640 d/e/f && ln -s d/e/f l \
+             && : > empty && echo $(id -u)",
+        )
+        .await;
+        assert_eq!(r.status, sessionbox_core::ExitStatus::Code(0), "{r:?}");
+        sh(&dst, "echo old > old").await;
+        // The runtime's own sessions (the manager's conversation does not forward archives).
+        let a = env
+            .runtime
+            .open(&Env::conv("archive-source"))
+            .await
+            .unwrap();
+        let b = env
+            .runtime
+            .open(&Env::conv("archive-target"))
+            .await
+            .unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let tar = tmp.path().join("a.tar");
+        let stats = a.archive_workspace(&tar).await.unwrap();
+        assert_eq!(
+            (stats.files, stats.directories, stats.links, stats.bytes),
+            (2, 2, 1, 4),
+            "{stats:?}"
+        );
+        let restored = b.restore_workspace(&tar).await.unwrap();
+        assert_eq!(restored, stats);
+        assert_eq!(b.read("d/e/f").await.unwrap(), b"x\0y\xff");
+        assert_eq!(b.stat("d/e/f").await.unwrap().mode & 0o777, 0o640);
+        assert!(
+            b.stat("old").await.is_err(),
+            "the target's old file is gone"
+        );
+        let (uid_a, uid_b) = (env.uid(a.key()), env.uid(b.key()));
+        assert_ne!(uid_a, uid_b);
+        let ws = env.workspace(b.key());
+        for p in ["d", "d/e", "d/e/f", "l", "empty"] {
+            let m = std::fs::symlink_metadata(ws.join(p)).unwrap();
+            assert_eq!(m.uid(), uid_b, "{p} is owned by the target's uid");
+        }
+        assert_eq!(
+            std::fs::read_link(ws.join("l")).unwrap(),
+            Path::new("d/e/f")
+        );
+
+        // 80 MiB of files against a 64 MiB quota.
+        let big = tmp.path().join("big");
+        std::fs::create_dir(&big).unwrap();
+        std::fs::write(big.join("f"), vec![3u8; 80 * MIB as usize]).unwrap();
+        let big_tar = tmp.path().join("big.tar");
+        sessionbox_fs::Workspace::open(&big, "/w", sessionbox_core::Limits::default())
+            .unwrap()
+            .archive(std::fs::File::create(&big_tar).unwrap())
+            .unwrap();
+        let e = b.restore_workspace(&big_tar).await.unwrap_err();
+        assert_eq!(e.code(), "too_large", "{e}");
+        assert!(matches!(e, Error::TooLarge { .. }), "{e:?}");
+        b.write("after", &vec![1u8; 8 * MIB as usize])
+            .await
+            .unwrap();
+        drop((a, b, src, dst));
+        env.manager
+            .destroy(&Env::conv("archive-source"))
+            .await
+            .unwrap();
+        env.manager
+            .destroy(&Env::conv("archive-target"))
+            .await
+            .unwrap();
+    })
+    .await;
+}
+
 /// A workspace made before disk quotas (a plain directory) is migrated into its volume on the
 /// next launch, its files kept; one holding more than the quota is refused with `too_large`,
 /// saying what to do, and left as it was.

@@ -20,6 +20,7 @@ use crate::token::AccessToken;
 use crate::types::{ErrorResponse, Metrics, ServerStreamEvent};
 use crate::wire;
 
+mod archive;
 mod background;
 mod commands;
 mod files;

@@ -262,6 +262,22 @@ impl Session for IsolatedSession {
             .await
     }
 
+    async fn archive_workspace(
+        &self,
+        to: &std::path::Path,
+    ) -> Result<sessionbox_core::ArchiveStats> {
+        self.relaunching(|| self.client.download_archive(to), || false)
+            .await
+    }
+
+    async fn restore_workspace(
+        &self,
+        from: &std::path::Path,
+    ) -> Result<sessionbox_core::ArchiveStats> {
+        self.relaunching(|| self.client.upload_archive(from), || false)
+            .await
+    }
+
     async fn close(self: Box<Self>) -> Result<()> {
         Ok(())
     }

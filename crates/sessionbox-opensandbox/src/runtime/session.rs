@@ -279,6 +279,20 @@ impl Session for OpenSandboxSession {
         self.client.close_stdin(id).await.map_err(Error::from)
     }
 
+    async fn archive_workspace(
+        &self,
+        to: &std::path::Path,
+    ) -> Result<sessionbox_core::ArchiveStats> {
+        self.client.download_archive(to).await.map_err(Error::from)
+    }
+
+    async fn restore_workspace(
+        &self,
+        from: &std::path::Path,
+    ) -> Result<sessionbox_core::ArchiveStats> {
+        self.client.upload_archive(from).await.map_err(Error::from)
+    }
+
     async fn close(self: Box<Self>) -> Result<()> {
         Ok(())
     }
