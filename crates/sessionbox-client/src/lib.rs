@@ -310,7 +310,8 @@ impl Client {
     pub async fn snapshot(&self, id: &ConversationId, name: &str) -> Result<Value> {
         let r = self
             .request(Method::POST, self.url(id, "/snapshots"))
-            .json(&serde_json::json!({ "name": name }));
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(json!({ "name": name }).to_string());
         self.json(r, CALL_TIMEOUT).await
     }
 
@@ -321,7 +322,8 @@ impl Client {
     pub async fn fork(&self, id: &ConversationId, to: &ConversationId) -> Result<Value> {
         let r = self
             .request(Method::POST, self.url(id, "/fork"))
-            .json(&serde_json::json!({ "to": to.as_str() }));
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(json!({ "to": to.as_str() }).to_string());
         self.json(r, CALL_TIMEOUT).await
     }
 
@@ -333,7 +335,8 @@ impl Client {
         let url = format!("{}/v1/snapshots/{}/fork", self.pick(), segment(name));
         let r = self
             .request(Method::POST, url)
-            .json(&serde_json::json!({ "to": to.as_str() }));
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(json!({ "to": to.as_str() }).to_string());
         self.json(r, CALL_TIMEOUT).await
     }
 
