@@ -21,6 +21,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 
+mod rewrite;
+
+pub use rewrite::{
+    ArchiveSource, MAX_ARCHIVE_NAME_BYTES, MAX_ARCHIVE_PATH_BYTES, check_archive, rewrite_archive,
+};
+
 /// Most entries (files, directories, links) one archive may hold: 1,000,000.
 pub const MAX_ARCHIVE_ENTRIES: u64 = 1_000_000;
 
@@ -62,7 +68,11 @@ impl ArchiveStats {
 /// # Errors
 /// [`Error::InvalidRequest`] naming the rule broken.
 pub fn validate_snapshot_name(name: &str) -> Result<(), Error> {
-    let bad = |why: &str| Err(Error::InvalidRequest(format!("snapshot name {name:?} {why}")));
+    let bad = |why: &str| {
+        Err(Error::InvalidRequest(format!(
+            "snapshot name {name:?} {why}"
+        )))
+    };
     if name.is_empty() || name.len() > MAX_SNAPSHOT_NAME_BYTES {
         return bad(&format!(
             "must be 1 to {MAX_SNAPSHOT_NAME_BYTES} bytes long"
@@ -107,7 +117,16 @@ mod tests {
         for ok in ["a", "deps", "v1.2_rc-3", &"x".repeat(64)] {
             assert!(validate_snapshot_name(ok).is_ok(), "{ok}");
         }
-        for bad in ["", ".hidden", "-x", "a/b", "a b", "é", &"x".repeat(65), "a\0"] {
+        for bad in [
+            "",
+            ".hidden",
+            "-x",
+            "a/b",
+            "a b",
+            "é",
+            &"x".repeat(65),
+            "a\0",
+        ] {
             let e = validate_snapshot_name(bad).unwrap_err();
             assert_eq!(e.code(), "invalid_request", "{bad}");
         }
