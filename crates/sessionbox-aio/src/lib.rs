@@ -3,8 +3,9 @@
 //!
 //! - [`client`]: the AIO Sandbox `/v1` client (bash exec and output polling, byte-exact file
 //!   transfer, listing and search, the response envelope and its error shapes, auth).
-//! - [`AioRuntime`]: [`sessionbox_core::Runtime`] on top of it. Boundary: one container and one
-//!   OS user for every conversation; for trusted users only (see the crate README).
+//! - [`AioRuntime`]: [`sessionbox_core::Runtime`] on top of it, workspace archives included
+//!   (GNU tar in the container, streamed and rewritten on this side). Boundary: one container
+//!   and one OS user for every conversation; for trusted users only (see the crate README).
 //!
 //! ```no_run
 //! # async fn demo() -> sessionbox_core::Result<()> {
@@ -26,6 +27,6 @@ mod scripts;
 pub use background::MAX_FINISHED_COMMANDS;
 pub use client::{AioClient, AioError, AuthHeader, Endpoint, Secret};
 pub use runtime::{
-    AioConfig, AioEgress, AioRuntime, DEFAULT_ROOT, MAX_COMMAND_BYTES, MAX_STDIN_BYTES,
-    TOKEN_MARGIN,
+    AioConfig, AioEgress, AioRuntime, DEFAULT_MAX_ARCHIVE_BYTES, DEFAULT_ROOT, MAX_COMMAND_BYTES,
+    MAX_STDIN_BYTES, TOKEN_MARGIN,
 };

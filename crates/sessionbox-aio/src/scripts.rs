@@ -198,8 +198,9 @@ esac"#;
 /// Kills every process whose working directory is inside `SB_WS` and every background command
 /// of the conversation (its runner's and its command's process groups, recorded in
 /// [`COMMANDS_DIR`]), without waiting for them to record an end; then, when `SB_REMOVE=1`,
-/// removes the workspace, the commands' directory and any output directories its commands left
-/// in [`EXEC_OUTPUT_DIR`]. Prints `ok KILLED REMOVED`. `SB_WS` is always
+/// removes the workspace, the commands' directory, any output directories its commands left
+/// in [`EXEC_OUTPUT_DIR`] and any archive temporaries left in [`ARCHIVES_DIR`]. Prints
+/// `ok KILLED REMOVED`. `SB_WS` is always
 /// `<root>/<64 hex digits>`.
 pub(crate) const DESTROY: &str = concat!(
     common!(),
@@ -233,8 +234,14 @@ for i in 1 2 3 4 5; do
 done
 removed=0
 if [ "${SB_REMOVE-}" = 1 ] && { [ -e "$SB_WS" ] || [ -L "$SB_WS" ]; }; then
+  # Read-only directories (a restore makes them as the archive says) cannot be emptied as
+  # they are by a user other than root.
+  for t in "$SB_WS" "${SB_WS%/*}/.sessionbox-archives/${SB_WS##*/}".*; do
+    [ -d "$t" ] && [ ! -L "$t" ] && find "$t" -type d ! -perm -u=rwx -exec chmod u+rwx -- {} \; 2>/dev/null
+  done
   rm -rf -- "$SB_WS" 2>/dev/null && removed=1
   rm -rf -- "${SB_WS%/*}/.sessionbox-exec/${SB_WS##*/}".* 2>/dev/null
+  rm -rf -- "${SB_WS%/*}/.sessionbox-archives/${SB_WS##*/}".* 2>/dev/null
   [ -e "$SB_WS" ] && { printf 'err\tio\tcannot remove the workspace\n'; exit 0; }
 fi
 printf 'ok\t%s\t%s\n' "$killed" "$removed""#
@@ -252,6 +259,166 @@ for d in /proc/[0-9]*; do
   c=$(readlink "$d/cwd" 2>/dev/null) || continue
   case "$c/" in "$R"/*) k=${c#"$R"/}; printf 'P\t%s\t%s\n' "$pid" "${k%%/*}" ;; esac
 done"#;
+
+/// Directory, beside the workspaces under the conversations root (mode 0700), holding the
+/// temporary files of workspace archives: `<key>.<unique>.tar` (an archive being taken or
+/// restored) and `<key>.<unique>.d` (a restore's staging directory). Each lives for one
+/// operation; [`DESTROY`] removes what a failed one left.
+pub(crate) const ARCHIVES_DIR: &str = ".sessionbox-archives";
+
+/// Shell functions that pause and resume a conversation's background commands (the `common`
+/// functions first):
+///
+/// - `sb_pause`: sends `SIGSTOP` to the process group of every running command in `SB_CMDS`
+///   (its `pid` file names the group: each command runs under `setsid`), remembers them in
+///   `sb_paused`, then waits up to 2 s until no process of those groups is still running. A
+///   running command without a readable `pid` resumes the others and ends the script with
+///   `err busy ID`. Processes that left their command's group (a `setsid` of their own) are
+///   not paused.
+/// - `sb_resume`: sends `SIGCONT` to the groups paused.
+macro_rules! pausing {
+    () => {
+        r#"sb_paused=
+sb_resume() { for sb_p in $sb_paused; do kill -s CONT -- "-$sb_p" 2>/dev/null; done; sb_paused=; }
+sb_settle() {
+  [ -n "$sb_paused" ] || return 0
+  sb_i=0
+  while [ "$sb_i" -lt 200 ]; do
+    sb_busy=0
+    for sb_d in /proc/[0-9]*; do
+      read -r sb_s 2>/dev/null < "$sb_d/stat" || continue
+      set -- ${sb_s##*") "}
+      case " $sb_paused " in *" $3 "*) case "$1" in T|t|Z|X) ;; *) sb_busy=1; break ;; esac ;; esac
+    done
+    [ "$sb_busy" = 0 ] && return 0
+    sleep 0.01; sb_i=$((sb_i + 1))
+  done
+}
+sb_pause() {
+  [ -d "$SB_CMDS" ] || return 0
+  for sb_x in "$SB_CMDS"/*/; do
+    sb_x=${sb_x%/}
+    [ -d "$sb_x" ] || continue
+    sb_state "$sb_x"
+    [ "$sb_st" = running ] || continue
+    sb_p=
+    [ -f "$sb_x/pid" ] && read -r sb_p < "$sb_x/pid"
+    case "$sb_p" in
+      ''|*[!0-9]*) sb_resume; printf 'err\tbusy\t%s\n' "${sb_x##*/}"; exit 0 ;;
+    esac
+    kill -s STOP -- "-$sb_p" 2>/dev/null
+    sb_paused="$sb_paused $sb_p"
+  done
+  sb_settle
+}
+"#
+    };
+}
+
+/// Takes an archive of the workspace `SB_WS` into `SB_TMP` (in [`ARCHIVES_DIR`]) with GNU tar:
+/// `--format=gnu` (names kept byte for byte, whatever the locale), `--hard-dereference` (a
+/// hard link stored as a file), symbolic links stored, never followed; sockets are left out
+/// by tar and counted from its warnings. The conversation's background commands (`SB_CMDS`)
+/// are paused for the length of it (see `pausing`). Answers `ok SIZE SOCKETS`, or
+/// `err CODE DETAIL` (`not_found`, `busy ID`, `changed` when tar saw a file change as it read
+/// it, `tar`, `io`), removing `SB_TMP` on an error. Env: `SB_WS`, `SB_TMP`, `SB_CMDS`.
+pub(crate) const ARCHIVE: &str = concat!(
+    common!(),
+    pausing!(),
+    r#"set -u
+one_line() { printf '%s' "$1" | grep -v ': socket ignored$' | head -c 600 | tr '\t\n' '  '; }
+fail() { sb_resume; rm -f -- "$SB_TMP"; printf 'err\t%s\t%s\n' "$1" "$2"; exit 0; }
+w=$(realpath -e -- "$SB_WS" 2>/dev/null) || fail not_found "the workspace no longer exists"
+[ -d "$w" ] || fail not_found "the workspace is not a directory"
+A=${SB_TMP%/*}
+{ mkdir -p -- "$A" && chmod 700 -- "$A"; } 2>/dev/null || fail io "cannot create the archives directory"
+sb_pause
+sb_err=$(LC_ALL=C tar -C "$w" --format=gnu --hard-dereference -cf "$SB_TMP" . 2>&1)
+sb_rc=$?
+sb_resume
+case "$sb_rc" in
+  0) ;;
+  1) fail changed "$(one_line "$sb_err")" ;;
+  *) fail tar "$(one_line "$sb_err")" ;;
+esac
+sockets=$(printf '%s\n' "$sb_err" | grep -c ': socket ignored$')
+size=$(stat -c %s -- "$SB_TMP" 2>/dev/null) || fail io "the archive vanished"
+printf 'ok\t%s\t%s\n' "$size" "$sockets""#
+);
+
+/// Replaces the contents of the workspace `SB_WS` with the archive `SB_TMP` (uploaded into
+/// [`ARCHIVES_DIR`], already checked and rewritten in the canonical form by the runtime):
+///
+/// 1. checks that `SB_TMP` still has the size `SB_SIZE` and the SHA-256 `SB_SHA256` of what
+///    was sent (another process of the container could have replaced it);
+/// 2. extracts it with GNU tar into a new staging directory `SB_STAGE` beside it, keeping the
+///    permission bits (`--same-permissions`; set-id bits are gone already), not the owners
+///    (`--no-same-owner`), directories' modes set once their contents are in
+///    (`--delay-directory-restore`); GNU tar also turns a link whose target is absolute or
+///    climbs with `..` into a placeholder until the end, so nothing is written through it.
+///    A failure here leaves the workspace as it was;
+/// 3. pauses the conversation's background commands (`SB_CMDS`), removes the workspace's
+///    contents (making its directories writable first), moves the staged entries in (a
+///    read-only directory made writable for its move and given its mode back), resumes them.
+///
+/// Answers `ok` or `err CODE DETAIL` (`not_found`, `changed`, `tar`, `io`, `busy ID`), and
+/// removes `SB_TMP` and `SB_STAGE` either way. Env: `SB_WS`, `SB_TMP`, `SB_SIZE`,
+/// `SB_SHA256`, `SB_STAGE`, `SB_CMDS`.
+pub(crate) const RESTORE: &str = concat!(
+    common!(),
+    pausing!(),
+    r#"set -u
+one_line() { printf '%s' "$1" | head -c 600 | tr '\t\n' '  '; }
+sb_rm() { [ -e "$1" ] || return 0; find "$1" -type d ! -perm -u=rwx -exec chmod u+rwx -- {} \; 2>/dev/null; rm -rf -- "$1" 2>/dev/null; }
+fail() { sb_resume; sb_rm "$SB_STAGE"; rm -f -- "$SB_TMP"; printf 'err\t%s\t%s\n' "$1" "$2"; exit 0; }
+w=$(realpath -e -- "$SB_WS" 2>/dev/null) || fail not_found "the workspace no longer exists"
+[ -d "$w" ] || fail not_found "the workspace is not a directory"
+[ "$(stat -c %s -- "$SB_TMP" 2>/dev/null)" = "$SB_SIZE" ] || fail changed "the uploaded archive does not have the size sent"
+[ "$(sha256sum < "$SB_TMP" | cut -d ' ' -f 1)" = "$SB_SHA256" ] || fail changed "the uploaded archive is not the archive sent"
+mkdir -m 700 -- "$SB_STAGE" 2>/dev/null || fail io "cannot create the staging directory"
+sb_err=$(LC_ALL=C tar -C "$SB_STAGE" -xf "$SB_TMP" --no-same-owner --same-permissions --delay-directory-restore 2>&1) || fail tar "$(one_line "$sb_err")"
+rm -f -- "$SB_TMP"
+sb_pause
+find "$w" -mindepth 1 -type d ! -perm -u=rwx -exec chmod u+rwx -- {} \; 2>/dev/null
+find "$w" -mindepth 1 -maxdepth 1 -exec rm -rf -- {} + 2>/dev/null
+[ -z "$(ls -A -- "$w" 2>/dev/null)" ] || fail io "cannot empty the workspace (it is left partly emptied; restore again)"
+for e in "$SB_STAGE"/* "$SB_STAGE"/.[!.]* "$SB_STAGE"/..?*; do
+  [ -e "$e" ] || [ -L "$e" ] || continue
+  n=${e##*/}
+  if [ -d "$e" ] && [ ! -L "$e" ] && [ ! -w "$e" ]; then
+    m=$(stat -c %a -- "$e")
+    { chmod u+w -- "$e" && mv -f -- "$e" "$w/$n" && chmod "$m" -- "$w/$n"; } 2>/dev/null
+  else
+    mv -f -- "$e" "$w/$n" 2>/dev/null
+  fi || fail io "cannot move $n into the workspace (it is left partly restored; restore again)"
+done
+rmdir -- "$SB_STAGE" 2>/dev/null
+sb_resume
+printf 'ok\n'"#
+);
+
+/// After an archive or a restore that did not finish (its script failed or was killed):
+/// resumes every running background command's process group in `SB_CMDS` (`SIGCONT`, which
+/// a group that was not paused ignores) and removes `SB_TMP` and `SB_STAGE` when set. Prints
+/// `ok`.
+pub(crate) const CLEANUP: &str = concat!(
+    common!(),
+    r#"if [ -d "$SB_CMDS" ]; then
+  for x in "$SB_CMDS"/*/; do
+    x=${x%/}
+    [ -d "$x" ] || continue
+    sb_state "$x"
+    [ "$sb_st" = running ] || continue
+    read -r p 2>/dev/null < "$x/pid" && kill -s CONT -- "-$p" 2>/dev/null
+  done
+fi
+[ -n "${SB_TMP-}" ] && rm -f -- "$SB_TMP"
+if [ -n "${SB_STAGE-}" ] && [ -e "$SB_STAGE" ]; then
+  find "$SB_STAGE" -type d ! -perm -u=rwx -exec chmod u+rwx -- {} \; 2>/dev/null
+  rm -rf -- "$SB_STAGE"
+fi
+printf 'ok\n'"#
+);
 
 /// Directory, beside the workspaces under the conversations root, holding the background
 /// commands: `<root>/.sessionbox-commands/<key>/<id>/` (each 0700), one directory per command:

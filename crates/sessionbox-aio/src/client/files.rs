@@ -1,5 +1,8 @@
 //! Files: byte-exact write and download, listing, glob and grep.
 
+use std::fmt;
+use std::time::Duration;
+
 use base64::Engine as _;
 use reqwest::Method;
 use serde::Deserialize;
@@ -46,13 +49,41 @@ impl AioClient {
     /// # Errors
     /// [`AioError::TooLarge`] past `limit`; see [`AioError`].
     pub async fn download(&self, path: &str, limit: u64) -> Result<Vec<u8>, AioError> {
+        let mut d = self
+            .download_stream(path, limit, self.request_timeout, false)
+            .await?;
+        let mut out = Vec::new();
+        while let Some(chunk) = d.chunk().await? {
+            out.extend_from_slice(&chunk);
+        }
+        Ok(out)
+    }
+
+    /// `GET /v1/file/download`, streamed: the response once its status is known, to be read
+    /// chunk by chunk with [`Download::chunk`], refusing more than `limit` bytes in all.
+    /// `timeout` bounds the whole transfer. With `abort_on_change`, the server is asked
+    /// (`change_policy=abort`) to cut the transfer short if the file changes meanwhile, which
+    /// then fails as a broken transfer rather than handing out a mixed file.
+    ///
+    /// # Errors
+    /// See [`AioError`].
+    pub async fn download_stream(
+        &self,
+        path: &str,
+        limit: u64,
+        timeout: Duration,
+        abort_on_change: bool,
+    ) -> Result<Download, AioError> {
         let route = "v1/file/download";
         let mut url = self.url(route);
         url.query_pairs_mut().append_pair("path", path);
-        let mut resp = self
+        if abort_on_change {
+            url.query_pairs_mut().append_pair("change_policy", "abort");
+        }
+        let resp = self
             .http
             .get(url)
-            .timeout(self.request_timeout)
+            .timeout(timeout)
             .send()
             .await
             .map_err(|e| self.unreachable(route, e))?;
@@ -66,17 +97,65 @@ impl AioClient {
                 message: shorten(&String::from_utf8_lossy(&bytes)),
             });
         }
-        let mut out = Vec::new();
-        while let Some(chunk) = resp.chunk().await.map_err(|e| self.unreachable(route, e))? {
-            if (out.len() + chunk.len()) as u64 > limit {
-                return Err(AioError::TooLarge {
-                    route: route.into(),
-                    limit,
-                });
-            }
-            out.extend_from_slice(&chunk);
+        Ok(Download {
+            client: self.clone(),
+            resp,
+            limit,
+            received: 0,
+        })
+    }
+
+    /// `POST /v1/file/upload` (multipart, streamed): writes the bytes `data` yields to `path`
+    /// and returns the size the server reports. The length need not be known beforehand
+    /// (the body is sent chunked); an error from `data` aborts the request. `timeout` bounds
+    /// the whole transfer.
+    ///
+    /// # Errors
+    /// [`AioError::Protocol`] when the server names another file than `path`; see
+    /// [`AioError`].
+    pub async fn upload<S>(&self, path: &str, data: S, timeout: Duration) -> Result<u64, AioError>
+    where
+        S: futures::Stream<Item = std::io::Result<bytes::Bytes>> + Send + 'static,
+    {
+        let route = "v1/file/upload";
+        let name = path.rsplit('/').next().unwrap_or("upload").to_owned();
+        let part = reqwest::multipart::Part::stream(reqwest::Body::wrap_stream(data))
+            .file_name(name)
+            .mime_str("application/octet-stream")
+            .map_err(|e| AioError::Protocol {
+                route: route.into(),
+                reason: format!("cannot build the upload: {e}"),
+            })?;
+        let form = reqwest::multipart::Form::new()
+            .text("path", path.to_owned())
+            .part("file", part);
+        let resp = self
+            .http
+            .post(self.url(route))
+            .timeout(timeout)
+            .multipart(form)
+            .send()
+            .await
+            .map_err(|e| self.unreachable(route, e))?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(|e| self.unreachable(route, e))?;
+        let data = decode_envelope(route, status, &bytes)?;
+        #[derive(Deserialize)]
+        struct Uploaded {
+            file_path: String,
+            file_size: u64,
         }
-        Ok(out)
+        let up: Uploaded = serde_json::from_value(data).map_err(|e| AioError::Protocol {
+            route: route.into(),
+            reason: format!("the data does not match the spec: {e}"),
+        })?;
+        if up.file_path != path {
+            return Err(AioError::Protocol {
+                route: route.into(),
+                reason: format!("the server wrote {:?}, not {path:?}", up.file_path),
+            });
+        }
+        Ok(up.file_size)
     }
 
     /// `POST /v1/file/list` of one directory (not recursive, hidden files included).
@@ -134,5 +213,53 @@ impl AioClient {
             self.request_timeout,
         )
         .await
+    }
+}
+
+/// A download under way ([`AioClient::download_stream`]).
+pub struct Download {
+    client: AioClient,
+    resp: reqwest::Response,
+    limit: u64,
+    received: u64,
+}
+
+impl fmt::Debug for Download {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Download")
+            .field("limit", &self.limit)
+            .field("received", &self.received)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Download {
+    /// The next chunk, `None` at the end.
+    ///
+    /// # Errors
+    /// [`AioError::TooLarge`] once more than the limit has come; [`AioError::Unreachable`]
+    /// for a broken transfer.
+    pub async fn chunk(&mut self) -> Result<Option<bytes::Bytes>, AioError> {
+        let route = "v1/file/download";
+        let chunk = self
+            .resp
+            .chunk()
+            .await
+            .map_err(|e| self.client.unreachable(route, e))?;
+        if let Some(c) = &chunk {
+            self.received += c.len() as u64;
+            if self.received > self.limit {
+                return Err(AioError::TooLarge {
+                    route: route.into(),
+                    limit: self.limit,
+                });
+            }
+        }
+        Ok(chunk)
+    }
+
+    /// Bytes received so far.
+    pub fn received(&self) -> u64 {
+        self.received
     }
 }

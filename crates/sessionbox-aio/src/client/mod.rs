@@ -11,7 +11,8 @@
 //!   status) and `POST /v1/bash/output` (polling by byte offset); never through `/v1/shell`,
 //!   a shared interactive terminal that corrupts under concurrent callers.
 //! - Byte-exact reads use `GET /v1/file/download`; byte-exact writes use `POST /v1/file/write`
-//!   with `encoding: "base64"`.
+//!   with `encoding: "base64"`. Workspace archives travel streamed: `GET /v1/file/download`
+//!   read chunk by chunk, and `POST /v1/file/upload` (multipart, sent chunked).
 //!
 //! The token, when there is one, travels only in a header marked sensitive; it never appears in
 //! an error, a log line or a URL. The client never sets the API's `sudo` flag.
@@ -33,6 +34,7 @@ mod files;
 mod types;
 
 pub use error::AioError;
+pub use files::Download;
 pub use types::{
     BashCommandInfo, BashExecRequest, BashExecResult, BashOutputRequest, BashOutputResult,
     BashSessionInfo, CommandStatus, FileGrepMatch, FileGrepRequest, FileGrepResult, FileInfo,

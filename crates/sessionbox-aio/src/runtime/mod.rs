@@ -18,6 +18,10 @@
 //! one round trip, and the only party able to use it is code that already runs in the shared
 //! container as the same user (who can reach every workspace anyway).
 //!
+//! Workspace archives: see the `archive` module (GNU tar in the container, background commands
+//! paused, the archive streamed and rewritten on this side by
+//! [`sessionbox_core::rewrite_archive`]).
+//!
 //! Network: the container's, shared by every conversation. With an egress gateway
 //! ([`AioRuntime::with_egress`]), each command of a conversation whose policy is an allowlist
 //! gets the proxy variables with a token of its own (conversation, policy hash, expiry), so the
@@ -38,6 +42,7 @@ use sessionbox_core::{
 use crate::client::{AioClient, CommandStatus, Endpoint};
 use crate::scripts;
 
+mod archive;
 mod command;
 mod session;
 
@@ -51,6 +56,10 @@ pub const DEFAULT_ROOT: &str = "/home/gem/workspace/conversations";
 pub const MAX_COMMAND_BYTES: usize = 100 * 1024;
 /// Largest stdin accepted (base64 in an environment variable of the wrapper).
 pub const MAX_STDIN_BYTES: usize = 64 * 1024;
+
+/// Default largest workspace archive taken or restored, in bytes (1 GiB): see
+/// [`AioConfig::max_archive_bytes`].
+pub const DEFAULT_MAX_ARCHIVE_BYTES: u64 = 1 << 30;
 
 /// How long a command's proxy token outlives the command's own timeout.
 pub const TOKEN_MARGIN: Duration = Duration::from_secs(60);
@@ -83,6 +92,10 @@ pub struct AioConfig {
     pub root: String,
     /// File operation limits.
     pub limits: Limits,
+    /// Largest workspace archive, in bytes, that [`Session::archive_workspace`] downloads
+    /// or [`Session::restore_workspace`] uploads (default [`DEFAULT_MAX_ARCHIVE_BYTES`]); an
+    /// archive past it is refused with [`Error::TooLarge`] before it is sent.
+    pub max_archive_bytes: u64,
 }
 
 impl AioConfig {
@@ -92,6 +105,7 @@ impl AioConfig {
             endpoint,
             root: DEFAULT_ROOT.to_owned(),
             limits: Limits::default(),
+            max_archive_bytes: DEFAULT_MAX_ARCHIVE_BYTES,
         }
     }
 }
@@ -102,6 +116,7 @@ pub struct AioRuntime {
     client: AioClient,
     root: String,
     limits: Limits,
+    max_archive_bytes: u64,
     egress: Option<AioEgress>,
 }
 
@@ -155,6 +170,7 @@ impl AioRuntime {
             client,
             root,
             limits: config.limits,
+            max_archive_bytes: config.max_archive_bytes,
             egress: None,
         })
     }

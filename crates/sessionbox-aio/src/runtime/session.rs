@@ -1,14 +1,14 @@
 //! An open `aio` conversation: [`AioSession`] and its [`Session`] operations (exec, files,
-//! listing, search, background commands).
+//! listing, search, background commands, archives).
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use sessionbox_core::{
-    BackgroundCommand, CommandOutput as BackgroundOutput, ConversationKey, ConversationRef,
-    DirEntry, EditRequest, EditResult, Error, ExecRequest, ExecResult, ExitStatus, FileKind,
-    FileStat, GrepMatch, GrepRequest, OutputRequest, Result, Session, WorkspacePath,
+    ArchiveStats, BackgroundCommand, CommandOutput as BackgroundOutput, ConversationKey,
+    ConversationRef, DirEntry, EditRequest, EditResult, Error, ExecRequest, ExecResult, ExitStatus,
+    FileKind, FileStat, GrepMatch, GrepRequest, OutputRequest, Result, Session, WorkspacePath,
 };
 
 use crate::background::Commands;
@@ -560,6 +560,14 @@ impl Session for AioSession {
 
     async fn kill_command(&self, id: &str) -> Result<BackgroundCommand> {
         self.background().kill(id).await
+    }
+
+    async fn archive_workspace(&self, to: &std::path::Path) -> Result<ArchiveStats> {
+        self.archive(to).await
+    }
+
+    async fn restore_workspace(&self, from: &std::path::Path) -> Result<ArchiveStats> {
+        self.restore(from).await
     }
 
     async fn close(self: Box<Self>) -> Result<()> {
