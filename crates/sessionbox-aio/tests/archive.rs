@@ -131,7 +131,7 @@ async fn a_workspace_round_trips_into_itself_and_into_another_conversation() {
     }
     assert!(names.contains(&b"setid".to_vec()) && !names.contains(&b"pipe".to_vec()));
     assert_eq!(
-        sessionbox_core::check_archive(std::fs::File::open(&file).unwrap()).unwrap(),
+        sessionbox_archive::check_archive(std::fs::File::open(&file).unwrap()).unwrap(),
         ArchiveStats {
             skipped: 0,
             ..stats

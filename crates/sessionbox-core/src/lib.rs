@@ -53,8 +53,7 @@ pub use runtime::{
     DestroyReport, DiskUsage, PoolSizes, Runtime, RuntimeConversation, RuntimeInfo, Session,
 };
 pub use snapshot::{
-    ArchiveSource, ArchiveStats, MAX_ARCHIVE_ENTRIES, MAX_ARCHIVE_NAME_BYTES,
-    MAX_ARCHIVE_PATH_BYTES, MAX_SNAPSHOT_NAME_BYTES, archive_unsupported, check_archive,
-    rewrite_archive, temporary_archive, validate_snapshot_name,
+    ArchiveStats, MAX_ARCHIVE_ENTRIES, MAX_SNAPSHOT_NAME_BYTES, archive_unsupported,
+    temporary_archive, validate_snapshot_name,
 };
 pub use watch::{MAX_QUEUED_WATCH_EVENTS, MAX_WATCH_STREAMS, MAX_WATCHED_DIRS, WatchEvent};

@@ -21,12 +21,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 
-mod rewrite;
-
-pub use rewrite::{
-    ArchiveSource, MAX_ARCHIVE_NAME_BYTES, MAX_ARCHIVE_PATH_BYTES, check_archive, rewrite_archive,
-};
-
 /// Most entries (files, directories, links) one archive may hold: 1,000,000.
 pub const MAX_ARCHIVE_ENTRIES: u64 = 1_000_000;
 

@@ -2,7 +2,7 @@
 //! put back, branched into a new conversation, or made the starting state of new ones.
 //!
 //! A snapshot is an archive of the workspace ([`Session::archive_workspace`]; the rules are
-//! `sessionbox_core`'s) checked with [`sessionbox_archive::check`] (an archive comes from
+//! `sessionbox_core`'s) checked and rewritten in its canonical form with [`sessionbox_archive::rewrite_archive`] (an archive comes from
 //! inside a sandbox, so it is untrusted), compressed with zstd and kept as
 //! `<dir>/<id>.tar.zst`, written to a temporary name and renamed into place, then recorded in
 //! the store ([`sessionbox_store::Store::create_snapshot`], which applies the tenant's cap in the same
@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
+use sessionbox_archive::ArchiveSource;
 use sessionbox_core::{
     ArchiveStats, ConversationId, ConversationRef, Error, Operation, Result, Session, TenantId,
     temporary_archive, validate_snapshot_name,
@@ -125,9 +126,17 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
         .map_err(|e| Error::Backend(format!("a snapshot task failed: {e}")))?
 }
 
-/// Checks the plain archive `tar` (at most `max` bytes) and compresses it into `out` at
-/// `level`, synced. Returns its counts and the compressed size.
-fn check_and_compress(tar: &Path, out: &Path, max: u64, level: i32) -> Result<(ArchiveStats, u64)> {
+/// Checks the plain archive `tar` (at most `max` bytes) against the rules and writes it in
+/// the canonical form, compressed at `level`, into `out`, synced, in one pass
+/// ([`sessionbox_archive::rewrite_archive`]; `source` says whose archive it is). Returns its
+/// counts and the compressed size.
+fn check_and_compress(
+    tar: &Path,
+    out: &Path,
+    max: u64,
+    level: i32,
+    source: ArchiveSource,
+) -> Result<(ArchiveStats, u64)> {
     let len = std::fs::metadata(tar)
         .map_err(|e| io_error("read", tar, &e))?
         .len();
@@ -137,16 +146,15 @@ fn check_and_compress(tar: &Path, out: &Path, max: u64, level: i32) -> Result<(A
             limit: max,
         });
     }
-    let file = std::fs::File::open(tar).map_err(|e| io_error("open", tar, &e))?;
-    let stats = sessionbox_archive::check(std::io::BufReader::new(file))?;
-    let mut input = std::fs::File::open(tar).map_err(|e| io_error("open", tar, &e))?;
+    let input = std::fs::File::open(tar).map_err(|e| io_error("open", tar, &e))?;
     let output = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .open(out)
         .map_err(|e| io_error("create", out, &e))?;
     let mut enc = zstd::Encoder::new(output, level).map_err(|e| io_error("compress", out, &e))?;
-    std::io::copy(&mut input, &mut enc).map_err(|e| io_error("compress into", out, &e))?;
+    let stats =
+        sessionbox_archive::rewrite_archive(std::io::BufReader::new(input), &mut enc, source)?;
     let output = enc
         .finish()
         .map_err(|e| io_error("compress into", out, &e))?;
@@ -276,8 +284,16 @@ impl Manager {
         conversation.archive_workspace(&tar.0).await?;
         let packed = Scratch(temporary_archive(&config.dir, "snapshot"));
         let (t, p, c) = (tar.0.clone(), packed.0.clone(), config.clone());
-        let (stats, stored) =
-            blocking(move || check_and_compress(&t, &p, c.max_archive_bytes, c.level)).await?;
+        let (stats, stored) = blocking(move || {
+            check_and_compress(
+                &t,
+                &p,
+                c.max_archive_bytes,
+                c.level,
+                ArchiveSource::Workspace,
+            )
+        })
+        .await?;
         drop(tar);
         let now = Utc::now();
         let keep = keep.or(config.retention);
@@ -528,7 +544,12 @@ impl Manager {
                 });
             }
             let f = std::fs::File::open(&t).map_err(|e| io_error("open", &t, &e))?;
-            sessionbox_archive::check(std::io::BufReader::new(f)).map(drop)
+            sessionbox_archive::rewrite_archive(
+                std::io::BufReader::new(f),
+                std::io::sink(),
+                ArchiveSource::Workspace,
+            )
+            .map(drop)
         })
         .await?;
         let r = self.create_from(to, &tar.0).await;
@@ -721,7 +742,13 @@ impl Manager {
             } else {
                 src
             };
-            check_and_compress(&tar, &k, c.max_archive_bytes, c.level)
+            check_and_compress(
+                &tar,
+                &k,
+                c.max_archive_bytes,
+                c.level,
+                ArchiveSource::Restore,
+            )
         })
         .await?;
         drop(plain);

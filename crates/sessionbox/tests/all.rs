@@ -36,5 +36,6 @@ mod serve;
 mod serve_tls;
 mod shell;
 mod skills;
+mod snapshots;
 mod stdin;
 mod watch;

@@ -7,7 +7,7 @@
 //! Taking one ([`scripts::ARCHIVE`]): the conversation's background commands are paused
 //! (`SIGSTOP` to each running command's process group, `SIGCONT` after), GNU tar writes the
 //! workspace to a temporary file in [`scripts::ARCHIVES_DIR`], and the download is rewritten
-//! as it arrives into the canonical form ([`sessionbox_core::rewrite_archive`]: relative
+//! as it arrives into the canonical form ([`sessionbox_archive::rewrite_archive`]: relative
 //! paths, the three kinds, no set-id bits, no owners) in a temporary file beside the caller's
 //! `to`, renamed into place at the end. The container's file is removed either way.
 //!
@@ -32,7 +32,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
-use sessionbox_core::{ArchiveSource, ArchiveStats, Error, Result};
+use sessionbox_archive::ArchiveSource;
+use sessionbox_core::{ArchiveStats, Error, Result};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
@@ -212,7 +213,7 @@ impl AioSession {
                 current: Bytes::new(),
             };
             let stats =
-                sessionbox_core::rewrite_archive(reader, &mut out, ArchiveSource::Workspace)?;
+                sessionbox_archive::rewrite_archive(reader, &mut out, ArchiveSource::Workspace)?;
             let file = out
                 .into_inner()
                 .map_err(|e| Error::Backend(format!("cannot write the archive: {e}")))?;
@@ -302,7 +303,7 @@ impl AioSession {
                 limit,
                 over: false,
             };
-            let result = sessionbox_core::rewrite_archive(
+            let result = sessionbox_archive::rewrite_archive(
                 io::BufReader::new(file),
                 &mut out,
                 ArchiveSource::Restore,

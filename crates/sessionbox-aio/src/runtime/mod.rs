@@ -20,7 +20,7 @@
 //!
 //! Workspace archives: see the `archive` module (GNU tar in the container, background commands
 //! paused, the archive streamed and rewritten on this side by
-//! [`sessionbox_core::rewrite_archive`]).
+//! [`sessionbox_archive::rewrite_archive`]).
 //!
 //! Network: the container's, shared by every conversation. With an egress gateway
 //! ([`AioRuntime::with_egress`]), each command of a conversation whose policy is an allowlist

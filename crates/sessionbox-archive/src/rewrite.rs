@@ -1,5 +1,5 @@
 //! Checking an archive against the snapshot rules and rewriting it in the canonical form, as
-//! streams: the caller opens the reader and the writer (this crate does no I/O of its own).
+//! streams: the caller opens the reader and the writer (this crate opens nothing itself).
 //!
 //! The canonical form is what every runtime writes: ustar headers (a PAX extended header
 //! before an entry whose name, link target or size does not fit), paths relative to the root
@@ -16,8 +16,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::io::{self, Read, Write};
 
-use super::{ArchiveStats, MAX_ARCHIVE_ENTRIES};
-use crate::error::Error;
+use sessionbox_core::{ArchiveStats, Error, MAX_ARCHIVE_ENTRIES};
 
 /// Longest path, in bytes, an archive entry may have (Linux's `PATH_MAX` less its NUL).
 pub const MAX_ARCHIVE_PATH_BYTES: usize = 4095;
@@ -44,7 +43,7 @@ pub enum ArchiveSource {
 /// counts what it holds.
 ///
 /// ```
-/// use sessionbox_core::check_archive;
+/// use sessionbox_archive::check_archive;
 /// // An empty archive: the end-of-archive marker alone.
 /// let stats = check_archive(&[0u8; 1024][..]).unwrap();
 /// assert_eq!(stats.entries(), 0);
@@ -76,7 +75,7 @@ pub fn check_archive<R: Read>(from: R) -> Result<ArchiveStats, Error> {
 /// place on success.
 ///
 /// ```
-/// use sessionbox_core::{ArchiveSource, check_archive, rewrite_archive};
+/// use sessionbox_archive::{ArchiveSource, check_archive, rewrite_archive};
 /// let mut out = Vec::new();
 /// let empty = [0u8; 1024];
 /// let stats = rewrite_archive(&empty[..], &mut out, ArchiveSource::Workspace).unwrap();
