@@ -246,3 +246,110 @@ async fn without_a_supervisor_background_commands_are_refused_clearly() {
     assert_eq!(e.code(), "runtime_unavailable");
     assert!(e.to_string().contains("supervisor"), "{e}");
 }
+
+/// State letter of `pid` in `/proc/PID/stat` (`T` when stopped).
+fn proc_state(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().next().map(str::to_owned))
+        })
+        .unwrap_or_default()
+}
+
+/// The host runtime archives in-process (`sessionbox-fs`): its background commands (each run
+/// by a supervisor) are stopped while the archive is written and continue after; the archive
+/// restores into another conversation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archiving_pauses_background_commands_and_restores_into_another_conversation() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime(dir.path());
+    let s = rt.open(&conversation("archive-src")).await.unwrap();
+    s.write("d/f", b"x\0y").await.unwrap();
+    s.write("big", &vec![5u8; 4 << 20]).await.unwrap();
+    let c = s
+        .spawn(
+            ExecRequest::new("echo $$ > pid; i=0; while :; do i=$((i+1)); echo $i > tick; done")
+                .timeout(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    let mut pid = 0;
+    assert!(
+        wait_until(10, || {
+            pid = std::fs::read_to_string(
+                dir.path()
+                    .join("workspaces")
+                    .join(s.key().as_str())
+                    .join("pid"),
+            )
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0);
+            pid != 0
+        })
+        .await
+    );
+    let tick = |s: &std::path::Path| std::fs::read_to_string(s.join("tick")).unwrap_or_default();
+    let ws = dir.path().join("workspaces").join(s.key().as_str());
+
+    // The archive goes into a FIFO this test reads slowly: it is held while the pipe is full.
+    let fifo = dir.path().join("archive.fifo");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    let reader = {
+        let fifo = fifo.clone();
+        tokio::task::spawn_blocking(move || std::fs::File::open(fifo).unwrap())
+    };
+    let (archived, _) = tokio::join!(
+        async {
+            let stopped = async {
+                assert!(
+                    wait_until(10, || proc_state(pid) == "T").await,
+                    "the command's shell is stopped while the archive is written: {}",
+                    proc_state(pid)
+                );
+                let before = tick(&ws);
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                assert_eq!(tick(&ws), before, "the command ran while paused");
+            };
+            let mut reader = reader.await.unwrap();
+            stopped.await;
+            tokio::task::spawn_blocking(move || {
+                let mut all = Vec::new();
+                std::io::Read::read_to_end(&mut reader, &mut all).unwrap();
+                all
+            })
+            .await
+            .unwrap()
+        },
+        s.archive_workspace(&fifo)
+    );
+    assert!(archived.len() > 4 << 20);
+    let before = tick(&ws);
+    assert!(
+        wait_until(10, || tick(&ws) != before).await,
+        "the command continues after the archive"
+    );
+
+    let tar = dir.path().join("a.tar");
+    std::fs::write(&tar, &archived).unwrap();
+    let other = rt.open(&conversation("archive-dst")).await.unwrap();
+    other.write("old", b"old").await.unwrap();
+    let stats = other.restore_workspace(&tar).await.unwrap();
+    assert_eq!(
+        (stats.files >= 3, stats.directories),
+        (true, 1),
+        "{stats:?}"
+    );
+    assert_eq!(other.read("d/f").await.unwrap(), b"x\0y");
+    assert!(other.stat("old").await.is_err());
+    s.kill_command(&c.id).await.unwrap();
+}
