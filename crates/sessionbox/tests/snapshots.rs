@@ -58,7 +58,10 @@ fn the_cli_snapshots_forks_restores_and_templates_on_every_runtime() {
              && printf '\\000\\377' > d/deep/bin && ln -s /etc/hostname d/link",
         );
         let took = ok(&rt, &["snapshot", "take", "-c", "origin", "s1"]);
-        assert!(took.contains("s1") && took.contains("2 file(s)"), "{name}: {took}");
+        assert!(
+            took.contains("s1") && took.contains("2 file(s)"),
+            "{name}: {took}"
+        );
         sh(&rt, "origin", "echo later > d/f && rm d/deep/bin");
 
         ok(&rt, &["fork", "--snapshot", "s1", "--to", "from-s1"]);
@@ -81,7 +84,11 @@ fn the_cli_snapshots_forks_restores_and_templates_on_every_runtime() {
         // Into an existing conversation: refused with its own exit code, left alone.
         let out = rt.run(&["fork", "--snapshot", "s1", "--to", "live"], b"");
         assert!(!out.status.success(), "{name}");
-        assert!(text(&out.stderr).contains("exists"), "{name}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("exists"),
+            "{name}: {}",
+            text(&out.stderr)
+        );
         assert_eq!(rt.read("live", "d/f"), b"later\n", "{name}");
 
         // Restore puts the snapshot back, removing what came after.
@@ -96,12 +103,26 @@ fn the_cli_snapshots_forks_restores_and_templates_on_every_runtime() {
 
         // Export, then import as another snapshot, then start from it as a template.
         let exported = rt.data.join("s1.tar.zst");
-        ok(&rt, &["snapshot", "export", "s1", exported.to_str().unwrap()]);
-        ok(&rt, &["snapshot", "import", "s2", exported.to_str().unwrap()]);
+        ok(
+            &rt,
+            &["snapshot", "export", "s1", exported.to_str().unwrap()],
+        );
+        ok(
+            &rt,
+            &["snapshot", "import", "s2", exported.to_str().unwrap()],
+        );
         ok(&rt, &["template", "set", "default", "s2"]);
-        assert_eq!(rt.read("templated", "d/f"), b"as snapshotted\n", "{name}");
+        // The first use of an id makes the conversation, from the template.
+        assert_eq!(
+            sh(&rt, "templated", "cat d/f"),
+            "as snapshotted\n",
+            "{name}"
+        );
         let out = rt.run(&["snapshot", "rm", "s2"], b"");
-        assert!(!out.status.success(), "{name}: a template pins its snapshot");
+        assert!(
+            !out.status.success(),
+            "{name}: a template pins its snapshot"
+        );
         ok(&rt, &["template", "rm", "default"]);
         let listed = ok(&rt, &["snapshot", "list", "--json"]);
         let v: Value = serde_json::from_str(&listed).unwrap();
@@ -148,7 +169,10 @@ async fn json_of(r: reqwest::Response) -> (StatusCode, Value) {
 async fn the_rest_routes_snapshot_fork_export_and_import_on_every_runtime() {
     for rt in exact::runtimes("snapshots-rest") {
         let name = rt.name;
-        let out = rt.run(&["--tenant", "default", "keys", "create", "--label", "snap"], b"");
+        let out = rt.run(
+            &["--tenant", "default", "keys", "create", "--label", "snap"],
+            b"",
+        );
         assert!(out.status.success(), "{}", text(&out.stderr));
         let key = text(&out.stdout).trim().to_owned();
         let (child, base) = spawn_serve(&mut serve_command(
@@ -185,21 +209,34 @@ async fn the_rest_routes_snapshot_fork_export_and_import_on_every_runtime() {
         )
         .await;
         assert_eq!(st, StatusCode::CREATED, "{name}: {v}");
-        assert_eq!((v["name"].as_str(), v["files"].as_u64()), (Some("r1"), Some(1)));
+        assert_eq!(
+            (v["name"].as_str(), v["files"].as_u64()),
+            (Some("r1"), Some(1))
+        );
         assert_eq!(v["origin"], "rest-origin", "{name}");
         // Taken again: 409, typed.
         let (st, v) = json_of(
-            post(format!("{conv}/rest-origin/snapshots"), json!({"name": "r1"}))
-                .await
-                .unwrap(),
+            post(
+                format!("{conv}/rest-origin/snapshots"),
+                json!({"name": "r1"}),
+            )
+            .await
+            .unwrap(),
         )
         .await;
-        assert_eq!((st, v["code"].as_str()), (StatusCode::CONFLICT, Some("already_exists")), "{name}: {v}");
+        assert_eq!(
+            (st, v["code"].as_str()),
+            (StatusCode::CONFLICT, Some("already_exists")),
+            "{name}: {v}"
+        );
         // Malformed: 400/422 and nothing made.
         let (st, _) = json_of(
-            post(format!("{conv}/rest-origin/snapshots"), json!({"name": "../x"}))
-                .await
-                .unwrap(),
+            post(
+                format!("{conv}/rest-origin/snapshots"),
+                json!({"name": "../x"}),
+            )
+            .await
+            .unwrap(),
         )
         .await;
         assert_eq!(st, StatusCode::BAD_REQUEST, "{name}");
@@ -213,21 +250,27 @@ async fn the_rest_routes_snapshot_fork_export_and_import_on_every_runtime() {
 
         // Fork the snapshot and the live conversation.
         let (st, v) = json_of(
-            post(format!("{base}/v1/snapshots/r1/fork"), json!({"to": "rest-fork"}))
-                .await
-                .unwrap(),
+            post(
+                format!("{base}/v1/snapshots/r1/fork"),
+                json!({"to": "rest-fork"}),
+            )
+            .await
+            .unwrap(),
         )
         .await;
         assert_eq!(st, StatusCode::CREATED, "{name}: {v}");
         let (st, v) = json_of(
-            post(format!("{conv}/rest-origin/fork"), json!({"to": "rest-live"}))
-                .await
-                .unwrap(),
+            post(
+                format!("{conv}/rest-origin/fork"),
+                json!({"to": "rest-live"}),
+            )
+            .await
+            .unwrap(),
         )
         .await;
         assert_eq!(st, StatusCode::CREATED, "{name}: {v}");
         let read = |id: &str| {
-            c.get(format!("{conv}/{id}/files?path=d/f"))
+            c.get(format!("{conv}/{id}/files/d/f"))
                 .bearer_auth(&key)
                 .send()
         };
@@ -244,7 +287,11 @@ async fn the_rest_routes_snapshot_fork_export_and_import_on_every_runtime() {
         assert_eq!(r.status(), StatusCode::OK, "{name}");
         assert_eq!(r.headers()["content-type"], "application/zstd");
         let archive = r.bytes().await.unwrap();
-        assert_eq!(&archive[..4], &[0x28, 0xb5, 0x2f, 0xfd], "{name}: a zstd frame");
+        assert_eq!(
+            &archive[..4],
+            &[0x28, 0xb5, 0x2f, 0xfd],
+            "{name}: a zstd frame"
+        );
         let (st, v) = json_of(
             c.put(format!("{base}/v1/snapshots/r2/archive?keep_seconds=60"))
                 .bearer_auth(&key)
@@ -266,7 +313,11 @@ async fn the_rest_routes_snapshot_fork_export_and_import_on_every_runtime() {
                 .unwrap(),
         )
         .await;
-        assert_eq!((st, v["code"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_request")), "{name}: {v}");
+        assert_eq!(
+            (st, v["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("invalid_request")),
+            "{name}: {v}"
+        );
         let (st, v) = json_of(
             c.get(format!("{base}/v1/snapshots"))
                 .bearer_auth(&key)
@@ -294,9 +345,12 @@ async fn the_rest_routes_snapshot_fork_export_and_import_on_every_runtime() {
             .unwrap();
         assert_eq!(r.status(), StatusCode::OK, "{name}");
         let (st, v) = json_of(
-            post(format!("{base}/v1/templates/base/fork"), json!({"to": "rest-templated"}))
-                .await
-                .unwrap(),
+            post(
+                format!("{base}/v1/templates/base/fork"),
+                json!({"to": "rest-templated"}),
+            )
+            .await
+            .unwrap(),
         )
         .await;
         assert_eq!(st, StatusCode::CREATED, "{name}: {v}");
@@ -318,9 +372,12 @@ async fn the_rest_routes_snapshot_fork_export_and_import_on_every_runtime() {
         .await
         .unwrap();
         let (st, v) = json_of(
-            post(format!("{conv}/rest-origin/restore"), json!({"snapshot": "r1"}))
-                .await
-                .unwrap(),
+            post(
+                format!("{conv}/rest-origin/restore"),
+                json!({"snapshot": "r1"}),
+            )
+            .await
+            .unwrap(),
         )
         .await;
         assert_eq!(st, StatusCode::OK, "{name}: {v}");
