@@ -30,15 +30,16 @@ use sessionbox_store::SnapshotRecord;
 
 use crate::{Conversation, Manager};
 
+mod files;
+mod templates;
+
+use files::{
+    PrivateDir, STALE_TEMPORARY, Scratch, ZSTD_MAGIC, blocking, check_and_compress, decompress,
+    io_error, missing_or, new_id, older_than_a_minute, publish,
+};
+
 /// The template restored into every new conversation of a tenant that has one.
 pub const DEFAULT_TEMPLATE: &str = "default";
-
-/// The first bytes of a zstd frame (RFC 8878, section 3.1.1).
-const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
-
-/// A temporary file older than this in the snapshot directory belongs to no running operation
-/// and is removed by garbage collection.
-const STALE_TEMPORARY: Duration = Duration::from_secs(3600);
 
 /// Where snapshots are kept and how much they may take.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,119 +87,6 @@ pub enum ForkFrom {
     Snapshot(String),
     /// A live conversation of the tenant, as it is now.
     Conversation(ConversationId),
-}
-
-/// A temporary file removed when dropped.
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// A store-unique id for a snapshot: 26 hex digits of a hash of its tenant, name, the time and
-/// this process (names are unique per tenant, so two ids never collide in practice; the store
-/// refuses the second if they do).
-fn new_id(tenant: &TenantId, name: &str) -> String {
-    use sha2::{Digest, Sha256};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let mut h = Sha256::new();
-    h.update(tenant.as_str().as_bytes());
-    h.update([0]);
-    h.update(name.as_bytes());
-    h.update(Utc::now().timestamp_nanos_opt().unwrap_or(0).to_le_bytes());
-    h.update(std::process::id().to_le_bytes());
-    h.update(NEXT.fetch_add(1, Ordering::Relaxed).to_le_bytes());
-    let digest = h.finalize();
-    digest.iter().take(13).map(|b| format!("{b:02x}")).collect()
-}
-
-fn io_error(what: &str, path: &Path, e: &std::io::Error) -> Error {
-    Error::Backend(format!("cannot {what} {}: {e}", path.display()))
-}
-
-/// Runs blocking file work off the async runtime.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Error::Backend(format!("a snapshot task failed: {e}")))?
-}
-
-/// Checks the plain archive `tar` (at most `max` bytes) against the rules and writes it in
-/// the canonical form, compressed at `level`, into `out`, synced, in one pass
-/// ([`sessionbox_archive::rewrite_archive`]; `source` says whose archive it is). Returns its
-/// counts and the compressed size.
-fn check_and_compress(
-    tar: &Path,
-    out: &Path,
-    max: u64,
-    level: i32,
-    source: ArchiveSource,
-) -> Result<(ArchiveStats, u64)> {
-    let len = std::fs::metadata(tar)
-        .map_err(|e| io_error("read", tar, &e))?
-        .len();
-    if len > max {
-        return Err(Error::TooLarge {
-            what: "the workspace archive".into(),
-            limit: max,
-        });
-    }
-    let input = std::fs::File::open(tar).map_err(|e| io_error("open", tar, &e))?;
-    let output = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(out)
-        .map_err(|e| io_error("create", out, &e))?;
-    let mut enc = zstd::Encoder::new(output, level).map_err(|e| io_error("compress", out, &e))?;
-    let stats =
-        sessionbox_archive::rewrite_archive(std::io::BufReader::new(input), &mut enc, source)?;
-    let output = enc
-        .finish()
-        .map_err(|e| io_error("compress into", out, &e))?;
-    output.sync_all().map_err(|e| io_error("sync", out, &e))?;
-    let stored = output
-        .metadata()
-        .map_err(|e| io_error("read", out, &e))?
-        .len();
-    Ok((stats, stored))
-}
-
-/// Decompresses the stored archive `zst` into the plain archive `out`, at most `max` bytes.
-fn decompress(zst: &Path, out: &Path, max: u64) -> Result<()> {
-    let input = std::fs::File::open(zst).map_err(|e| io_error("open", zst, &e))?;
-    let dec = zstd::Decoder::new(input).map_err(|e| io_error("decompress", zst, &e))?;
-    let mut output = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(out)
-        .map_err(|e| io_error("create", out, &e))?;
-    use std::io::Read;
-    let copied = std::io::copy(&mut dec.take(max + 1), &mut output).map_err(|e| {
-        Error::InvalidRequest(format!(
-            "the archive is not a valid zstd-compressed tar archive: {e}"
-        ))
-    })?;
-    if copied > max {
-        return Err(Error::TooLarge {
-            what: "the workspace archive".into(),
-            limit: max,
-        });
-    }
-    Ok(())
-}
-
-/// Renames `from` to `to` and syncs the directory, so the name survives a crash.
-fn publish(from: &Path, to: &Path) -> Result<()> {
-    std::fs::rename(from, to).map_err(|e| io_error("rename into place", to, &e))?;
-    if let Some(dir) = to.parent() {
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| io_error("sync", dir, &e))?;
-    }
-    Ok(())
 }
 
 impl Manager {
@@ -380,12 +268,7 @@ impl Manager {
         let config = self.snapshot_dir()?;
         let record = self.snapshot_record(tenant, name).await?;
         let path = config.archive_path(&record.id);
-        let file = std::fs::File::open(&path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Error::NotFound(format!(
-                "the archive of snapshot {name:?} is missing: delete the snapshot and take it again"
-            )),
-            _ => io_error("open", &path, &e),
-        })?;
+        let file = std::fs::File::open(&path).map_err(|e| missing_or(&path, &e))?;
         Ok((record, file))
     }
 
@@ -591,109 +474,6 @@ impl Manager {
         }
     }
 
-    /// Makes conversation `to` from the tenant's template `template`, as [`Manager::fork`]
-    /// from the snapshot it names.
-    ///
-    /// # Errors
-    /// [`Error::NotFound`] when the tenant has no such template; as [`Manager::fork`].
-    pub async fn create_from_template(
-        &self,
-        to: &ConversationRef,
-        template: &str,
-    ) -> Result<ArchiveStats> {
-        let record = self
-            .template_snapshot(&to.tenant, template)
-            .await?
-            .ok_or_else(|| Error::NotFound(format!("tenant has no template {template:?}")))?;
-        self.fork(&ForkFrom::Snapshot(record.name), to).await
-    }
-
-    async fn template_snapshot(
-        &self,
-        tenant: &TenantId,
-        template: &str,
-    ) -> Result<Option<SnapshotRecord>> {
-        validate_snapshot_name(template)?;
-        let (t, n) = (tenant.clone(), template.to_owned());
-        self.store.run(move |s| s.template(&t, &n)).await
-    }
-
-    /// Names snapshot `snapshot` as the tenant's template `template` (replacing one of that
-    /// name). [`DEFAULT_TEMPLATE`] is restored into every new conversation of the tenant.
-    ///
-    /// # Errors
-    /// [`Error::NotFound`] for an absent snapshot; [`Error::InvalidRequest`] for a bad name.
-    pub async fn set_template(
-        &self,
-        tenant: &TenantId,
-        template: &str,
-        snapshot: &str,
-    ) -> Result<()> {
-        validate_snapshot_name(template)?;
-        validate_snapshot_name(snapshot)?;
-        let (t, n, s2) = (tenant.clone(), template.to_owned(), snapshot.to_owned());
-        let r = self.store.run(move |s| s.set_template(&t, &n, &s2)).await;
-        self.audit_tenant(
-            tenant,
-            "template.set",
-            &r,
-            format!("template={template} snapshot={snapshot}"),
-        )
-        .await;
-        r
-    }
-
-    /// Removes the tenant's template `template`; false when it had none.
-    ///
-    /// # Errors
-    /// When the store fails.
-    pub async fn remove_template(&self, tenant: &TenantId, template: &str) -> Result<bool> {
-        validate_snapshot_name(template)?;
-        let (t, n) = (tenant.clone(), template.to_owned());
-        let r = self.store.run(move |s| s.remove_template(&t, &n)).await;
-        self.audit_tenant(
-            tenant,
-            "template.remove",
-            &r,
-            format!("template={template}"),
-        )
-        .await;
-        r
-    }
-
-    /// The tenant's templates: (template, snapshot) by template name.
-    ///
-    /// # Errors
-    /// When the store fails.
-    pub async fn templates(&self, tenant: &TenantId) -> Result<Vec<(String, String)>> {
-        let t = tenant.clone();
-        self.store.run(move |s| s.templates(&t)).await
-    }
-
-    /// Restores the tenant's [`DEFAULT_TEMPLATE`], if it has one and snapshots are on, into
-    /// `session`, a conversation just created. Returns the audit detail.
-    pub(crate) async fn apply_default_template(
-        &self,
-        conversation: &ConversationRef,
-        session: &dyn Session,
-    ) -> Result<Option<String>> {
-        let Some(config) = self.snapshots.clone() else {
-            return Ok(None);
-        };
-        let Some(record) = self
-            .template_snapshot(&conversation.tenant, DEFAULT_TEMPLATE)
-            .await?
-        else {
-            return Ok(None);
-        };
-        let tar = self.unpack(&config, &record).await?;
-        let stats = session.restore_workspace(&tar.0).await?;
-        Ok(Some(format!(
-            "template={DEFAULT_TEMPLATE} snapshot={} files={} bytes={}",
-            record.name, stats.files, stats.bytes
-        )))
-    }
-
     /// Imports the archive in `from` (a tar, or a zstd-compressed tar) as snapshot `name` of
     /// `tenant`, checked against the rules first.
     ///
@@ -863,17 +643,6 @@ impl Manager {
     }
 }
 
-/// An archive file whose record is missing is removed only once it is older than a minute: a
-/// snapshot being taken publishes its file just before recording it.
-fn older_than_a_minute(entry: &std::fs::DirEntry) -> bool {
-    entry
-        .metadata()
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.elapsed().ok())
-        .is_some_and(|age| age >= Duration::from_secs(60))
-}
-
 fn exists(to: &ConversationRef) -> Error {
     Error::AlreadyExists(format!(
         "conversation {:?} exists: a fork makes a new conversation; pick an unused id",
@@ -893,16 +662,4 @@ fn taken(name: &str) -> Error {
 
 fn no_snapshot(name: &str) -> Error {
     Error::NotFound(format!("the tenant has no snapshot named {name:?}"))
-}
-
-/// `DirBuilder` made private (0700) on Unix.
-trait PrivateDir {
-    fn mode_private(&mut self) -> &mut Self;
-}
-
-impl PrivateDir for std::fs::DirBuilder {
-    fn mode_private(&mut self) -> &mut Self {
-        use std::os::unix::fs::DirBuilderExt;
-        self.mode(0o700)
-    }
 }

@@ -167,9 +167,7 @@ impl App {
                 .with_lifecycle(lifecycle)
                 .with_log_retention(settings.file.log_retention())
                 .with_skills(skills)
-                .with_snapshots(sessionbox_manager::SnapshotConfig::new(
-                    settings.data_dir.join("snapshots"),
-                )),
+                .with_snapshots(settings.file.snapshots(&settings.data_dir)),
             tenant: settings.tenant.clone(),
             runtime_name: kind.name(),
             warm_tenants: warm_tenants(settings, kind)?,

@@ -78,6 +78,25 @@ pub struct FileConfig {
     /// `serve` settings: what one tenant, and the whole server, may make it hold.
     #[serde(default)]
     pub serve: ServeSection,
+    /// Snapshots: where they are kept and how much they may take.
+    #[serde(default)]
+    pub snapshots: SnapshotsSection,
+}
+
+/// `[snapshots]` settings.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotsSection {
+    /// Where the archives are kept (default: `snapshots/` in the data directory). Replicas
+    /// that do not share a data directory must share this one: a snapshot taken through one is
+    /// read through another.
+    pub dir: Option<PathBuf>,
+    /// Days a snapshot is kept when its maker names no time (default 30; 0: until deleted).
+    pub retention_days: Option<u64>,
+    /// Most bytes of stored (compressed) archives per tenant (default 10 GiB; 0: no cap).
+    pub tenant_cap_bytes: Option<u64>,
+    /// Largest archive of one snapshot, restore or import, in bytes (default 4 GiB).
+    pub max_archive_bytes: Option<u64>,
 }
 
 /// `[serve]` settings (the flags of `sessionbox serve` of the same names override them).
@@ -181,6 +200,26 @@ impl FileConfig {
             );
         }
         Ok(policy)
+    }
+
+    /// The snapshot configuration: `[snapshots]` over the defaults, the archives in
+    /// `data_dir/snapshots` unless `dir` says otherwise.
+    pub fn snapshots(&self, data_dir: &std::path::Path) -> sessionbox_manager::SnapshotConfig {
+        use sessionbox_manager::SnapshotConfig;
+        let s = &self.snapshots;
+        let mut c =
+            SnapshotConfig::new(s.dir.clone().unwrap_or_else(|| data_dir.join("snapshots")));
+        if let Some(days) = s.retention_days {
+            c.retention =
+                (days > 0).then(|| std::time::Duration::from_secs(days.saturating_mul(86_400)));
+        }
+        if let Some(cap) = s.tenant_cap_bytes {
+            c.tenant_cap_bytes = (cap > 0).then_some(cap);
+        }
+        if let Some(max) = s.max_archive_bytes {
+            c.max_archive_bytes = max;
+        }
+        c
     }
 
     /// How long and how much the egress and audit logs keep: `[egress] log_retention_days`,

@@ -350,8 +350,8 @@ fn two_replicas_sharing_postgres_pass_verify_with_requests_alternating_between_t
 }
 
 /// The scale-out the isolated runtime cannot give: two replicas, as on two nodes (each its own
-/// data directory), share one PostgreSQL store and one real OpenSandbox server (one instance
-/// name). `verify --via A --via B` passes with every conversation's requests alternating between
+/// data directory), share one PostgreSQL store, one real OpenSandbox server (one instance
+/// name) and one snapshot directory. `verify --via A --via B` passes with every conversation's requests alternating between
 /// them; a conversation opened at both at once gets one sandbox on the server; one replica
 /// destroys what the other created; nothing is left on the server.
 #[test]
@@ -378,9 +378,12 @@ fn two_replicas_on_opensandbox_sharing_postgres_pass_verify_with_one_sandbox_per
             std::fs::create_dir_all(&data).unwrap();
             std::fs::write(
                 data.join("sessionbox.toml"),
+                // Snapshots are files: replicas on two nodes share their directory (as they
+                // would a network file system), so one takes what the other forks.
                 format!(
                     "runtime = \"opensandbox\"\n[opensandbox]\nendpoint = \"{domain}\"\n\
-                     instance = \"{instance}\"\n"
+                     instance = \"{instance}\"\n[snapshots]\ndir = \"{}\"\n",
+                    d.path().join("shared-snapshots").display()
                 ),
             )
             .unwrap();

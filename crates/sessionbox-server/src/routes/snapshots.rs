@@ -33,6 +33,7 @@ use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::extract::{JsonBody, PathArgs, QueryArgs};
 use crate::openapi::ConversationErrors;
+use crate::views::Binary;
 
 /// Imports written to disk at once, server-wide: each may be up to the archive limit.
 static IMPORTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
@@ -305,7 +306,7 @@ pub(crate) async fn delete(
 #[utoipa::path(get, path = "/v1/snapshots/{name}/archive", tag = "snapshots",
     operation_id = "export_snapshot",
     params(("name" = String, Path, description = "snapshot name")),
-    responses((status = 200, description = "the archive (application/zstd)", content_type = "application/zstd", body = Vec<u8>), ConversationErrors))]
+    responses((status = 200, description = "the archive (application/zstd)", content_type = "application/zstd", body = Binary), ConversationErrors))]
 pub(crate) async fn export(
     State(state): State<AppState>,
     principal: Principal,
@@ -341,7 +342,7 @@ pub(crate) async fn export(
     operation_id = "import_snapshot",
     params(("name" = String, Path, description = "snapshot name"),
            ("keep_seconds" = Option<u64>, Query, description = "how long to keep it; default the server's retention")),
-    request_body(content = Vec<u8>, content_type = "application/zstd", description = "the archive"),
+    request_body(content = Binary, content_type = "application/octet-stream", description = "the archive: a POSIX tar, or one compressed with zstd"),
     responses((status = 201, body = SnapshotView), ConversationErrors))]
 pub(crate) async fn import(
     State(state): State<AppState>,
