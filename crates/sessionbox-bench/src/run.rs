@@ -109,6 +109,10 @@ pub(crate) struct BenchArgs {
     /// Concurrency levels of the throughput measurement, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,8,64,256")]
     pub(crate) levels: Vec<u32>,
+    /// Workspace sizes of the snapshot measurement, in files of 10 KiB, comma-separated
+    /// [default: 100,1000,10000; with --quick 100,1000].
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) snapshot_files: Vec<u32>,
     /// Execs of `true` per conversation at each concurrency level.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub(crate) level_execs: u32,
@@ -197,7 +201,7 @@ impl Plan {
             callgrind: args
                 .callgrind_execs
                 .unwrap_or(if args.quick { 20 } else { 100 }) as usize,
-            snapshot_sizes: crate::snapshots::sizes(args.quick),
+            snapshot_sizes: crate::snapshots::sizes(args.quick, &args.snapshot_files),
         }
     }
 

@@ -25,25 +25,21 @@ pub(crate) struct Size {
     pub(crate) file_bytes: usize,
 }
 
-/// The sizes a run measures: up to 100 MiB in 10,000 files, or 10 MiB in 1,000 with `quick`.
-pub(crate) fn sizes(quick: bool) -> Vec<Size> {
-    let mut v = vec![
-        Size {
-            files: 100,
+/// The sizes a run measures: `files` files of 10 KiB each when given, else up to 100 MiB in
+/// 10,000 files, or 10 MiB in 1,000 with `quick`.
+pub(crate) fn sizes(quick: bool, files: &[u32]) -> Vec<Size> {
+    let counts: Vec<usize> = match (files.is_empty(), quick) {
+        (false, _) => files.iter().map(|&n| n as usize).collect(),
+        (true, true) => vec![100, 1000],
+        (true, false) => vec![100, 1000, 10_000],
+    };
+    counts
+        .into_iter()
+        .map(|files| Size {
+            files,
             file_bytes: 10 * 1024,
-        },
-        Size {
-            files: 1000,
-            file_bytes: 10 * 1024,
-        },
-    ];
-    if !quick {
-        v.push(Size {
-            files: 10_000,
-            file_bytes: 10 * 1024,
-        });
-    }
-    v
+        })
+        .collect()
 }
 
 /// The shell command that fills `dir` with `size`: one awk run writes every file (a command
