@@ -86,7 +86,7 @@ async fn round_trip_keeps_files_links_modes_and_odd_bytes_and_replaces_everythin
     let a = TestAgent::start().await;
     fill(&a);
     let tar = temp_file(&a, "ws.tar");
-    let stats = a.client.download_archive(&tar).await.unwrap();
+    let stats = a.client.download_archive(&tar, u64::MAX).await.unwrap();
     assert_eq!(
         stats,
         ArchiveStats {
@@ -118,7 +118,7 @@ async fn a_link_leading_out_is_stored_as_a_link_and_never_followed() {
     let a = TestAgent::start().await;
     fill(&a);
     let tar = temp_file(&a, "ws.tar");
-    a.client.download_archive(&tar).await.unwrap();
+    a.client.download_archive(&tar, u64::MAX).await.unwrap();
     let bytes = std::fs::read(&tar).unwrap();
     assert!(
         !bytes.windows(20).any(|w| w == b"OUTSIDE-SECRET-BYTES"),
@@ -206,7 +206,7 @@ async fn background_commands_are_paused_while_an_archive_is_taken_and_resume_aft
     // A whole archive: consistent (one counter file whatever the loop was doing), and the
     // command runs on afterwards.
     let tar = temp_file(&a, "ws.tar");
-    a.client.download_archive(&tar).await.unwrap();
+    a.client.download_archive(&tar, u64::MAX).await.unwrap();
     let after = counter(&a);
     assert!(eventually(Duration::from_secs(10), || counter(&a) != after).await);
     assert_ne!(proc_state(pid), "T");
@@ -348,4 +348,29 @@ async fn an_archive_over_the_agents_limit_is_refused_typed_from_its_declared_len
     assert!(r.text().contains("SESSIONBOX::too_large"), "{}", r.text());
     assert_eq!(snapshot(&a.root).len(), 1);
     assert_eq!(std::fs::read(a.root.join("keep")).unwrap(), b"kept");
+}
+
+/// The attack: a workspace (or an agent) that makes its archive larger than the caller will
+/// keep, to fill the host's disk through a snapshot. The download stops at the caller's limit,
+/// typed, with no more than the limit written on the host.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_download_stops_at_the_callers_limit_and_writes_no_more() {
+    let a = TestAgent::start().await;
+    std::fs::write(a.root.join("big"), vec![7u8; 2 << 20]).unwrap();
+    let tar = temp_file(&a, "capped.tar");
+    let limit = 256 * 1024;
+    let e = Error::from(a.client.download_archive(&tar, limit).await.unwrap_err());
+    assert!(
+        matches!(e, Error::TooLarge { limit: l, .. } if l == limit),
+        "{e:?}"
+    );
+    let written = std::fs::metadata(&tar).unwrap().len();
+    assert!(
+        written <= limit,
+        "{written} bytes written past a limit of {limit}"
+    );
+    // The agent is unharmed: the next archive, with room, is whole.
+    let stats = a.client.download_archive(&tar, u64::MAX).await.unwrap();
+    assert_eq!(stats.bytes, 2 << 20);
+    a.stop().await;
 }

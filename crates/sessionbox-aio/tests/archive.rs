@@ -99,7 +99,7 @@ async fn a_workspace_round_trips_into_itself_and_into_another_conversation() {
     let before = sh(&*s, INVENTORY).await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("ws.tar");
-    let stats = s.archive_workspace(&file).await.unwrap();
+    let stats = s.archive_workspace(&file, u64::MAX).await.unwrap();
     assert_eq!(
         stats,
         ArchiveStats {
@@ -184,7 +184,7 @@ async fn an_empty_workspace_round_trips() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("empty.tar");
     assert_eq!(
-        s.archive_workspace(&file).await.unwrap(),
+        s.archive_workspace(&file, u64::MAX).await.unwrap(),
         ArchiveStats::default()
     );
     assert_eq!(std::fs::metadata(&file).unwrap().len(), 1024);
@@ -321,7 +321,7 @@ async fn archives_past_the_limit_are_refused_with_a_typed_error() {
     sh(&*s, "head -c 100000 /dev/urandom > big.bin").await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("ws.tar");
-    let e = s.archive_workspace(&file).await.unwrap_err();
+    let e = s.archive_workspace(&file, u64::MAX).await.unwrap_err();
     assert!(matches!(e, Error::TooLarge { limit: 65536, .. }), "{e}");
     assert!(!file.exists(), "nothing is left at the destination");
     assert_eq!(leftovers(&*s).await, "");
@@ -369,7 +369,7 @@ async fn background_commands_are_paused_while_an_archive_is_taken_and_resumed_af
     let dir = tempfile::tempdir().unwrap();
     for i in 0..3 {
         let file = dir.path().join(format!("ws{i}.tar"));
-        let stats = s.archive_workspace(&file).await.unwrap();
+        let stats = s.archive_workspace(&file, u64::MAX).await.unwrap();
         assert_eq!(stats.files, 2, "{stats:?}");
     }
     // A restore while it runs: it is paused while the contents are swapped, then goes on.
@@ -393,7 +393,7 @@ async fn background_commands_are_paused_while_an_archive_is_taken_and_resumed_af
     let pid = format!("../.sessionbox-commands/{}/{}/pid", s.key().as_str(), c.id);
     sh(&*s, &format!("mv {pid} {pid}.aside")).await;
     let e = s
-        .archive_workspace(&dir.path().join("busy.tar"))
+        .archive_workspace(&dir.path().join("busy.tar"), u64::MAX)
         .await
         .unwrap_err();
     assert!(matches!(e, Error::Conflict(_)), "{e}");

@@ -427,14 +427,26 @@ fn bench_reports_every_runtime_and_cleans_up_its_temporary_data_dir() {
         let files: Vec<u64> = rows.iter().map(|x| x["files"].as_u64().unwrap()).collect();
         assert_eq!(files, [20, 40], "{rt}");
         for row in rows {
-            for k in ["copy_ms", "snapshot_ms", "fork_ms", "template_open_ms", "live_fork_ms"] {
+            for k in [
+                "copy_ms",
+                "snapshot_ms",
+                "fork_ms",
+                "template_open_ms",
+                "live_fork_ms",
+            ] {
                 assert!(row[k].as_f64().is_some_and(|v| v > 0.0), "{rt} {k}: {row}");
             }
-            assert!(row["fork_x_copy"].as_f64().is_some_and(|v| v > 0.0), "{row}");
+            assert!(
+                row["fork_x_copy"].as_f64().is_some_and(|v| v > 0.0),
+                "{row}"
+            );
             assert!(row["stored_bytes"].as_u64().is_some_and(|v| v > 0), "{row}");
         }
     }
-    assert!(stdout.contains("snapshots against the workspace's size"), "{stdout}");
+    assert!(
+        stdout.contains("snapshots against the workspace's size"),
+        "{stdout}"
+    );
     // The temporary data directory is not named (it is gone).
     assert!(r["data_dir"].is_null(), "{}", r["data_dir"]);
     // --out: the same report, plus the plots (PNG) named at the end of the Markdown.

@@ -370,7 +370,9 @@ pub trait Session: Send + Sync {
 
     /// Writes an archive of the whole workspace (see the crate's snapshot rules:
     /// [`crate::ArchiveStats`]) to the local file `to`, created or truncated, on the machine
-    /// this process runs on. The conversation's background commands are paused while it is
+    /// this process runs on, at most `max_bytes` of it: an archive comes from inside a
+    /// sandbox, and one past the limit stops with [`crate::Error::TooLarge`] (the file then
+    /// holds what came before). The conversation's background commands are paused while it is
     /// taken, so none writes during it; the caller holds the conversation for the archive's
     /// length, so no other operation runs.
     ///
@@ -379,8 +381,12 @@ pub trait Session: Send + Sync {
     /// # Errors
     /// [`crate::Error::RuntimeUnavailable`] when the runtime cannot; an I/O failure writing `to`
     /// or reading the workspace.
-    async fn archive_workspace(&self, to: &std::path::Path) -> Result<crate::ArchiveStats> {
-        let _ = to;
+    async fn archive_workspace(
+        &self,
+        to: &std::path::Path,
+        max_bytes: u64,
+    ) -> Result<crate::ArchiveStats> {
+        let _ = (to, max_bytes);
         Err(crate::archive_unsupported("of this conversation"))
     }
 

@@ -434,7 +434,11 @@ impl Session for HostSession {
         self.commands()?.kill(id).await
     }
 
-    async fn archive_workspace(&self, to: &Path) -> Result<sessionbox_core::ArchiveStats> {
+    async fn archive_workspace(
+        &self,
+        to: &Path,
+        max_bytes: u64,
+    ) -> Result<sessionbox_core::ArchiveStats> {
         let ws = self.workspace.clone();
         let commands = self.commands.clone();
         let to = to.to_path_buf();
@@ -443,7 +447,20 @@ impl Session for HostSession {
                 Error::InvalidRequest(format!("cannot create {}: {e}", to.display()))
             })?;
             let _paused = commands.as_ref().map(CommandDir::pause_all);
-            ws.archive(std::io::BufWriter::with_capacity(256 * 1024, file))
+            let over = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let capped = Capped {
+                inner: file,
+                left: max_bytes,
+                over: over.clone(),
+            };
+            let r = ws.archive(std::io::BufWriter::with_capacity(256 * 1024, capped));
+            if over.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(Error::TooLarge {
+                    what: "the workspace archive".into(),
+                    limit: max_bytes,
+                });
+            }
+            r
         })
         .await
         .map_err(Error::backend)?
@@ -464,5 +481,32 @@ impl Session for HostSession {
 
     async fn close(self: Box<Self>) -> Result<()> {
         Ok(())
+    }
+}
+
+/// A writer that takes at most `left` more bytes, then fails (setting `over`): an archive is
+/// cut at its limit instead of filling the disk.
+struct Capped<W> {
+    inner: W,
+    left: u64,
+    over: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<W: std::io::Write> std::io::Write for Capped<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if buf.len() as u64 > self.left {
+            self.over.store(true, std::sync::atomic::Ordering::Relaxed);
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::FileTooLarge,
+                "the archive is past its limit",
+            ));
+        }
+        let n = self.inner.write(buf)?;
+        self.left -= n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
     }
 }

@@ -330,7 +330,7 @@ async fn archiving_pauses_background_commands_and_restores_into_another_conversa
             .await
             .unwrap()
         },
-        s.archive_workspace(&fifo)
+        s.archive_workspace(&fifo, u64::MAX)
     );
     assert!(archived.len() > 4 << 20);
     let before = tick(&ws);

@@ -812,8 +812,12 @@ impl Session for Conversation {
         self.session.close_stdin(id).await
     }
 
-    async fn archive_workspace(&self, to: &std::path::Path) -> Result<ArchiveStats> {
-        let r = self.session.archive_workspace(to).await;
+    async fn archive_workspace(
+        &self,
+        to: &std::path::Path,
+        max_bytes: u64,
+    ) -> Result<ArchiveStats> {
+        let r = self.session.archive_workspace(to, max_bytes).await;
         let detail = r.as_ref().ok().map(archive_detail);
         self.audited("archive", detail, r).await
     }

@@ -169,7 +169,9 @@ impl Manager {
             return Err(taken(name));
         }
         let tar = Scratch(temporary_archive(&config.dir, "snapshot"));
-        conversation.archive_workspace(&tar.0).await?;
+        conversation
+            .archive_workspace(&tar.0, config.max_archive_bytes)
+            .await?;
         let packed = Scratch(temporary_archive(&config.dir, "snapshot"));
         let (t, p, c) = (tar.0.clone(), packed.0.clone(), config.clone());
         let (stats, stored) = blocking(move || {
@@ -414,7 +416,9 @@ impl Manager {
         }
         self.refuse_existing(to).await?;
         let tar = Scratch(temporary_archive(&config.dir, "fork"));
-        origin.archive_workspace(&tar.0).await?;
+        origin
+            .archive_workspace(&tar.0, config.max_archive_bytes)
+            .await?;
         let (t, max) = (tar.0.clone(), config.max_archive_bytes);
         blocking(move || {
             let len = std::fs::metadata(&t)

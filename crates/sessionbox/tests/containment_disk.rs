@@ -395,7 +395,7 @@ async fn an_archive_restores_into_another_conversation_as_its_own_and_past_the_q
             .unwrap();
         let tmp = tempfile::tempdir().unwrap();
         let tar = tmp.path().join("a.tar");
-        let stats = a.archive_workspace(&tar).await.unwrap();
+        let stats = a.archive_workspace(&tar, u64::MAX).await.unwrap();
         assert_eq!(
             (stats.files, stats.directories, stats.links, stats.bytes),
             (2, 2, 1, 4),

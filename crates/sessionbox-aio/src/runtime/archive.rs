@@ -137,7 +137,7 @@ impl AioSession {
     }
 
     /// [`sessionbox_core::Session::archive_workspace`] for `aio`.
-    pub(super) async fn archive(&self, to: &Path) -> Result<ArchiveStats> {
+    pub(super) async fn archive(&self, to: &Path, max_bytes: u64) -> Result<ArchiveStats> {
         let dir = match to.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
@@ -174,7 +174,7 @@ impl AioSession {
             },
             Answer::Err(code, detail) => return Err(self.refused(&code, &detail, "archive")),
         };
-        let limit = self.runtime.max_archive_bytes;
+        let limit = self.runtime.max_archive_bytes.min(max_bytes);
         let result = if size > limit {
             Err(Error::TooLarge {
                 what: "the archive of the workspace".into(),

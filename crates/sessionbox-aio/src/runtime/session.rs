@@ -562,8 +562,12 @@ impl Session for AioSession {
         self.background().kill(id).await
     }
 
-    async fn archive_workspace(&self, to: &std::path::Path) -> Result<ArchiveStats> {
-        self.archive(to).await
+    async fn archive_workspace(
+        &self,
+        to: &std::path::Path,
+        max_bytes: u64,
+    ) -> Result<ArchiveStats> {
+        self.archive(to, max_bytes).await
     }
 
     async fn restore_workspace(&self, from: &std::path::Path) -> Result<ArchiveStats> {

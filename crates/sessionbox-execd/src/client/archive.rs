@@ -22,13 +22,19 @@ impl ExecdClient {
     /// it). The agent pauses its background commands meanwhile.
     ///
     /// The response head must come within the request timeout; the body has no overall
-    /// deadline, but each piece must come within it. A cut transfer is an error (the file then
-    /// holds what arrived).
+    /// deadline, but each piece must come within it, and at most `max_bytes` of it are taken:
+    /// the agent runs inside a sandbox, so what it sends is bounded here, not by its word. A
+    /// cut transfer is an error (the file then holds what arrived).
     ///
     /// # Errors
-    /// [`ExecdError::InvalidRequest`] when `to` cannot be written or read back; the agent's
-    /// refusal as [`ExecdError::Status`]; a transfer failure.
-    pub async fn download_archive(&self, to: &Path) -> Result<ArchiveStats, ExecdError> {
+    /// [`ExecdError::InvalidRequest`] when `to` cannot be written or read back;
+    /// [`ExecdError::TooLarge`] past `max_bytes`; the agent's refusal as
+    /// [`ExecdError::Status`]; a transfer failure.
+    pub async fn download_archive(
+        &self,
+        to: &Path,
+        max_bytes: u64,
+    ) -> Result<ArchiveStats, ExecdError> {
         const OP: &str = "download archive";
         let rb = self.request(Method::GET, self.url(ARCHIVE_PATH, &[]), false);
         let response = self.with_deadline(OP, self.send(OP, rb)).await?;
@@ -36,6 +42,7 @@ impl ExecdClient {
             .await
             .map_err(|e| local("create", to, &e))?;
         let mut body = response.bytes_stream();
+        let mut taken: u64 = 0;
         loop {
             let next =
                 match self.request_timeout {
@@ -49,10 +56,18 @@ impl ExecdClient {
                 };
             match next {
                 None => break,
-                Some(Ok(chunk)) => file
-                    .write_all(&chunk)
-                    .await
-                    .map_err(|e| local("write", to, &e))?,
+                Some(Ok(chunk)) => {
+                    taken = taken.saturating_add(chunk.len() as u64);
+                    if taken > max_bytes {
+                        return Err(ExecdError::TooLarge {
+                            what: "the workspace archive",
+                            limit: max_bytes,
+                        });
+                    }
+                    file.write_all(&chunk)
+                        .await
+                        .map_err(|e| local("write", to, &e))?;
+                }
                 Some(Err(e)) => return Err(self.transport_error(OP, e)),
             }
         }

@@ -265,8 +265,9 @@ impl Session for IsolatedSession {
     async fn archive_workspace(
         &self,
         to: &std::path::Path,
+        max_bytes: u64,
     ) -> Result<sessionbox_core::ArchiveStats> {
-        self.relaunching(|| self.client.download_archive(to), || false)
+        self.relaunching(|| self.client.download_archive(to, max_bytes), || false)
             .await
     }
 

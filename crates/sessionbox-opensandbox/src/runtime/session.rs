@@ -282,8 +282,12 @@ impl Session for OpenSandboxSession {
     async fn archive_workspace(
         &self,
         to: &std::path::Path,
+        max_bytes: u64,
     ) -> Result<sessionbox_core::ArchiveStats> {
-        self.client.download_archive(to).await.map_err(Error::from)
+        self.client
+            .download_archive(to, max_bytes)
+            .await
+            .map_err(Error::from)
     }
 
     async fn restore_workspace(
