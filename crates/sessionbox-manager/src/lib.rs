@@ -49,6 +49,11 @@ pub use gc::{GcItem, GcOptions, GcReport};
 pub use open::{Held, TOUCH_EVERY};
 pub use snapshots::{DEFAULT_TEMPLATE, ForkFrom, SnapshotConfig};
 
+/// Snapshot operations one process runs at once (see `Manager::snapshot_slots`); one more is
+/// refused as busy (never waited for: an operation may hold a conversation, and waiting for a
+/// slot while holding one could wait forever on one that waits for the conversation).
+const SNAPSHOT_SLOTS: usize = 4;
+
 /// A bootstrap claimed this long ago whose end was never recorded (its process died) may be
 /// claimed again.
 const BOOTSTRAP_STALE_MINUTES: i64 = 15;
@@ -69,6 +74,11 @@ pub struct Manager {
     /// Where snapshots are kept and their limits ([`Manager::with_snapshots`]); `None`: no
     /// snapshots.
     snapshots: Option<Arc<SnapshotConfig>>,
+    /// Snapshot operations (take, restore, fork, template start, import) that may hold
+    /// temporary archives at once in this process: each holds at most a few times
+    /// `max_archive_bytes` of scratch disk, so this bounds what many conversations at once
+    /// can make the host spend.
+    snapshot_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -112,6 +122,7 @@ impl Manager {
             logs: sessionbox_store::LogRetention::default(),
             warm: None,
             snapshots: None,
+            snapshot_slots: Arc::new(tokio::sync::Semaphore::new(SNAPSHOT_SLOTS)),
         }
     }
 

@@ -102,6 +102,24 @@ impl Manager {
         self.snapshots.as_deref()
     }
 
+    /// One of this process's snapshot slots, held for an operation's length: they bound the
+    /// scratch disk snapshot operations take at once.
+    ///
+    /// # Errors
+    /// [`Error::Busy`] when every slot is taken (retry).
+    pub(crate) fn snapshot_slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit> {
+        self.snapshot_slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| {
+                Error::Busy(
+                    "every snapshot slot of this process is in use (snapshots, restores, forks, \
+                 template starts and imports run a few at a time); retry shortly"
+                        .into(),
+                )
+            })
+    }
+
     fn snapshot_dir(&self) -> Result<Arc<SnapshotConfig>> {
         let config = self
             .snapshots
@@ -162,6 +180,7 @@ impl Manager {
     ) -> Result<SnapshotRecord> {
         validate_snapshot_name(name)?;
         let config = self.snapshot_dir()?;
+        let _slot = self.snapshot_slot()?;
         let conv = conversation.conversation().clone();
         let tenant = conv.tenant.clone();
         let (t, n) = (tenant.clone(), name.to_owned());
@@ -326,6 +345,7 @@ impl Manager {
         name: &str,
     ) -> Result<ArchiveStats> {
         let config = self.snapshot_dir()?;
+        let _slot = self.snapshot_slot()?;
         let record = self.snapshot_record(&conversation.tenant, name).await?;
         let tar = self.unpack(&config, &record).await?;
         let opened = self
@@ -352,6 +372,7 @@ impl Manager {
         name: &str,
     ) -> Result<ArchiveStats> {
         let config = self.snapshot_dir()?;
+        let _slot = self.snapshot_slot()?;
         let record = self
             .snapshot_record(&conversation.conversation().tenant, name)
             .await?;
@@ -371,6 +392,7 @@ impl Manager {
         match from {
             ForkFrom::Snapshot(name) => {
                 let config = self.snapshot_dir()?;
+                let _slot = self.snapshot_slot()?;
                 self.refuse_existing(to).await?;
                 let record = self.snapshot_record(&to.tenant, name).await?;
                 let tar = self.unpack(&config, &record).await?;
@@ -407,6 +429,7 @@ impl Manager {
         to: &ConversationRef,
     ) -> Result<ArchiveStats> {
         let config = self.snapshot_dir()?;
+        let _slot = self.snapshot_slot()?;
         let from = origin.conversation();
         if from.key == to.key {
             return Err(into_itself());
@@ -493,6 +516,7 @@ impl Manager {
     ) -> Result<SnapshotRecord> {
         validate_snapshot_name(name)?;
         let config = self.snapshot_dir()?;
+        let _slot = self.snapshot_slot()?;
         let (t, n) = (tenant.clone(), name.to_owned());
         if self.store.run(move |s| s.snapshot(&t, &n)).await?.is_some() {
             return Err(taken(name));
@@ -666,4 +690,44 @@ fn taken(name: &str) -> Error {
 
 fn no_snapshot(name: &str) -> Error {
     Error::NotFound(format!("the tenant has no snapshot named {name:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use sessionbox_core::{ConversationRef, Error, Session};
+    use sessionbox_local::host::{HostConfig, HostRuntime};
+    use sessionbox_store::Store;
+
+    use super::SnapshotConfig;
+    use crate::Manager;
+
+    /// The attack: many conversations snapshotting at once, each holding scratch archives on
+    /// the host's disk. Past the process's slots an operation is refused as busy, holding
+    /// nothing, and runs once a slot is free.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn snapshot_operations_past_the_slots_are_refused_busy_and_hold_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("sessionbox.db")).unwrap();
+        let runtime = HostRuntime::new(HostConfig::new(dir.path())).unwrap();
+        let snapshots = dir.path().join("snapshots");
+        let m =
+            Manager::new(store, Arc::new(runtime)).with_snapshots(SnapshotConfig::new(&snapshots));
+        let a = ConversationRef::parse("default", "a").unwrap();
+        let s = m.open(&a).await.unwrap();
+        s.write("f", b"x").await.unwrap();
+        Box::new(s).close().await.unwrap();
+
+        let held: Vec<_> = (0..crate::SNAPSHOT_SLOTS)
+            .map(|_| m.snapshot_slot().unwrap())
+            .collect();
+        let e = m.snapshot(&a, "one", None).await.unwrap_err();
+        assert!(matches!(e, Error::Busy(_)), "{e:?}");
+        assert!(m.snapshots(&a.tenant).await.unwrap().is_empty());
+        let left = std::fs::read_dir(&snapshots).map_or(0, Iterator::count);
+        assert_eq!(left, 0, "a refused snapshot leaves no file");
+        drop(held);
+        m.snapshot(&a, "one", None).await.unwrap();
+    }
 }
