@@ -308,30 +308,39 @@ async fn archiving_pauses_background_commands_and_restores_into_another_conversa
         let fifo = fifo.clone();
         tokio::task::spawn_blocking(move || std::fs::File::open(fifo).unwrap())
     };
-    let (archived, _) = tokio::join!(
+    // What is seen while paused is asserted after the pipe was drained: a failed look must
+    // not leave the archive's writer blocked on a pipe nobody reads (the test would hang).
+    let ((paused, archived), written) = tokio::join!(
         async {
-            let stopped = async {
-                assert!(
-                    wait_until(10, || proc_state(pid) == "T").await,
-                    "the command's shell is stopped while the archive is written: {}",
-                    proc_state(pid)
-                );
+            let mut reader = reader.await.unwrap();
+            let paused = async {
+                if !wait_until(10, || proc_state(pid) == "T").await {
+                    return Err(format!(
+                        "the command's shell is not stopped while the archive is written: {}",
+                        proc_state(pid)
+                    ));
+                }
                 let before = tick(&ws);
                 tokio::time::sleep(Duration::from_millis(300)).await;
-                assert_eq!(tick(&ws), before, "the command ran while paused");
-            };
-            let mut reader = reader.await.unwrap();
-            stopped.await;
-            tokio::task::spawn_blocking(move || {
+                if tick(&ws) != before {
+                    return Err("the command ran while paused".to_owned());
+                }
+                Ok(())
+            }
+            .await;
+            let all = tokio::task::spawn_blocking(move || {
                 let mut all = Vec::new();
-                std::io::Read::read_to_end(&mut reader, &mut all).unwrap();
+                let _ = std::io::Read::read_to_end(&mut reader, &mut all);
                 all
             })
             .await
-            .unwrap()
+            .unwrap();
+            (paused, all)
         },
         s.archive_workspace(&fifo, u64::MAX)
     );
+    paused.unwrap();
+    written.unwrap();
     assert!(archived.len() > 4 << 20);
     let before = tick(&ws);
     assert!(
