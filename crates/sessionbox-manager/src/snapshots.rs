@@ -204,24 +204,15 @@ impl Manager {
         })
         .await?;
         drop(tar);
-        let now = Utc::now();
-        let keep = keep.or(config.retention);
-        let record = SnapshotRecord {
-            id: new_id(&tenant, name),
-            tenant,
-            name: name.to_owned(),
-            origin: Some(conv.id.clone()),
-            runtime: self.runtime.info().name,
-            bytes: stats.bytes,
-            files: stats.files,
-            directories: stats.directories,
-            links: stats.links,
-            stored_bytes: stored,
-            created_at: now,
-            expires_at: keep
-                .and_then(|k| chrono::Duration::from_std(k).ok())
-                .map(|k| now + k),
-        };
+        let record = new_record(
+            &tenant,
+            name,
+            Some(conv.id.clone()),
+            self.runtime.info().name,
+            stats,
+            stored,
+            keep.or(config.retention),
+        );
         self.keep_snapshot(&config, packed, record).await
     }
 
@@ -560,24 +551,15 @@ impl Manager {
         })
         .await?;
         drop(plain);
-        let now = Utc::now();
-        let keep = keep.or(config.retention);
-        let record = SnapshotRecord {
-            id: new_id(tenant, name),
-            tenant: tenant.clone(),
-            name: name.to_owned(),
-            origin: None,
-            runtime: "import".into(),
-            bytes: stats.bytes,
-            files: stats.files,
-            directories: stats.directories,
-            links: stats.links,
-            stored_bytes: stored,
-            created_at: now,
-            expires_at: keep
-                .and_then(|k| chrono::Duration::from_std(k).ok())
-                .map(|k| now + k),
-        };
+        let record = new_record(
+            tenant,
+            name,
+            None,
+            "import".into(),
+            stats,
+            stored,
+            keep.or(config.retention),
+        );
         self.keep_snapshot(&config, packed, record).await
     }
 
@@ -668,6 +650,35 @@ impl Manager {
         detail: String,
     ) {
         crate::audit_tenant(&self.store, tenant, operation, outcome, Some(detail)).await;
+    }
+}
+
+/// The record of a snapshot made now: its id, counts and expiry (`keep` from now).
+fn new_record(
+    tenant: &TenantId,
+    name: &str,
+    origin: Option<ConversationId>,
+    runtime: String,
+    stats: ArchiveStats,
+    stored_bytes: u64,
+    keep: Option<Duration>,
+) -> SnapshotRecord {
+    let now = Utc::now();
+    SnapshotRecord {
+        id: new_id(tenant, name),
+        tenant: tenant.clone(),
+        name: name.to_owned(),
+        origin,
+        runtime,
+        bytes: stats.bytes,
+        files: stats.files,
+        directories: stats.directories,
+        links: stats.links,
+        stored_bytes,
+        created_at: now,
+        expires_at: keep
+            .and_then(|k| chrono::Duration::from_std(k).ok())
+            .map(|k| now + k),
     }
 }
 
