@@ -21,7 +21,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod extensions;
 mod rewrite;
+
+pub use extensions::{MAX_EXTENSION_BYTES, check_extension_sizes};
 
 pub use rewrite::{
     ArchiveSource, MAX_ARCHIVE_NAME_BYTES, MAX_ARCHIVE_PATH_BYTES, check_archive, rewrite_archive,

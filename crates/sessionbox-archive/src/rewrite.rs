@@ -215,7 +215,15 @@ fn rewrite<R: Read, W: Write>(
     source: ArchiveSource,
     max_entries: u64,
 ) -> Result<ArchiveStats, Error> {
-    let not_tar = |e: io::Error| Error::InvalidRequest(format!("the archive cannot be read: {e}"));
+    // The tar reader's own words may quote the bytes it choked on (a file that is not an
+    // archive would have its contents in the error): only what kind of fault it was is kept.
+    let not_tar = |e: io::Error| {
+        Error::InvalidRequest(format!(
+            "the archive cannot be read ({:?}): it is not a POSIX tar archive, or it is cut \
+             short; send a tar, or one compressed with zstd",
+            e.kind()
+        ))
+    };
     let mut archive = tar::Archive::new(from);
     let mut stats = ArchiveStats::default();
     let mut paths = Paths::new();

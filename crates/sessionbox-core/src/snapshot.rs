@@ -49,7 +49,7 @@ impl ArchiveStats {
     }
 }
 
-/// Checks a snapshot or template name: 1 to [`MAX_SNAPSHOT_NAME_BYTES`] bytes of ASCII letters,
+/// Checks a snapshot or template name (both follow one rule): 1 to [`MAX_SNAPSHOT_NAME_BYTES`] bytes of ASCII letters,
 /// digits, `.`, `_` and `-`, starting with a letter or digit.
 ///
 /// ```
@@ -64,7 +64,7 @@ impl ArchiveStats {
 pub fn validate_snapshot_name(name: &str) -> Result<(), Error> {
     let bad = |why: &str| {
         Err(Error::InvalidRequest(format!(
-            "snapshot name {name:?} {why}"
+            "name {name:?} {why} (the rule of snapshot and template names)"
         )))
     };
     if name.is_empty() || name.len() > MAX_SNAPSHOT_NAME_BYTES {

@@ -140,7 +140,7 @@ impl Manager {
     }
 
     /// Takes a snapshot named `name` of `conversation`'s workspace, kept for `keep` (`None`:
-    /// the configured retention): opens it held ([`Operation::Snapshot`]), then
+    /// the configured retention; zero: until deleted): opens it held ([`Operation::Snapshot`]), then
     /// [`Manager::snapshot_of`].
     ///
     /// # Errors
@@ -445,6 +445,7 @@ impl Manager {
                 });
             }
             let f = std::fs::File::open(&t).map_err(|e| io_error("open", &t, &e))?;
+            sessionbox_archive::check_extension_sizes(&f)?;
             sessionbox_archive::rewrite_archive(
                 std::io::BufReader::new(f),
                 std::io::sink(),
@@ -524,7 +525,10 @@ impl Manager {
             let mut magic = [0u8; 4];
             let n = {
                 use std::io::Read;
-                let mut f = std::fs::File::open(&src).map_err(|e| io_error("open", &src, &e))?;
+                // The caller's file: one that cannot be opened is their input's fault.
+                let mut f = std::fs::File::open(&src).map_err(|e| {
+                    Error::InvalidRequest(format!("cannot open {}: {e}", src.display()))
+                })?;
                 let mut got = 0;
                 while got < 4 {
                     match f.read(&mut magic[got..]) {
@@ -653,7 +657,8 @@ impl Manager {
     }
 }
 
-/// The record of a snapshot made now: its id, counts and expiry (`keep` from now).
+/// The record of a snapshot made now: its id, counts and expiry (`keep` from now; a zero
+/// `keep` never expires, as a zero retention).
 fn new_record(
     tenant: &TenantId,
     name: &str,
@@ -677,6 +682,7 @@ fn new_record(
         stored_bytes,
         created_at: now,
         expires_at: keep
+            .filter(|k| !k.is_zero())
             .and_then(|k| chrono::Duration::from_std(k).ok())
             .map(|k| now + k),
     }

@@ -351,16 +351,23 @@ async fn garbage_collection_removes_expired_snapshots_orphans_and_stale_temporar
     let a = conv("a");
     write(&f.m, &a, "x", b"1").await;
     let gone =
-        f.m.snapshot(&a, "short", Some(Duration::ZERO))
+        f.m.snapshot(&a, "short", Some(Duration::from_millis(1)))
             .await
             .unwrap();
     let kept = f.m.snapshot(&a, "kept", None).await.unwrap();
     // A short-lived one pinned by a template stays.
     let pinned =
-        f.m.snapshot(&a, "pinned", Some(Duration::ZERO))
+        f.m.snapshot(&a, "pinned", Some(Duration::from_millis(1)))
             .await
             .unwrap();
     f.m.set_template(&tenant(), "t", "pinned").await.unwrap();
+    // Kept until deleted: zero means no expiry.
+    let forever =
+        f.m.snapshot(&a, "forever", Some(Duration::ZERO))
+            .await
+            .unwrap();
+    assert!(forever.expires_at.is_none(), "{forever:?}");
+    tokio::time::sleep(Duration::from_millis(20)).await;
     // An archive no record names, and temporary files, old and new.
     let old = std::time::SystemTime::now() - Duration::from_secs(7200);
     let orphan = f.snapshots.join(format!("{}.tar.zst", "0".repeat(26)));
@@ -404,6 +411,7 @@ async fn garbage_collection_removes_expired_snapshots_orphans_and_stale_temporar
         ".snapshot-2-2.tmp".to_owned(),
         format!("{}.tar.zst", kept.id),
         format!("{}.tar.zst", pinned.id),
+        format!("{}.tar.zst", forever.id),
     ];
     want.sort();
     assert_eq!(files(&f.snapshots), want);
@@ -413,6 +421,7 @@ async fn garbage_collection_removes_expired_snapshots_orphans_and_stale_temporar
     f.m.remove_template(&tenant(), "t").await.unwrap();
     f.m.delete_snapshot(&tenant(), "kept").await.unwrap();
     f.m.delete_snapshot(&tenant(), "pinned").await.unwrap();
+    f.m.delete_snapshot(&tenant(), "forever").await.unwrap();
     std::fs::remove_file(&fresh).unwrap();
     f.m.destroy(&a).await.unwrap();
     assert!(files(&f.snapshots).is_empty(), "{:?}", files(&f.snapshots));

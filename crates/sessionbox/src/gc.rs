@@ -33,6 +33,17 @@ pub(crate) fn print_gc(report: &sessionbox_manager::GcReport, json: bool) -> any
             if report.dry_run { "to stop" } else { "stopped" },
         );
     }
+    if !report.snapshots_expired.is_empty() || report.snapshot_files_removed > 0 {
+        outln!(
+            "snapshots past retention: {} {} ({}); snapshot files no record names or left \
+             temporary: {} {}",
+            report.snapshots_expired.len(),
+            verb,
+            report.snapshots_expired.join(", "),
+            report.snapshot_files_removed,
+            verb,
+        );
+    }
     let p = &report.logs_pruned;
     if p.total() > 0 {
         outln!(

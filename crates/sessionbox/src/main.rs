@@ -132,7 +132,16 @@ async fn run(globals: Globals, command: RunCommand) -> anyhow::Result<ExitCode> 
         RunCommand::Manager(command) => {
             let settings = Settings::load(&globals)?;
             let lifecycle = settings.file.lifecycle()?;
-            let app = App::build(&globals, &settings, lifecycle, settings.kind, None)?;
+            // A snapshot, restore or live fork works on a conversation: on its runtime, as
+            // every other command on one does.
+            let (kind, store) = match snapshots::conversation_named(&command) {
+                Some(id) => {
+                    let (_, kind, store) = conversation(&globals, &settings, id).await?;
+                    (kind, store)
+                }
+                None => (settings.kind, None),
+            };
+            let app = App::build(&globals, &settings, lifecycle, kind, store)?;
             manager_command(&app, &settings, command).await
         }
         RunCommand::Conversation(command) => {

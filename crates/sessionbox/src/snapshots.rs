@@ -108,6 +108,24 @@ pub(crate) enum TemplateCommand {
     List,
 }
 
+/// The conversation whose runtime a command must run on: the one a snapshot is taken of or
+/// restored into, the origin of a live fork; `None` for the others.
+pub(crate) fn conversation_named(command: &crate::cli::ManagerCommand) -> Option<&str> {
+    use crate::cli::ManagerCommand;
+    match command {
+        ManagerCommand::Snapshot {
+            command:
+                SnapshotCommand::Take { conversation, .. }
+                | SnapshotCommand::Restore { conversation, .. },
+        } => Some(conversation),
+        ManagerCommand::Fork(ForkArgs {
+            conversation: Some(c),
+            ..
+        }) => Some(c),
+        _ => None,
+    }
+}
+
 fn conversation(app: &App, id: &str) -> anyhow::Result<ConversationRef> {
     Ok(ConversationRef::new(
         app.tenant.clone(),
@@ -213,7 +231,9 @@ pub(crate) async fn snapshot(app: &App, command: SnapshotCommand) -> anyhow::Res
                     std::io::copy(&mut archive, &mut out).context("cannot write stdout")?;
                     return Ok(());
                 }
-                let tmp = file.with_extension("partial");
+                let mut partial = file.clone().into_os_string();
+                partial.push(".partial");
+                let tmp = PathBuf::from(partial);
                 let mut out = std::fs::File::create(&tmp)
                     .with_context(|| format!("cannot create {}", tmp.display()))?;
                 std::io::copy(&mut archive, &mut out)

@@ -411,3 +411,46 @@ async fn the_rest_routes_snapshot_fork_export_and_import_on_every_runtime() {
         eprintln!("{name}: REST snapshot, fork, export, import, template, restore: ok");
     }
 }
+
+/// A conversation made on a runtime other than the default: `snapshot take`, `snapshot
+/// restore` and `fork -c` find its runtime in its record, as every other command on one does.
+#[test]
+fn snapshot_commands_follow_the_conversations_recorded_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_sessionbox"))
+            .arg("--data-dir")
+            .arg(&data)
+            .args(args)
+            .env_remove("SESSIONBOX_RUNTIME")
+            .env_remove("SESSIONBOX_TENANT")
+            .output()
+            .unwrap()
+    };
+    let ok = |args: &[&str]| {
+        let out = run(args);
+        assert!(
+            out.status.success(),
+            "sessionbox {args:?}: {}",
+            text(&out.stderr)
+        );
+        text(&out.stdout)
+    };
+    ok(&["--runtime", "host", "exec", "-c", "h", "--", "echo one > f"]);
+    ok(&["snapshot", "take", "-c", "h", "s"]);
+    ok(&["--runtime", "host", "exec", "-c", "h", "--", "echo two > f"]);
+    ok(&["snapshot", "restore", "-c", "h", "s"]);
+    ok(&["fork", "-c", "h", "--to", "h2"]);
+    assert_eq!(ok(&["read", "-c", "h2", "f"]), "one\n");
+    let listed = ok(&["conversations", "--json"]);
+    let v: Value = serde_json::from_str(&listed).unwrap();
+    for c in v.as_array().unwrap() {
+        assert_eq!(c["runtime"], "host", "{c}");
+    }
+    for c in ["h", "h2"] {
+        ok(&["destroy", "-c", c]);
+    }
+    ok(&["snapshot", "rm", "s"]);
+}

@@ -89,6 +89,8 @@ pub(super) fn check_and_compress(
         });
     }
     let input = std::fs::File::open(tar).map_err(|e| io_error("open", tar, &e))?;
+    // Before any tar reader: an extension header it would hold whole in memory is bounded.
+    sessionbox_archive::check_extension_sizes(&input)?;
     let output = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
