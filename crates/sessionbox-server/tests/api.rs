@@ -1321,6 +1321,19 @@ async fn the_openapi_document_lists_every_route_and_matches_the_responses() {
             (format!("{c}/previews"), "post"),
             (format!("{c}/ports/{{port}}/{{path}}"), "get"),
             ("/v1/previews/{token}/{path}".into(), "get"),
+            (format!("{c}/snapshots"), "post"),
+            (format!("{c}/restore"), "post"),
+            (format!("{c}/fork"), "post"),
+            ("/v1/snapshots".into(), "get"),
+            ("/v1/snapshots/{name}".into(), "get"),
+            ("/v1/snapshots/{name}".into(), "delete"),
+            ("/v1/snapshots/{name}/archive".into(), "get"),
+            ("/v1/snapshots/{name}/archive".into(), "put"),
+            ("/v1/snapshots/{name}/fork".into(), "post"),
+            ("/v1/templates".into(), "get"),
+            ("/v1/templates/{name}".into(), "put"),
+            ("/v1/templates/{name}".into(), "delete"),
+            ("/v1/templates/{name}/fork".into(), "post"),
         ];
         let mut count = 0;
         for (path, ops) in doc["paths"].as_object().unwrap() {
