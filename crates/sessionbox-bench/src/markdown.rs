@@ -480,9 +480,9 @@ fn markdown_more(r: &Value) -> String {
             );
             let _ = writeln!(
                 s,
-                "| files | MiB | stored MiB | cp -a ms | snapshot ms (x) | fork ms (x) | template open ms (x) | live fork ms (x) |"
+                "| files | MiB | stored MiB | cp -a ms | snapshot ms (x) | fork ms (x) | fork again ms (x) | template open ms (x) | live fork ms (x) |"
             );
-            let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+            let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
             let mib = |v: &Value| {
                 v.as_f64()
                     .map_or("-".into(), |b| format!("{:.1}", b / 1048576.0))
@@ -490,7 +490,7 @@ fn markdown_more(r: &Value) -> String {
             for row in rows {
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {} | {} | {} ({}) | {} ({}) | {} ({}) | {} ({}) |",
+                    "| {} | {} | {} | {} | {} ({}) | {} ({}) | {} ({}) | {} ({}) | {} ({}) |",
                     row["files"],
                     mib(&row["bytes"]),
                     mib(&row["stored_bytes"]),
@@ -499,11 +499,16 @@ fn markdown_more(r: &Value) -> String {
                     num(&row["snapshot_x_copy"]),
                     num(&row["fork_ms"]),
                     num(&row["fork_x_copy"]),
+                    num(&row["fork_again_ms"]),
+                    num(&row["fork_again_x_copy"]),
                     num(&row["template_open_ms"]),
                     num(&row["template_open_x_copy"]),
                     num(&row["live_fork_ms"]),
                     num(&row["live_fork_x_copy"]),
                 );
+            }
+            if let Some(how) = rows[0]["clones"].as_str() {
+                let _ = writeln!(s, "\nForks and template starts are clones ({how}).");
             }
         }
         if let Some(n) = v["memory"]["sandboxes_per_gib"].as_f64() {

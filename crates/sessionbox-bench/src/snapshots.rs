@@ -6,6 +6,11 @@
 //! taking a snapshot, forking the snapshot into a new conversation, opening a new conversation
 //! whose tenant's default template is that snapshot, and forking the live conversation. The
 //! ratio of each to the copy is the result; the stored (compressed) size is reported too.
+//!
+//! Where the runtime clones workspaces (`isolated`: [`sessionbox_core::WorkspaceClones`]), the
+//! first fork of a snapshot also lays the snapshot out as a layer; a second fork of it
+//! ("fork again") and the template start clone that layer, and the live fork clones the
+//! origin's volume. Each row names the mechanism (`clones`: reflink or copy; `null` without).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -113,6 +118,13 @@ pub(crate) async fn measure(
             .fork(&ForkFrom::Snapshot(name.clone()), &forked)
             .await?;
         let fork = t.elapsed();
+        let again = bench.conversation(&format!("snap-{i}-again"))?;
+        created.push(again.clone());
+        let t = Instant::now();
+        manager
+            .fork(&ForkFrom::Snapshot(name.clone()), &again)
+            .await?;
+        let fork_again = t.elapsed();
 
         manager
             .set_template(&bench.tenant, DEFAULT_TEMPLATE, &name)
@@ -150,6 +162,9 @@ pub(crate) async fn measure(
             "copy_ms": ms(copy),
             "snapshot_ms": ms(snapshot),
             "fork_ms": ms(fork),
+            "fork_again_ms": ms(fork_again),
+            "fork_again_x_copy": ratio(fork_again),
+            "clones": manager.runtime().clones().map(|c| c.mechanism()),
             "template_open_ms": ms(template_open),
             "live_fork_ms": ms(live_fork),
             "snapshot_x_copy": ratio(snapshot),

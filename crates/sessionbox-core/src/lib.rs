@@ -51,6 +51,7 @@ pub use path::{MAX_PATH_BYTES, WorkspacePath};
 pub use patterns::{check_glob, check_grep};
 pub use runtime::{
     DestroyReport, DiskUsage, PoolSizes, Runtime, RuntimeConversation, RuntimeInfo, Session,
+    WorkspaceClones,
 };
 pub use snapshot::{
     ArchiveStats, MAX_ARCHIVE_ENTRIES, MAX_SNAPSHOT_NAME_BYTES, archive_unsupported,

@@ -179,6 +179,69 @@ pub trait Runtime: Send + Sync {
         let _ = drain;
         Ok(0)
     }
+
+    /// Copy-on-write workspace clones, where this runtime makes them: forks and template
+    /// starts then take them instead of streaming an archive in. The default has none
+    /// (`None`): `isolated` with a disk quota does.
+    fn clones(&self) -> Option<&dyn WorkspaceClones> {
+        None
+    }
+}
+
+/// Workspace clones: a new conversation's workspace made as a copy of another's file system
+/// or of a prepared *layer* (a snapshot laid out as a file system, kept by the runtime), at
+/// block level rather than file by file. The manager decides when (forks, template starts)
+/// and falls back to archives whenever a call answers `None`.
+///
+/// Every clone is the new conversation's alone: nothing writable is shared with its origin
+/// (a reflink or a copy of the origin's blocks). The new conversation (`to`) has no
+/// workspace yet; the caller holds it, and opens it afterwards.
+#[async_trait]
+pub trait WorkspaceClones: Send + Sync {
+    /// How clones are made here, for `doctor` and `bench` (e.g. "reflink" or "copy").
+    fn mechanism(&self) -> String;
+
+    /// Makes `to`'s workspace a copy of `from`'s as it is now (the caller holds `from`: its
+    /// file system is frozen while its blocks are copied, so the copy is consistent).
+    /// `None` when no clone can be made of it here (the caller uses an archive).
+    ///
+    /// # Errors
+    /// [`crate::Error::Conflict`] when `to` has a workspace; [`crate::Error::Backend`] when a
+    /// step fails (nothing of `to` is left).
+    async fn clone_conversation(
+        &self,
+        from: &ConversationKey,
+        to: &ConversationKey,
+    ) -> Result<Option<crate::ArchiveStats>>;
+
+    /// Makes `to`'s workspace a copy of layer `layer`; false when there is no such layer (what
+    /// it holds is what the layer was made from: the caller knows it).
+    ///
+    /// # Errors
+    /// As [`WorkspaceClones::clone_conversation`].
+    async fn clone_layer(&self, layer: &str, to: &ConversationKey) -> Result<bool>;
+
+    /// Makes layer `layer` (a name of 1 to 64 ASCII letters, digits, `-` or `_`) from the
+    /// plain tar archive `tar`, checked as a restore checks it. False when no layer can be
+    /// made here. The runtime keeps a bounded number of layers, removing the least recently
+    /// used.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidRequest`] for a bad name or archive; [`crate::Error::TooLarge`]
+    /// when it does not fit a workspace's disk quota.
+    async fn make_layer(&self, layer: &str, tar: &std::path::Path) -> Result<bool>;
+
+    /// The layers kept, by name.
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`] when they cannot be listed.
+    async fn layers(&self) -> Result<Vec<String>>;
+
+    /// Removes layer `layer`; false when there was none. Clones made from it are unaffected.
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`] when it cannot be removed.
+    async fn remove_layer(&self, layer: &str) -> Result<bool>;
 }
 
 /// An open conversation. Every path argument is a workspace path (see [`crate::WorkspacePath`]):

@@ -4,8 +4,9 @@
 //! An archive is a POSIX tar stream (ustar entries, PAX extended headers for long names), not
 //! compressed, of the whole workspace with paths relative to its root (`src/main.rs`, never
 //! `/workspace/src/main.rs` nor `./src/main.rs`). It holds regular files, directories and
-//! symbolic links (stored as links, never followed); other kinds (sockets, fifos, devices) are
-//! skipped and counted in [`ArchiveStats::skipped`]. Modes keep their permission bits
+//! symbolic links (stored as links, never followed); other kinds (sockets, fifos, devices),
+//! other file systems mounted inside and paths longer than 4,095 bytes (with what is beneath
+//! them) are skipped and counted in [`ArchiveStats::skipped`]. Modes keep their permission bits
 //! (`0o7777` without set-id bits); owners are not kept: a restored file belongs to the
 //! conversation it is restored into. Hard links are stored as separate files.
 //!
@@ -38,7 +39,8 @@ pub struct ArchiveStats {
     pub directories: u64,
     /// Symbolic links.
     pub links: u64,
-    /// Entries of other kinds left out (sockets, fifos, devices).
+    /// Entries left out: other kinds (sockets, fifos, devices), mounts inside, and paths
+    /// longer than 4,095 bytes (each counted once, with what is beneath it).
     pub skipped: u64,
 }
 

@@ -4,7 +4,8 @@
 //! Taking an archive walks the tree depth first in name order. Every directory is opened from
 //! the root with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV)`, so a link
 //! is never entered and another file system mounted inside is not entered either (it is counted
-//! as skipped); files are opened in their directory's descriptor with `O_NOFOLLOW`, links read
+//! as skipped, as is a path longer than 4,095 bytes, with what is beneath it); files are opened
+//! in their directory's descriptor with `O_NOFOLLOW`, links read
 //! with `readlinkat`. A file that changes size while it is read is stored with the size it had
 //! when it was opened (cut, or padded with zeros), so the archive stays well formed.
 //!
@@ -90,6 +91,12 @@ pub(crate) fn write<W: Write>(ws: &Workspace, out: W) -> Result<ArchiveStats> {
         let mut subdirs = Vec::new();
         for (name, ft) in entries {
             let child = join(&dir, name.as_bytes());
+            // A path no archive entry may have (nor the kernel's calls take whole): left out
+            // and counted, with everything beneath it.
+            if child.len() > MAX_PATH {
+                stats.skipped += 1;
+                continue;
+            }
             match ft {
                 FileType::Directory => subdirs.push(child),
                 FileType::RegularFile => add_file(&mut b, &mut stats, fd.as_fd(), &name, &child)?,
@@ -700,5 +707,43 @@ mod tests {
         }
         assert!(seen.contains(&(format!("{long}/f").into_bytes(), None)));
         assert!(seen.contains(&(b"l".to_vec(), Some(target.into_bytes()))));
+    }
+
+    /// A path longer than an entry may have (4,095 bytes) is left out with what is beneath
+    /// it, counted as skipped: the archive is taken whole otherwise (it used to end half-way).
+    #[test]
+    fn a_path_past_the_longest_an_entry_may_have_is_left_out_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("kept"), b"k").unwrap();
+        // 30 directories of 200-byte names: 6,030 bytes, made one step at a time.
+        let mut fd = rustix::fs::open(dir.path(), OFlags::DIRECTORY, Mode::empty()).unwrap();
+        for _ in 0..30 {
+            let name = "n".repeat(200);
+            rustix::fs::mkdirat(&fd, name.as_str(), Mode::from_raw_mode(0o700)).unwrap();
+            fd = rustix::fs::openat(&fd, name.as_str(), OFlags::DIRECTORY, Mode::empty()).unwrap();
+        }
+        let leaf = rustix::fs::openat(
+            &fd,
+            "leaf",
+            OFlags::CREATE | OFlags::WRONLY,
+            Mode::from_raw_mode(0o600),
+        )
+        .unwrap();
+        drop(leaf);
+        let ws = Workspace::open(dir.path(), "/w", sessionbox_core::Limits::default()).unwrap();
+        let mut out = Vec::new();
+        let stats = ws.archive(&mut out).unwrap();
+        // 20 directories fit (20 x 201 = 4,020 bytes); the 21st is left out with the rest.
+        assert_eq!(
+            (stats.files, stats.directories, stats.skipped),
+            (1, 20, 1),
+            "{stats:?}"
+        );
+        let read = check(out.as_slice()).unwrap();
+        assert_eq!(
+            (read.files, read.directories),
+            (1, 20),
+            "a whole archive: {read:?}"
+        );
     }
 }

@@ -649,6 +649,9 @@ pub struct Conversation {
     store: Store,
     /// When its record was last renewed by this process (see [`Manager::revalidate`]).
     touched: std::sync::Mutex<std::time::Instant>,
+    /// When this open created it from a runtime's clone: what the clone holds and where it
+    /// came from (`snapshot=NAME` or `conversation=ID`).
+    cloned: Option<(sessionbox_core::ArchiveStats, String)>,
 }
 
 impl std::fmt::Debug for Conversation {

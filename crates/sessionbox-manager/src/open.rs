@@ -12,6 +12,7 @@ use sessionbox_store::{
     ConversationLock, ConversationRecord, ConversationState, ExpiredNotice, OrphanClaim,
 };
 
+use crate::snapshots::{DEFAULT_TEMPLATE, Start};
 use crate::{Conversation, Manager};
 
 /// How often [`Manager::revalidate`] renews a kept conversation's record at most: renewing on
@@ -148,7 +149,8 @@ impl Manager {
                 }
             }
         };
-        self.open_known(conversation, known, true).await
+        self.open_known(conversation, known, Start::DefaultTemplate)
+            .await
     }
 
     /// Whether `conversation`, a session kept from an earlier open, may still be used: its
@@ -202,28 +204,22 @@ impl Manager {
     /// - [`Error::NotFound`] when it was destroyed while this call opened it.
     /// - The runtime's errors.
     pub async fn open(&self, conversation: &ConversationRef) -> Result<Conversation> {
-        self.open_known(conversation, None, true).await
-    }
-
-    /// [`Manager::open`] without restoring the tenant's default template into a conversation
-    /// it creates: for a fork, which restores its own archive.
-    pub(crate) async fn open_without_template(
-        &self,
-        conversation: &ConversationRef,
-    ) -> Result<Conversation> {
-        self.open_known(conversation, None, false).await
+        self.open_known(conversation, None, Start::DefaultTemplate)
+            .await
     }
 
     /// [`Manager::open`], starting from the record the caller read (`Some`), or reading it
-    /// (`None`). Audits the open, restores the tenant's default template into a conversation it
-    /// creates (with `template`) and delivers skills.
-    async fn open_known(
+    /// (`None`). Audits the open, gives a conversation it creates its starting state (`start`:
+    /// the tenant's default template is cloned or restored; a fork's clone is made here, its
+    /// archive by the caller) and delivers skills.
+    pub(crate) async fn open_known(
         &self,
         conversation: &ConversationRef,
         known: Option<Option<ConversationRecord>>,
-        template: bool,
+        start: Start<'_>,
     ) -> Result<Conversation> {
-        let result = self.open_inner(conversation, known).await;
+        let template = matches!(start, Start::DefaultTemplate);
+        let result = self.open_inner(conversation, known, start).await;
         match &result {
             Ok((conv, created)) => {
                 let detail = match (created, conv.session.state_lost()) {
@@ -252,9 +248,16 @@ impl Manager {
             self.refill_after_create(&conversation.tenant);
         }
         if created && template {
-            let r = self
-                .apply_default_template(conversation, &*conv.session)
-                .await;
+            let r = match &conv.cloned {
+                Some((stats, from)) => Ok(Some(format!(
+                    "template={DEFAULT_TEMPLATE} {from} files={} bytes={} clone",
+                    stats.files, stats.bytes
+                ))),
+                None => {
+                    self.apply_default_template(conversation, &*conv.session)
+                        .await
+                }
+            };
             if !matches!(r, Ok(None)) {
                 self.audit(
                     conversation,
@@ -285,6 +288,7 @@ impl Manager {
         &self,
         conversation: &ConversationRef,
         mut known: Option<Option<ConversationRecord>>,
+        start: Start<'_>,
     ) -> Result<(Conversation, bool)> {
         let runtime_name = self.runtime.info().name;
         let lifecycle = self.lifecycle.for_tenant(&conversation.tenant);
@@ -366,6 +370,18 @@ impl Manager {
         } else {
             None
         };
+        // A new conversation's starting state, where the runtime clones it: made before the
+        // runtime first opens it, and undone with it.
+        let cloned = match created {
+            true => match self.clone_start(conversation, &start).await {
+                Ok(c) => c,
+                Err(e) => {
+                    self.undo_create(&conversation.key, record.generation).await;
+                    return Err(e);
+                }
+            },
+            false => None,
+        };
         let session = match self.runtime.open(conversation).await {
             Ok(s) => s,
             Err(e) => {
@@ -397,6 +413,7 @@ impl Manager {
                         policy_hash,
                         store: self.store.clone(),
                         touched: Mutex::new(Instant::now()),
+                        cloned,
                     },
                     created,
                 ))

@@ -30,8 +30,11 @@ use sessionbox_store::SnapshotRecord;
 
 use crate::{Conversation, Manager};
 
+mod clones;
 mod files;
 mod templates;
+
+pub(crate) use clones::Start;
 
 use files::{
     PrivateDir, STALE_TEMPORARY, Scratch, ZSTD_MAGIC, blocking, check_and_compress, decompress,
@@ -306,6 +309,12 @@ impl Manager {
             // The record is gone: garbage collection removes the file later.
             Err(e) => tracing::warn!("cannot remove {}: {e}", path.display()),
         }
+        if let Some(clones) = self.runtime.clones()
+            && let Err(e) = clones.remove_layer(&record.id).await
+        {
+            // As the archive: garbage collection removes it later.
+            tracing::warn!("cannot remove the layer of snapshot {name}: {e}");
+        }
         Ok(true)
     }
 
@@ -386,8 +395,11 @@ impl Manager {
                 let _slot = self.snapshot_slot()?;
                 self.refuse_existing(to).await?;
                 let record = self.snapshot_record(&to.tenant, name).await?;
-                let tar = self.unpack(&config, &record).await?;
-                let r = self.create_from(to, &tar.0).await;
+                let r = self
+                    .create_from(to, Start::Snapshot(&record), || async {
+                        self.unpack(&config, &record).await
+                    })
+                    .await;
                 self.audit(to, "fork", &r, Some(format!("from_snapshot={name}")))
                     .await;
                 r
@@ -429,32 +441,38 @@ impl Manager {
             return Err(Error::InvalidRequest("a fork stays in its tenant".into()));
         }
         self.refuse_existing(to).await?;
-        let tar = Scratch(temporary_archive(&config.dir, "fork"));
-        origin
-            .archive_workspace(&tar.0, config.max_archive_bytes)
+        // Where the runtime clones the live workspace, no archive is made.
+        let fallback = || async {
+            let tar = Scratch(temporary_archive(&config.dir, "fork"));
+            origin
+                .archive_workspace(&tar.0, config.max_archive_bytes)
+                .await?;
+            let (t, max) = (tar.0.clone(), config.max_archive_bytes);
+            blocking(move || {
+                let len = std::fs::metadata(&t)
+                    .map_err(|e| io_error("read", &t, &e))?
+                    .len();
+                if len > max {
+                    return Err(Error::TooLarge {
+                        what: "the workspace archive".into(),
+                        limit: max,
+                    });
+                }
+                let f = std::fs::File::open(&t).map_err(|e| io_error("open", &t, &e))?;
+                sessionbox_archive::check_extension_sizes(&f)?;
+                sessionbox_archive::rewrite_archive(
+                    std::io::BufReader::new(f),
+                    std::io::sink(),
+                    ArchiveSource::Workspace,
+                )
+                .map(drop)
+            })
             .await?;
-        let (t, max) = (tar.0.clone(), config.max_archive_bytes);
-        blocking(move || {
-            let len = std::fs::metadata(&t)
-                .map_err(|e| io_error("read", &t, &e))?
-                .len();
-            if len > max {
-                return Err(Error::TooLarge {
-                    what: "the workspace archive".into(),
-                    limit: max,
-                });
-            }
-            let f = std::fs::File::open(&t).map_err(|e| io_error("open", &t, &e))?;
-            sessionbox_archive::check_extension_sizes(&f)?;
-            sessionbox_archive::rewrite_archive(
-                std::io::BufReader::new(f),
-                std::io::sink(),
-                ArchiveSource::Workspace,
-            )
-            .map(drop)
-        })
-        .await?;
-        let r = self.create_from(to, &tar.0).await;
+            Ok(tar)
+        };
+        let r = self
+            .create_from(to, Start::Conversation(from), fallback)
+            .await;
         let detail = format!("from_conversation={}", from.id.as_str());
         self.audit(to, "fork", &r, Some(detail)).await;
         r
@@ -469,17 +487,33 @@ impl Manager {
         Ok(())
     }
 
-    /// Makes conversation `to` (absent) and restores the plain archive `tar` into it; on a
-    /// failure after it was made, destroys it.
-    async fn create_from(&self, to: &ConversationRef, tar: &Path) -> Result<ArchiveStats> {
+    /// Makes conversation `to` (absent) from `start`: a clone where the runtime makes one,
+    /// else the plain archive `fallback` gives restored into it. On a failure after it was
+    /// made, destroys it.
+    async fn create_from<F, Fut>(
+        &self,
+        to: &ConversationRef,
+        start: Start<'_>,
+        fallback: F,
+    ) -> Result<ArchiveStats>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<Scratch>>,
+    {
         let lock = self.hold(to).await?;
-        // Without the tenant's default template: the fork's own archive replaces it at once.
-        let conv = self.open_without_template(to).await?;
+        // Without the tenant's default template: the fork's own state replaces it.
+        let conv = self.open_known(to, None, start).await?;
         if !conv.created() {
             let _ = Box::new(conv).close().await;
             return Err(exists(to));
         }
-        let r = conv.restore_workspace(tar).await;
+        let r = match conv.cloned.as_ref() {
+            Some((stats, _)) => Ok(*stats),
+            None => match fallback().await {
+                Ok(tar) => conv.restore_workspace(&tar.0).await,
+                Err(e) => Err(e),
+            },
+        };
         let closed = Box::new(conv).close().await;
         drop(lock);
         match (r, closed) {
@@ -611,6 +645,7 @@ impl Manager {
             }
         }
         let ids = self.store.run(move |s| s.snapshot_ids()).await?;
+        let layers = self.collect_layers(&ids, dry_run).await?;
         let dir = config.dir.clone();
         let files = blocking(move || {
             let mut removed = 0;
@@ -642,7 +677,7 @@ impl Manager {
             Ok(removed)
         })
         .await?;
-        Ok((names, files))
+        Ok((names, files + layers))
     }
 
     /// An audit entry about a tenant's snapshots (no conversation).
@@ -668,7 +703,10 @@ fn new_record(
     stored_bytes: u64,
     keep: Option<Duration>,
 ) -> SnapshotRecord {
-    let now = Utc::now();
+    // To the millisecond, as the store keeps it: the record returned now and the one read
+    // back later show the same time.
+    let now = chrono::DateTime::from_timestamp_millis(Utc::now().timestamp_millis())
+        .unwrap_or_else(Utc::now);
     SnapshotRecord {
         id: new_id(tenant, name),
         tenant: tenant.clone(),

@@ -400,8 +400,10 @@ pub(crate) enum StoreCommand {
         /// The backup file to make.
         path: PathBuf,
     },
-    /// Replace the SQLite store's contents with a backup made by `sessionbox backup`. Stop
-    /// `serve` first; then run `sessionbox gc` to remove workspaces the backup has no record of.
+    /// Replace the SQLite store's contents with a backup made by `sessionbox backup` (a
+    /// conversation's workspace goes back to a snapshot with `sessionbox snapshot restore`).
+    /// Stop `serve` first; then run `sessionbox gc` to remove workspaces the backup has no
+    /// record of.
     #[command(display_order = 14)]
     Restore {
         /// The backup file.

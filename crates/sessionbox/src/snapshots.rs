@@ -156,8 +156,12 @@ fn print_record(r: &SnapshotRecord) {
 }
 
 fn print_stats(what: &str, s: &ArchiveStats) {
+    let skipped = match s.skipped {
+        0 => String::new(),
+        n => format!("; {n} left out (sockets, fifos, devices, mounts or paths over 4,095 bytes)"),
+    };
     outln!(
-        "{what}: {} file(s), {} dir(s), {} link(s), {} bytes",
+        "{what}: {} file(s), {} dir(s), {} link(s), {} bytes{skipped}",
         s.files,
         s.directories,
         s.links,

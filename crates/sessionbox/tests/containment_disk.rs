@@ -524,3 +524,436 @@ async fn a_workspace_from_before_the_quota_is_migrated_or_refused_clearly() {
     })
     .await;
 }
+
+/// Every file beneath `dir` (its root included) with an owner other than `uid`, as `find`
+/// sees them (it walks paths longer than 4,096 bytes).
+fn not_owned_by(dir: &Path, uid: u32) -> Vec<String> {
+    let out = std::process::Command::new("find")
+        .arg(dir)
+        .args([
+            "(",
+            "!",
+            "-uid",
+            &uid.to_string(),
+            "-o",
+            "!",
+            "-gid",
+            &uid.to_string(),
+            ")",
+            "-print",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "find: {}", text(&out.stderr));
+    text(&out.stdout).lines().map(str::to_owned).collect()
+}
+
+/// The UUID of the ext4 file system in `image` (16 bytes at 0x468: the superblock starts at
+/// 1024, its `s_uuid` at 0x68): a clone of an image keeps it, a file system made anew does not.
+fn fs_uuid(image: &Path) -> [u8; 16] {
+    use std::os::unix::fs::FileExt;
+    let mut uuid = [0u8; 16];
+    std::fs::File::open(image)
+        .unwrap()
+        .read_exact_at(&mut uuid, 0x468)
+        .unwrap();
+    uuid
+}
+
+/// The names in `dir` (empty when it is absent).
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Forks and template starts on `isolated` are clones of the workspace's volume (no archive):
+/// a live fork freezes its origin only while its blocks are copied (the origin takes writes
+/// right after), a snapshot becomes a layer once and every later fork or template start clones
+/// it. Each clone is a volume of its own: its files are its own uid's, a write in one is never
+/// seen in another, and the quota holds in it (a fill past it fails with ENOSPC and the host
+/// spends no more than the quota). A manager with another quota does not clone (the old limit
+/// would come along) and falls back to an archive. Deleting the snapshot removes its layer;
+/// destroy leaves no image, mount or layer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn forks_and_template_starts_are_clones_of_the_volume_that_keep_the_quota_and_share_nothing()
+{
+    use sessionbox_manager::{DEFAULT_TEMPLATE, ForkFrom, SnapshotConfig};
+    needs_root!();
+    let _heavy = HEAVY.lock().await;
+    bounded(240, async {
+        let env = env();
+        let m = env
+            .manager
+            .clone()
+            .with_snapshots(SnapshotConfig::new(env.data.join("snapshots")));
+        let tenant = sessionbox_core::TenantId::new("default").unwrap();
+        let origin = Env::conv("clone-origin");
+        let o = m.open(&origin).await.unwrap();
+        let r = sh(
+            &o,
+            "mkdir -p d/e && for i in $(seq 1 200); do printf 'file %s\\n' $i > d/e/f$i; done \
+             && printf 'x\\000y\\377' > bin && chmod 640 bin && ln -s d/e/f1 link \
+             && head -c 3000000 /dev/urandom > big \
+             && python3 -c \"import os
+for i in range(30): os.mkdir('n' * 200); os.chdir('n' * 200)
+open('leaf', 'w').write('leaf')\" && sha256sum big",
+        )
+        .await;
+        assert_eq!(r.status, sessionbox_core::ExitStatus::Code(0), "{r:?}");
+        let big_sum = text(&r.stdout);
+        drop(o);
+
+        // A live fork: a clone.
+        let live = Env::conv("clone-live");
+        let stats = m
+            .fork(&ForkFrom::Conversation(origin.id.clone()), &live)
+            .await
+            .unwrap();
+        // Counted whole, past a path of 4,096 bytes (30 directories of 200-byte names).
+        assert_eq!(
+            (stats.files, stats.links, stats.directories),
+            (203, 1, 32),
+            "{stats:?}"
+        );
+        let (ok, lk) = (origin.key.clone(), live.key.clone());
+        assert_ne!(image_of(&env, &ok), image_of(&env, &lk));
+        assert!(
+            mounted(&env.workspace(&lk)),
+            "the fork has a volume of its own"
+        );
+        assert_eq!(
+            fs_uuid(&image_of(&env, &ok)),
+            fs_uuid(&image_of(&env, &lk)),
+            "the fork's volume is a clone of the origin's"
+        );
+        // Its files are its own uid's, not the origin's.
+        let l = m.open(&live).await.unwrap();
+        let uid_live = env.uid(&lk);
+        assert_ne!(uid_live, env.uid(&ok));
+        let wrong = not_owned_by(&env.workspace(&lk), uid_live);
+        assert!(wrong.is_empty(), "owned by another uid: {wrong:?}");
+        assert_eq!(text(&sh(&l, "sha256sum big").await.stdout), big_sum);
+        assert_eq!(l.read("bin").await.unwrap(), b"x\0y\xff");
+        assert_eq!(l.stat("bin").await.unwrap().mode & 0o777, 0o640);
+        // The origin was thawed: it takes writes at once.
+        let o = m.open(&origin).await.unwrap();
+        let started = Instant::now();
+        let r = sh(&o, "echo origin-after > d/e/f1 && sync").await;
+        assert_eq!(r.status, sessionbox_core::ExitStatus::Code(0), "{r:?}");
+        assert!(
+            started.elapsed() < B_BOUND,
+            "the origin waited {:?}",
+            started.elapsed()
+        );
+        sh(&l, "echo live-after > d/e/f2").await;
+        assert_eq!(l.read("d/e/f1").await.unwrap(), b"file 1\n");
+        assert_eq!(o.read("d/e/f2").await.unwrap(), b"file 2\n");
+        // The quota holds in the clone: a fill past it fails, and its image stays within it.
+        let r = sh(&l, "head -c 80000000 /dev/zero > fill; echo $?").await;
+        assert_ne!(
+            text(&r.stdout).trim(),
+            "0",
+            "a fill past the quota succeeded"
+        );
+        assert!(
+            image_allocated(&env, &lk) <= QUOTA.0,
+            "the clone's image took {} bytes",
+            image_allocated(&env, &lk)
+        );
+        sh(&l, "rm -f fill").await;
+        drop((l, o));
+
+        // A snapshot becomes a layer on its first fork; the next fork and a template start
+        // clone the same layer.
+        let record = m.snapshot(&origin, "s1", None).await.unwrap();
+        let layers = env.data.join("layers");
+        assert!(
+            names_in(&layers).is_empty(),
+            "no layer before a fork needs one"
+        );
+        m.fork(&ForkFrom::Snapshot("s1".into()), &Env::conv("clone-s1"))
+            .await
+            .unwrap();
+        assert_eq!(names_in(&layers), [format!("{}.img", record.id)]);
+        let layer_uuid = fs_uuid(&layers.join(format!("{}.img", record.id)));
+        assert_eq!(
+            fs_uuid(&image_of(&env, &Env::conv("clone-s1").key)),
+            layer_uuid,
+            "the fork is a clone of the layer"
+        );
+        m.set_template(&tenant, DEFAULT_TEMPLATE, "s1")
+            .await
+            .unwrap();
+        let t = m.open(&Env::conv("clone-templated")).await.unwrap();
+        assert_eq!(t.read("d/e/f1").await.unwrap(), b"origin-after\n");
+        let tk = t.key().clone();
+        assert!(not_owned_by(&env.workspace(&tk), env.uid(&tk)).is_empty());
+        assert_eq!(
+            fs_uuid(&image_of(&env, &tk)),
+            layer_uuid,
+            "a clone of the layer"
+        );
+        drop(t);
+        assert_eq!(
+            names_in(&layers).len(),
+            1,
+            "one layer serves every clone of s1"
+        );
+
+        // Another quota: no clone (the fork gets the new quota from an archive).
+        let (other, _) = env.another_manager_with_disk(Some((80 * MIB, 2000)));
+        let other = other.with_snapshots(SnapshotConfig::new(env.data.join("snapshots")));
+        let resized = Env::conv("clone-resized");
+        other
+            .fork(&ForkFrom::Conversation(origin.id.clone()), &resized)
+            .await
+            .unwrap();
+        assert_eq!(
+            std::fs::metadata(image_of(&env, &resized.key))
+                .unwrap()
+                .len(),
+            80 * MIB,
+            "the fork has the quota of the manager that made it"
+        );
+        assert_ne!(
+            fs_uuid(&image_of(&env, &resized.key)),
+            fs_uuid(&image_of(&env, &origin.key)),
+            "made anew, not cloned"
+        );
+
+        // The same bytes but fewer inodes: no clone either (the image records its quota).
+        let (fewer, _) = env.another_manager_with_disk(Some((QUOTA.0, QUOTA.1 / 2)));
+        let fewer = fewer.with_snapshots(SnapshotConfig::new(env.data.join("snapshots")));
+        let thin = Env::conv("clone-fewer-inodes");
+        fewer
+            .fork(&ForkFrom::Conversation(origin.id.clone()), &thin)
+            .await
+            .unwrap();
+        assert_ne!(
+            fs_uuid(&image_of(&env, &thin.key)),
+            fs_uuid(&image_of(&env, &origin.key)),
+            "made anew with the new inode count, not cloned"
+        );
+        let usage = fewer
+            .runtime()
+            .disk_usage(&thin.key)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(usage.inodes_limit < QUOTA.1, "{usage:?}");
+        fewer.destroy(&thin).await.unwrap();
+
+        // The snapshot's layer goes with it; destroy leaves nothing behind.
+        m.remove_template(&tenant, DEFAULT_TEMPLATE).await.unwrap();
+        assert!(m.delete_snapshot(&tenant, "s1").await.unwrap());
+        assert!(names_in(&layers).is_empty(), "{:?}", names_in(&layers));
+        for id in [
+            "clone-origin",
+            "clone-live",
+            "clone-s1",
+            "clone-templated",
+            "clone-resized",
+        ] {
+            m.destroy(&Env::conv(id)).await.unwrap();
+        }
+        assert!(
+            names_in(&env.data.join("disks")).is_empty(),
+            "{:?}",
+            names_in(&env.data.join("disks"))
+        );
+        assert!(names_in(&env.data.join("workspaces")).is_empty());
+    })
+    .await;
+}
+
+/// A layer whose snapshot is gone (a crash between the record's removal and the layer's) is
+/// removed by garbage collection; one whose snapshot exists is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn garbage_collection_removes_layers_whose_snapshot_is_gone() {
+    use sessionbox_core::WorkspaceClones;
+    use sessionbox_manager::{ForkFrom, GcOptions, SnapshotConfig};
+    needs_root!();
+    let _heavy = HEAVY.lock().await;
+    bounded(180, async {
+        let env = env();
+        let m = env
+            .manager
+            .clone()
+            .with_snapshots(SnapshotConfig::new(env.data.join("snapshots")));
+        let origin = Env::conv("layer-origin");
+        let o = m.open(&origin).await.unwrap();
+        sh(&o, "echo kept > kept").await;
+        drop(o);
+        let record = m.snapshot(&origin, "s1", None).await.unwrap();
+        m.fork(&ForkFrom::Snapshot("s1".into()), &Env::conv("layer-fork"))
+            .await
+            .unwrap();
+        // An orphan: a layer made for a snapshot id no record has.
+        let tmp = tempfile::tempdir().unwrap();
+        let tar = tmp.path().join("a.tar");
+        let empty = tmp.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        sessionbox_fs::Workspace::open(&empty, "/w", sessionbox_core::Limits::default())
+            .unwrap()
+            .archive(std::fs::File::create(&tar).unwrap())
+            .unwrap();
+        assert!(env.runtime.make_layer("orphan", &tar).await.unwrap());
+        let layers = env.data.join("layers");
+        assert_eq!(
+            names_in(&layers),
+            [format!("{}.img", record.id), "orphan.img".to_owned()]
+        );
+        let bad = env.runtime.make_layer("../escape", &tar).await.unwrap_err();
+        assert_eq!(bad.code(), "invalid_request", "{bad}");
+        m.collect_garbage(GcOptions::default()).await.unwrap();
+        assert_eq!(names_in(&layers), [format!("{}.img", record.id)]);
+        for id in ["layer-origin", "layer-fork"] {
+            m.destroy(&Env::conv(id)).await.unwrap();
+        }
+        assert!(m.delete_snapshot(&record.tenant, "s1").await.unwrap());
+        assert!(names_in(&layers).is_empty());
+    })
+    .await;
+}
+
+/// Attack: a background command in the origin holds a write open for as long as it likes (a
+/// `splice` from a pipe nobody writes to, into a workspace file), which would keep a freeze of
+/// the origin's file system waiting forever, and with it every snapshot slot of the host. The
+/// fork stops the origin's processes first (a signal ends that wait), so it finishes at once,
+/// and afterwards the origin takes writes and its command is still there, continued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_held_open_in_the_origin_does_not_hold_a_live_fork() {
+    use sessionbox_manager::{ForkFrom, SnapshotConfig};
+    needs_root!();
+    let _heavy = HEAVY.lock().await;
+    bounded(120, async {
+        let env = env();
+        let m = env
+            .manager
+            .clone()
+            .with_snapshots(SnapshotConfig::new(env.data.join("snapshots")));
+        let origin = Env::conv("held-origin");
+        let o = m.open(&origin).await.unwrap();
+        sh(&o, "echo before > kept").await;
+        let spawned = o
+            .spawn(ExecRequest::new(
+                "exec python3 -c \"import os; r, w = os.pipe(); \
+                 f = os.open('held', os.O_WRONLY | os.O_CREAT); os.splice(r, f, 4096)\"",
+            ))
+            .await
+            .unwrap();
+        // Until the splice is waiting in the kernel.
+        let record = env.record(&origin.key);
+        assert!(
+            eventually(10.0, || record
+                .members()
+                .iter()
+                .any(|p| p.cmdline.contains("splice") && p.state == 'S'))
+            .await,
+            "the splice never started"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        drop(o);
+        let started = Instant::now();
+        let stats = bounded(
+            30,
+            m.fork(
+                &ForkFrom::Conversation(origin.id.clone()),
+                &Env::conv("held-fork"),
+            ),
+        )
+        .await
+        .unwrap();
+        assert!(stats.files >= 2, "{stats:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "took {:?}",
+            started.elapsed()
+        );
+        let o = m.open(&origin).await.unwrap();
+        let r = bounded(10, sh(&o, "echo after > kept && cat kept")).await;
+        assert_eq!(text(&r.stdout), "after\n");
+        // The command was continued, not killed: still running.
+        let c = o.command(&spawned.id).await.unwrap();
+        assert!(c.running, "{c:?}");
+        assert!(
+            !env.data
+                .join("run")
+                .join(origin.key.as_str())
+                .join("paused")
+                .exists(),
+            "the record of the pause is gone"
+        );
+        drop(o);
+        for id in ["held-origin", "held-fork"] {
+            m.destroy(&Env::conv(id)).await.unwrap();
+        }
+    })
+    .await;
+}
+
+/// A fork killed while it had its origin stopped and frozen (SIGKILL, the OOM killer, Ctrl-C of
+/// the CLI) leaves a record of what it stopped: the next open of the origin thaws it and
+/// continues its processes, and a destroy does the same before unmounting, so no frozen file
+/// system keeps its loop device (and its deleted image's space) forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fork_that_died_mid_clone_leaves_its_origin_usable_and_destroyable() {
+    needs_root!();
+    let _heavy = HEAVY.lock().await;
+    bounded(120, async {
+        let env = env();
+        let freeze = |ws: &Path, pids: &std::collections::BTreeSet<u32>, run: &Path| {
+            // What the dead fork left: its record, the processes stopped, the volume frozen.
+            let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+            std::fs::write(run.join("paused"), list.join("\n")).unwrap();
+            for p in pids {
+                let _ = rustix::process::kill_process(
+                    rustix::process::Pid::from_raw(*p as i32).unwrap(),
+                    rustix::process::Signal::STOP,
+                );
+            }
+            let ok = std::process::Command::new("fsfreeze")
+                .arg("-f")
+                .arg(ws)
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "fsfreeze");
+        };
+        let a = Env::conv("dead-fork-a");
+        let s = env.open("dead-fork-a").await;
+        sh(&s, "echo one > f").await;
+        drop(s);
+        let (ws, run) = (env.workspace(&a.key), env.run_dir(&a.key));
+        freeze(&ws, &env.record(&a.key).procs(), &run);
+        let s = bounded(20, env.manager.open(&a)).await.unwrap();
+        let r = bounded(10, sh(&s, "echo two > f && cat f")).await;
+        assert_eq!(text(&r.stdout), "two\n");
+        assert!(!run.join("paused").exists());
+        drop(s);
+
+        // Frozen again, then destroyed: thawed first, so the volume and its loop device go.
+        freeze(&ws, &env.record(&a.key).procs(), &run);
+        let image = image_of(&env, &a.key);
+        bounded(30, env.manager.destroy(&a)).await.unwrap();
+        assert!(!image.exists());
+        let image_name = image.file_name().unwrap().to_string_lossy().into_owned();
+        let gone = eventually(10.0, || {
+            let out = std::process::Command::new("losetup")
+                .arg("-l")
+                .output()
+                .unwrap();
+            !text(&out.stdout).contains(&image_name)
+        })
+        .await;
+        assert!(gone, "a loop device still holds the destroyed volume");
+    })
+    .await;
+}

@@ -171,7 +171,37 @@ fn make_image(image: &Path, quota: DiskQuota, uid: u32) -> Result<()> {
     args.push(image.as_os_str());
     run("mkfs.ext4", &args).inspect_err(|_| {
         let _ = fs::remove_file(image);
-    })
+    })?;
+    tag_quota(image, quota);
+    Ok(())
+}
+
+/// The extended attribute of a disk image naming the quota it was made with.
+const QUOTA_XATTR: &str = "user.sessionbox.quota";
+
+fn quota_tag(quota: DiskQuota) -> String {
+    format!("{} {}", quota.bytes, quota.inodes)
+}
+
+/// Records on `image` the quota it was made with (what [`made_with`] reads). A file system
+/// without user extended attributes keeps none: its images are then never cloned.
+pub(crate) fn tag_quota(image: &Path, quota: DiskQuota) {
+    let _ = rustix::fs::setxattr(
+        image,
+        QUOTA_XATTR,
+        quota_tag(quota).as_bytes(),
+        rustix::fs::XattrFlags::empty(),
+    );
+}
+
+/// True when `image` was made with `quota` (bytes and inodes), as recorded by [`tag_quota`]:
+/// only such an image may be cloned for a conversation of `quota`.
+pub(crate) fn made_with(image: &Path, quota: DiskQuota) -> bool {
+    let mut buf = [0u8; 64];
+    match rustix::fs::getxattr(image, QUOTA_XATTR, &mut buf[..]) {
+        Ok(n) => buf.get(..n) == Some(quota_tag(quota).as_bytes()),
+        Err(_) => false,
+    }
 }
 
 fn mount(image: &Path, dir: &Path) -> Result<()> {
@@ -186,6 +216,138 @@ fn mount(image: &Path, dir: &Path) -> Result<()> {
             dir.as_os_str(),
         ],
     )
+}
+
+/// Unmounts the volume at `dir`, detached (see the body).
+pub(crate) fn unmount_volume(dir: &Path) -> Result<()> {
+    unmount(dir)
+}
+
+/// Mounts the existing image `image` at `dir` (made if absent, 0700), as [`ensure_volume`]
+/// mounts a workspace, leaving its root as it is in the image.
+pub(crate) fn mount_new(image: &Path, dir: &Path) -> Result<()> {
+    make_dir(dir)?;
+    mount(image, dir)
+}
+
+/// `MOUNT_ATTR_IDMAP` (linux/mount.h): the mount's ids are mapped through a user namespace.
+const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+/// `mount_setattr(2)`'s number, the same on every architecture (the unified table since 5.12).
+const SYS_MOUNT_SETATTR: libc::c_long = 442;
+
+/// `struct mount_attr` (linux/mount.h).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// A user namespace whose only ids are `from` inside and `to` outside (uid and gid alike),
+/// held by a descriptor: what an idmapped mount maps through. Made by a short-lived child
+/// (`sleep`) that unshares it; the child is ended once its namespace is held.
+fn mapping_namespace(from: u32, to: u32) -> Result<std::os::fd::OwnedFd> {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new("sleep");
+    cmd.arg("60")
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: the closure runs in the forked child before exec; it makes one raw system call
+    // (unshare(2), async-signal-safe) and allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::unshare(libc::CLONE_NEWUSER) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| backend("cannot make a user namespace for an idmapped workspace", e))?;
+    // The pre-exec hook has run once spawn returns: the child is in its namespace.
+    let pid = child.id();
+    let held = (|| -> std::io::Result<fs::File> {
+        fs::write(format!("/proc/{pid}/uid_map"), format!("{from} {to} 1\n"))?;
+        fs::write(format!("/proc/{pid}/gid_map"), format!("{from} {to} 1\n"))?;
+        fs::File::open(format!("/proc/{pid}/ns/user"))
+    })();
+    let _ = child.kill();
+    let _ = child.wait();
+    held.map(std::os::fd::OwnedFd::from)
+        .map_err(|e| backend("cannot map the ids of an idmapped workspace", e))
+}
+
+/// Makes the volume mounted at `dir` show what its file system records as `from`'s (files and
+/// groups) as `to`'s, and record what `to` creates as `from`'s: the plain mount is replaced by
+/// an idmapped one (Linux 5.15 for ext4). A clone keeps its origin's owner on disk and needs
+/// no walk over its files: this is what makes a clone of many files cost no more than one of
+/// few. Ids other than `from` show as the overflow id (65534) and cannot be written as.
+///
+/// # Errors
+/// [`Error::Backend`] when the kernel refuses a step (the plain mount then stays).
+pub(crate) fn idmap_volume(dir: &Path, from: u32, to: u32) -> Result<()> {
+    use rustix::mount::{MoveMountFlags, OpenTreeFlags};
+    use std::os::fd::AsRawFd;
+    let userns = mapping_namespace(from, to)?;
+    let tree = rustix::mount::open_tree(
+        rustix::fs::CWD,
+        dir,
+        OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+    )
+    .map_err(|e| backend("cannot clone a workspace's mount", e))?;
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_IDMAP,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: u64::try_from(userns.as_raw_fd()).unwrap_or(u64::MAX),
+    };
+    // SAFETY: mount_setattr(2) reads `size_of::<MountAttr>()` bytes from `attr`, a live
+    // `#[repr(C)]` struct laid out as the kernel's `struct mount_attr`; the path is an empty
+    // C string with AT_EMPTY_PATH, naming `tree`, a descriptor open for the call.
+    let r = unsafe {
+        libc::syscall(
+            SYS_MOUNT_SETATTR,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &raw const attr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if r != 0 {
+        return Err(backend(
+            "cannot idmap a workspace's mount",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    unmount(dir)?;
+    rustix::mount::move_mount(
+        &tree,
+        c"",
+        rustix::fs::CWD,
+        dir,
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )
+    .map_err(|e| backend("cannot mount an idmapped workspace", e))
+}
+
+/// The owner the file system at `dir` records for its root (a plain mount shows it as it is).
+pub(crate) fn recorded_owner(dir: &Path) -> Result<u32> {
+    fs::symlink_metadata(dir)
+        .map(|m| m.uid())
+        .map_err(|e| backend("cannot inspect a workspace's volume", e))
+}
+
+/// Makes a sparse image of `quota` for a layer, its root `owner`'s (a clone of it is mounted
+/// idmapped from `owner`).
+pub(crate) fn make_layer_image(image: &Path, quota: DiskQuota, owner: u32) -> Result<()> {
+    make_image(image, quota, owner)
 }
 
 fn unmount(dir: &Path) -> Result<()> {
@@ -211,7 +373,7 @@ fn is_empty_dir(dir: &Path) -> Result<bool> {
 }
 
 /// After a fresh mount: the root is the workspace (0700), without `lost+found`.
-fn settle_root(dir: &Path) -> Result<()> {
+pub(crate) fn settle_root(dir: &Path) -> Result<()> {
     let _ = fs::remove_dir(dir.join("lost+found"));
     fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
         .map_err(|e| backend("cannot set up the workspace", e))
@@ -227,6 +389,9 @@ fn settle_root(dir: &Path) -> Result<()> {
 /// [`Error::Backend`] when a step fails.
 pub(crate) fn ensure_volume(dir: &Path, image: &Path, quota: DiskQuota, uid: u32) -> Result<()> {
     if is_mounted(dir) {
+        // A process that died between freezing it for a clone and thawing it would leave
+        // every write of the conversation waiting.
+        super::clone::thaw_if_frozen(dir);
         return Ok(());
     }
     if image.exists() {
@@ -238,7 +403,17 @@ pub(crate) fn ensure_volume(dir: &Path, image: &Path, quota: DiskQuota, uid: u32
                 image.display()
             )));
         }
-        return mount(image, dir);
+        mount(image, dir)?;
+        // A clone keeps its origin's owner on disk: shown as this conversation's again.
+        let owner = recorded_owner(dir)?;
+        if owner != uid
+            && rustix::process::geteuid().is_root()
+            && let Err(e) = idmap_volume(dir, owner, uid)
+        {
+            let _ = unmount(dir);
+            return Err(e);
+        }
+        return Ok(());
     }
     let legacy = fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) && !is_empty_dir(dir)?;
     let tmp = image.with_extension("img.tmp");

@@ -154,6 +154,8 @@ impl IsolatedRuntime {
                 break (run_dir, lock);
             }
         };
+        // A clone that died while it had this conversation stopped and frozen.
+        super::clone::recover_pause(&run, &self.workspace_dir(key));
         if resume && !self.workspace_dir(key).is_dir() {
             return Err(destroyed());
         }

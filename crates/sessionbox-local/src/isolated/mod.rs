@@ -24,6 +24,7 @@
 //! agent or launching one, the run directory, the gateway), `session` (an open conversation
 //! over execd).
 
+mod clone;
 mod config;
 pub(crate) mod disk;
 mod launch;
@@ -352,6 +353,9 @@ impl Runtime for IsolatedRuntime {
             let mut lock = None;
             if run.exists() {
                 lock = Some(lock_file(&run.join("lock"))?);
+                // Thawed before its processes are killed and its volume unmounted: a frozen
+                // file system would keep them, and the volume, forever.
+                clone::recover_pause(&run, &workspace);
                 let had = read_record(&run).is_some();
                 report.processes_killed = kill_recorded(&run);
                 report.sandbox_removed = had;
@@ -386,6 +390,10 @@ impl Runtime for IsolatedRuntime {
 
     async fn prune_pool(&self, drain: bool) -> Result<usize> {
         IsolatedRuntime::prune_pool(self, drain).await
+    }
+
+    fn clones(&self) -> Option<&dyn sessionbox_core::WorkspaceClones> {
+        Some(self)
     }
 
     async fn disk_usage(&self, key: &ConversationKey) -> Result<Option<DiskUsage>> {

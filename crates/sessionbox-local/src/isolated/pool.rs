@@ -69,7 +69,7 @@ fn tenant_tag(tenant: &str) -> String {
 }
 
 /// 16 random hex digits (from the kernel's random source), naming a slot.
-fn random_hex() -> Result<String> {
+pub(super) fn random_hex() -> Result<String> {
     use std::io::Read;
     let mut b = [0u8; 8];
     File::open("/dev/urandom")

@@ -26,7 +26,7 @@ impl Manager {
         self.fork(&ForkFrom::Snapshot(record.name), to).await
     }
 
-    async fn template_snapshot(
+    pub(super) async fn template_snapshot(
         &self,
         tenant: &TenantId,
         template: &str,

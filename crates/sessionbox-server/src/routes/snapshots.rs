@@ -44,8 +44,7 @@ static IMPORTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
 pub(crate) struct SnapshotView {
     /// Unique within the tenant.
     name: String,
-    /// The conversation it was taken from; absent when imported.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The conversation it was taken from; `null` when imported.
     origin: Option<String>,
     /// The runtime it was taken on, or `import`.
     runtime: String,
@@ -59,6 +58,7 @@ pub(crate) struct SnapshotView {
     links: u64,
     /// Bytes the stored (compressed) archive takes: what the tenant's cap counts.
     stored_bytes: u64,
+    /// When it was taken or imported, to the millisecond (as the store keeps it).
     created_at: DateTime<Utc>,
     /// When retention removes it; absent: kept until deleted.
     expires_at: Option<DateTime<Utc>>,

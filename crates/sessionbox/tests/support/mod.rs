@@ -154,6 +154,21 @@ impl Env {
         )
     }
 
+    /// [`Env::another_manager`] with another disk quota.
+    pub fn another_manager_with_disk(
+        &self,
+        disk: Option<(u64, u64)>,
+    ) -> (Manager, Arc<IsolatedRuntime>) {
+        build(
+            &self.data,
+            self.uids.clone(),
+            self.idle_secs,
+            self.limits.clone(),
+            disk,
+            self.pool,
+        )
+    }
+
     pub fn conv(id: &str) -> ConversationRef {
         ConversationRef::parse("default", id).expect("valid id")
     }
