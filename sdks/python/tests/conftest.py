@@ -44,7 +44,7 @@ class Server:
     bin: str
 
 
-def _binary() -> str:
+def binary() -> str:
     name = os.environ.get("SESSIONBOX_BIN", "sessionbox")
     found = shutil.which(name) if os.sep not in name else name
     if not found or not os.access(found, os.X_OK):
@@ -52,7 +52,7 @@ def _binary() -> str:
     return found
 
 
-def start_server(runtime: str, bin_path: str) -> Server:
+def start_server(runtime: str, bin_path: str, extra_config: str = "") -> Server:
     """Start ``sessionbox serve`` with a fresh data directory and three tenants' keys
     (``acme``; ``globex``; ``wizards``, which has a skill)."""
     data = Path(tempfile.mkdtemp(prefix="sessionbox-sdk-test-"))
@@ -61,7 +61,7 @@ def start_server(runtime: str, bin_path: str) -> Server:
     (skills / "greet" / "SKILL.md").write_text(SKILL_MD)
     (skills / "greet" / "greet.sh").write_text('echo "hello, $1"\n')
     (data / "sessionbox.toml").write_text(
-        f'runtime = "{runtime}"\n\n[skills.tenants]\nwizards = ["{skills}"]\n'
+        f'runtime = "{runtime}"\n\n[skills.tenants]\nwizards = ["{skills}"]\n' + extra_config
     )
     base = [bin_path, "--data-dir", str(data)]
     key = subprocess.run(
@@ -107,7 +107,15 @@ def start_server(runtime: str, bin_path: str) -> Server:
             proc.kill()
             raise RuntimeError("serve did not become healthy")
         time.sleep(0.05)
-    return Server(url=url, key=key, other_key=other, skills_key=skills_key, data_dir=data, process=proc, bin=bin_path)
+    return Server(
+        url=url,
+        key=key,
+        other_key=other,
+        skills_key=skills_key,
+        data_dir=data,
+        process=proc,
+        bin=bin_path,
+    )
 
 
 def stop_server(server: Server) -> None:
@@ -126,7 +134,7 @@ def stop_server(server: Server) -> None:
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
     """One server for the whole test session."""
-    s = start_server(os.environ.get("SESSIONBOX_TEST_RUNTIME", "host"), _binary())
+    s = start_server(os.environ.get("SESSIONBOX_TEST_RUNTIME", "host"), binary())
     try:
         yield s
     finally:
