@@ -16,6 +16,15 @@ echo "test.sh: node $(node --version), npm $(npm --version), $("$SESSIONBOX_BIN"
 
 npm ci --no-audit --no-fund
 rm -rf dist build
+# The generated types must be what openapi-typescript makes of the checked-in document.
+before=$(mktemp)
+trap 'rm -f "$before"' EXIT
+cp src/generated/openapi.ts "$before"
+npm run --silent generate
+if ! cmp -s "$before" src/generated/openapi.ts; then
+  echo "test.sh: src/generated/openapi.ts differs from what \`npm run generate\` makes; commit the regenerated file" >&2
+  exit 1
+fi
 npm run typecheck
 npm run build
 npm run build:test   # type-checks the tests against the built dist/ (they import "sessionbox")

@@ -9,6 +9,7 @@ import {
   SessionboxError,
   SessionboxTimeoutError,
   errorFromResponse,
+  errorFromStreamEvent,
 } from "./errors.js";
 import type { operations } from "./generated/openapi.js";
 import { base64ToBytes, bytesToBase64, readServerSentEvents } from "./sse.js";
@@ -115,7 +116,7 @@ export type ExecStreamEvent = OutputEvent | ExitEvent;
 export type CommandStreamEvent = OutputEvent | CommandExitEvent;
 
 /** The last event of {@link Client.followCommand}: the command's final status. */
-export type CommandExitEvent = { type: "exit" } & Record<string, unknown> & Partial<BackgroundCommand>;
+export type CommandExitEvent = { type: "exit" } & BackgroundCommand;
 
 /** Byte offsets into a background command's output. */
 export interface LogOffsets {
@@ -411,7 +412,7 @@ export class Client {
       }
       if (sse.event === "error") {
         const e = (data ?? {}) as Partial<ErrorBody>;
-        throw new SessionboxError(e.code ?? "stream_error", e.message ?? String(sse.data), response.status, {
+        throw errorFromStreamEvent(e.code ?? "backend_error", e.message ?? String(sse.data), {
           method: req.method,
           url: response.url,
         });
@@ -564,8 +565,9 @@ export class Client {
   /**
    * The same as {@link Client.exec}, streamed: output events as the command writes them (in
    * order), then one `exit` event. Breaking out of the loop closes the stream, which kills the
-   * command's process group. An `error` event from the server (the command could not run)
-   * throws a {@link SessionboxError} with its code.
+   * command's process group. An `error` event from the server (the command could not run, e.g.
+   * a `cwd` that does not exist) throws the {@link SessionboxError} a JSON `exec` would (same
+   * code, class and status).
    *
    * @example
    * ```ts
@@ -646,7 +648,7 @@ export class Client {
     };
     for await (const { event, data } of this.#events(req)) {
       if (event === "stdout" || event === "stderr") yield Client.#output(event, data);
-      else if (event === "exit") yield { ...(data as Record<string, unknown>), type: "exit" } as CommandExitEvent;
+      else if (event === "exit") yield { ...(data as BackgroundCommand), type: "exit" };
     }
   }
 

@@ -137,6 +137,38 @@ export function errorClassForStatus(status: number): typeof SessionboxError {
   }
 }
 
+const STATUS_OF_CODE: Record<string, number> = {
+  invalid_id: 400,
+  invalid_path: 400,
+  invalid_request: 400,
+  unauthorized: 401,
+  forbidden: 403,
+  outside_workspace: 403,
+  not_found: 404,
+  method_not_allowed: 405,
+  conflict: 409,
+  already_exists: 409,
+  too_large: 413,
+  range_not_satisfiable: 416,
+  upgrade_required: 426,
+  busy: 429,
+  backend_error: 500,
+  runtime_unavailable: 503,
+  not_ready: 503,
+  timed_out: 504,
+};
+
+/**
+ * The error for an `error` event of an event stream (`{"code","message"}` after the stream's
+ * 200): the same class and `status` the server answers that code with on a JSON route, so that
+ * `exec` and `execStream` fail alike (500 for an unknown code).
+ */
+export function errorFromStreamEvent(code: string, message: string, options: SessionboxErrorOptions = {}): SessionboxError {
+  const status = STATUS_OF_CODE[code] ?? 500;
+  const Class = errorClassForStatus(status);
+  return new Class(code, message, status, options);
+}
+
 /**
  * Builds the error for a failed response, reading its JSON body `{"code","message"}`. A body
  * that is not such JSON keeps the status, with code `http_<status>` and the body's text as the

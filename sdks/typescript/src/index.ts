@@ -45,6 +45,7 @@ export {
   UnauthorizedError,
   UnprocessableError,
   errorClassForStatus,
+  errorFromStreamEvent,
 } from "./errors.js";
 export type { ClientErrorCode, ErrorCode, KnownErrorCode, SessionboxErrorOptions } from "./errors.js";
 export { base64ToBytes, bytesToBase64, outputBytes, readServerSentEvents } from "./sse.js";

@@ -59,13 +59,16 @@ describe("background commands", () => {
     const cmd = await client.spawn(id, "echo a; sleep 0.3; printf '\\377\\000\\001' >&2; sleep 0.3; echo b");
     const events: CommandStreamEvent[] = [];
     for await (const ev of client.followCommand(id, cmd.id)) events.push(ev);
-    const out = events.filter((e) => e.type === "stdout").map((e) => (e as { text: string }).text).join("");
+    const out = events.map((e) => (e.type === "stdout" ? e.text : "")).join("");
     assert.equal(out, "a\nb\n");
     const err = events.filter((e) => e.type === "stderr");
-    assert.deepEqual([...(err[0] as { bytes: Uint8Array }).bytes], [0xff, 0, 1]);
+    assert.ok(err[0] && err[0].type === "stderr");
+    assert.deepEqual([...err[0].bytes], [0xff, 0, 1]);
     const last = events.at(-1)!;
-    assert.equal(last.type, "exit");
-    assert.equal((last as { exit_code?: number }).exit_code, 0);
+    assert.ok(last.type === "exit");
+    assert.equal(last.exit_code, 0);
+    assert.equal(last.running, false);
+    assert.equal(last.id, cmd.id);
     // Order of the stdout and stderr events as written: a, then the bytes, then b.
     assert.deepEqual(
       events.map((e) => e.type),

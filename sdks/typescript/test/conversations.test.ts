@@ -1,6 +1,6 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { existsSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import {
   BadRequestError,
   Client,
@@ -33,6 +33,12 @@ describe("server", () => {
     const doc = await new Client({ baseUrl: server.baseUrl + "/" }).openapi();
     assert.equal(doc.openapi, "3.1.0");
     assert.ok((doc.paths as Record<string, unknown>)["/v1/conversations/{id}/exec"]);
+  });
+
+  test("the checked-in OpenAPI document (the generated types' source) is the server's", async () => {
+    const live = await client.openapi();
+    const checkedIn = JSON.parse(readFileSync(new URL("../openapi/openapi.json", import.meta.url), "utf8"));
+    assert.deepEqual(live, checkedIn, "run `npm run generate -- <server>/v1/openapi.json`");
   });
 
   test("a wrong key is 401 unauthorized, as is no key", async () => {

@@ -1,6 +1,6 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { Client, SessionboxError, execBytes, type ExecStreamEvent } from "sessionbox";
+import { Client, NotFoundError, SessionboxError, execBytes, type ExecStreamEvent } from "sessionbox";
 import { allBytes, startServer, uniqueId, type TestServer } from "./server.js";
 
 let server: TestServer;
@@ -119,6 +119,22 @@ describe("exec as a stream", () => {
     await new Promise((r) => setTimeout(r, 2800));
     const r = await client.exec(id, "test -e late.txt && echo present || echo absent");
     assert.equal(r.stdout, "absent\n");
+  });
+
+  test("a command that cannot run ends the stream with the error a JSON exec answers", async () => {
+    const id = uniqueId("stream-cwd");
+    await assert.rejects(client.exec(id, "true", { cwd: "no/such/dir" }), (err: unknown) => err instanceof NotFoundError && err.code === "not_found");
+    const events: ExecStreamEvent[] = [];
+    const iterate = async () => {
+      for await (const ev of client.execStream(id, "true", { cwd: "no/such/dir" })) events.push(ev);
+    };
+    await assert.rejects(iterate(), (err: unknown) => {
+      assert.ok(err instanceof NotFoundError, String(err));
+      assert.equal(err.code, "not_found");
+      assert.equal(err.status, 404);
+      return true;
+    });
+    assert.deepEqual(events, []);
   });
 
   test("bad input is an error before the stream starts", async () => {
