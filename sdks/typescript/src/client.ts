@@ -12,6 +12,7 @@ import {
   errorFromStreamEvent,
 } from "./errors.js";
 import type { operations } from "./generated/openapi.js";
+import { ConversationClient } from "./conversation.js";
 import { base64ToBytes, bytesToBase64, readServerSentEvents } from "./sse.js";
 import type {
   BackgroundCommand,
@@ -362,16 +363,21 @@ export class Client {
     try {
       return await read();
     } catch (err) {
-      if (err instanceof SessionboxError) throw err;
-      const aborted = req.signal?.aborted ?? false;
-      if (!aborted && err instanceof DOMException && err.name === "TimeoutError") {
-        throw new SessionboxTimeoutError("client_timeout", `${req.method} ${req.path}: the answer did not arrive in time`, 0, {
-          cause: err,
-          method: req.method,
-        });
-      }
-      throw err;
+      throw Client.#readFailure(req, err);
     }
+  }
+
+  /** A failure while reading a body: the client's timeout becomes {@link SessionboxTimeoutError}. */
+  static #readFailure(req: InternalRequest, err: unknown): unknown {
+    if (err instanceof SessionboxError) return err;
+    const aborted = req.signal?.aborted ?? false;
+    if (!aborted && err instanceof DOMException && err.name === "TimeoutError") {
+      return new SessionboxTimeoutError("client_timeout", `${req.method} ${req.path}: the answer did not end within the timeout`, 0, {
+        cause: err,
+        method: req.method,
+      });
+    }
+    return err;
   }
 
   async #json<T>(req: InternalRequest): Promise<T> {
@@ -403,23 +409,39 @@ export class Client {
         url: response.url,
       });
     }
-    for await (const sse of readServerSentEvents(response.body)) {
-      let data: unknown;
-      try {
-        data = JSON.parse(sse.data);
-      } catch {
-        data = sse.data;
+    // Leaving early (break, an error) returns this generator, whose `finally` returns the
+    // reader's, which cancels the body: the connection closes.
+    const events = readServerSentEvents(response.body);
+    try {
+      for (;;) {
+        let next: IteratorResult<{ event: string; data: string }>;
+        try {
+          next = await events.next();
+        } catch (err) {
+          throw Client.#readFailure(req, err);
+        }
+        if (next.done) return;
+        const sse = next.value;
+        let data: unknown;
+        try {
+          data = JSON.parse(sse.data);
+        } catch {
+          data = sse.data;
+        }
+        if (sse.event === "error") {
+          const e = (data ?? {}) as Partial<ErrorBody>;
+          throw errorFromStreamEvent(e.code ?? "backend_error", e.message ?? String(sse.data), {
+            method: req.method,
+            url: response.url,
+          });
+        }
+        yield { event: sse.event, data };
       }
-      if (sse.event === "error") {
-        const e = (data ?? {}) as Partial<ErrorBody>;
-        throw errorFromStreamEvent(e.code ?? "backend_error", e.message ?? String(sse.data), {
-          method: req.method,
-          url: response.url,
-        });
-      }
-      yield { event: sse.event, data };
+    } finally {
+      await events.return(undefined);
     }
   }
+
 
   static #output(event: string, data: unknown): OutputEvent {
     const o = data as { text?: string; base64?: string | null };
@@ -470,6 +492,19 @@ export class Client {
 
   // ------------------------------------------------------------------------------------------
   // Conversations
+
+  /**
+   * The conversation `id` as an object whose methods need no id (sends nothing).
+   *
+   * @example
+   * ```ts
+   * const chat = client.conversation("chat-42");
+   * await chat.exec("ls");
+   * ```
+   */
+  conversation(id: string): ConversationClient {
+    return new ConversationClient(this, id);
+  }
 
   /**
    * `POST /v1/conversations/{id}`: opens a conversation, creating its workspace and sandbox

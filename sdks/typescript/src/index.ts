@@ -9,6 +9,7 @@
  */
 
 export { Client, execBytes } from "./client.js";
+export { ConversationClient } from "./conversation.js";
 export type {
   ClientOptions,
   CommandExitEvent,

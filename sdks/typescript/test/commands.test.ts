@@ -1,6 +1,6 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { Client, ServerError, outputBytes, type CommandStreamEvent } from "sessionbox";
+import { Client, ServerError, SessionboxTimeoutError, outputBytes, type CommandStreamEvent } from "sessionbox";
 import { eventually, processAlive, startServer, uniqueId, type TestServer } from "./server.js";
 
 let server: TestServer;
@@ -82,6 +82,26 @@ describe("background commands", () => {
     assert.deepEqual(later, ["b\n"]);
     const logs = await client.commandLogs(id, cmd.id);
     assert.deepEqual([...outputBytes(logs.stderr)], [0xff, 0, 1]);
+  });
+
+  test("a follow past its timeoutMs ends with SessionboxTimeoutError and leaves the command running", async () => {
+    const id = uniqueId("bg-follow-timeout");
+    const cmd = await client.spawn(id, "echo begun; exec sleep 20");
+    const seen: string[] = [];
+    const follow = async () => {
+      for await (const ev of client.followCommand(id, cmd.id, { timeoutMs: 700 })) {
+        if (ev.type !== "exit") seen.push(ev.text);
+      }
+    };
+    await assert.rejects(follow(), (err: unknown) => {
+      assert.ok(err instanceof SessionboxTimeoutError, String(err));
+      assert.equal(err.code, "client_timeout");
+      return true;
+    });
+    assert.deepEqual(seen, ["begun\n"]);
+    assert.equal((await client.getCommand(id, cmd.id)).running, true);
+    const killed = await client.killCommand(id, cmd.id);
+    assert.equal(killed.killed, true);
   });
 
   test("kill ends a running command and answers its final status", async () => {

@@ -122,7 +122,10 @@ describe("files", () => {
     assert.equal(await client.readText(id, "up/a.txt"), "alpha");
     assert.deepEqual(await client.readFile(id, "up/b.bin"), allBytes());
     assert.equal(await client.readText(id, "up/nested/c.txt"), "gamma");
-    await assert.rejects(client.uploadFiles(id, [{ path: "../escape.txt", data: "x" }, { path: "ok.txt", data: "y" }]));
+    await assert.rejects(client.uploadFiles(id, [{ path: "ok.txt", data: "y" }, { path: "../escape.txt", data: "x" }]), {
+      status: 403,
+      code: "outside_workspace",
+    });
     await assert.rejects(client.readText(id, "ok.txt"), NotFoundError, "a bad path refuses the whole upload");
   });
 

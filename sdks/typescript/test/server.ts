@@ -2,7 +2,8 @@
 // PATH) on a free loopback port, with a temporary data directory, the `host` runtime and API keys
 // for two tenants; stops it and removes everything it made.
 import { spawn, execFileSync, type ChildProcess } from "node:child_process";
-import { mkdtempSync, mkdirSync, readFileSync, rmSync, writeFileSync, existsSync } from "node:fs";
+import { Client } from "sessionbox";
+import { mkdtempSync, mkdirSync, readFileSync, readdirSync, readlinkSync, rmSync, writeFileSync, existsSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
@@ -83,6 +84,25 @@ export async function startServer(): Promise<TestServer> {
     async stop() {
       if (stopped) return;
       stopped = true;
+      // Destroy every conversation left (which kills their processes), then check that no
+      // process is left in the data directory.
+      if (child.exitCode === null) {
+        for (const apiKey of [key, otherKey]) {
+          const c = new Client({ baseUrl, apiKey });
+          const ids: string[] = [];
+          for await (const conv of c.conversations()) ids.push(conv.id);
+          for (const id of ids) await c.destroyConversation(id);
+          const left = await c.listConversations();
+          if (left.conversations.length > 0) throw new Error(`conversations left: ${JSON.stringify(left)}`);
+        }
+        const deadline = Date.now() + 10_000;
+        let stray = processesIn(dataDir);
+        while (stray.length > 0 && Date.now() < deadline) {
+          await new Promise((r) => setTimeout(r, 100));
+          stray = processesIn(dataDir);
+        }
+        if (stray.length > 0) throw new Error(`processes left in ${dataDir}: ${stray.join(", ")}`);
+      }
       if (child.exitCode === null && child.signalCode === null) {
         const exited = new Promise<void>((resolve) => child.once("exit", () => resolve()));
         child.kill("SIGTERM");
@@ -94,6 +114,21 @@ export async function startServer(): Promise<TestServer> {
       if (existsSync(dataDir)) throw new Error(`could not remove ${dataDir}`);
     },
   };
+}
+
+/** Processes (not zombies) whose working directory is inside `dir`, other than the server. */
+function processesIn(dir: string): string[] {
+  const out: string[] = [];
+  for (const pid of readdirSync("/proc")) {
+    if (!/^\d+$/.test(pid) || !processAlive(Number(pid))) continue;
+    try {
+      const cwd = readlinkSync(`/proc/${pid}/cwd`);
+      if (cwd === dir || cwd.startsWith(dir + "/")) out.push(`${pid} (${readFileSync(`/proc/${pid}/cmdline`, "utf8").replace(/\0/g, " ").trim()})`);
+    } catch {
+      // gone, or not ours to read
+    }
+  }
+  return out;
 }
 
 /** True while a process runs (not ended, and not a zombie waiting to be reaped). Linux only. */
