@@ -746,7 +746,15 @@ impl Session for Conversation {
     }
 
     async fn write(&self, path: &str, data: &[u8]) -> Result<()> {
-        let r = self.session.write(path, data).await;
+        // A trailing slash names a directory: a file is never written there (the runtimes'
+        // path rules would drop the slash and make a file of that name).
+        let r = match path.ends_with('/') {
+            true => Err(Error::InvalidPath {
+                path: path.to_owned(),
+                reason: "ends with '/', which names a directory: a file path has none".into(),
+            }),
+            false => self.session.write(path, data).await,
+        };
         let detail = format!("{} bytes={}", path_detail(path), data.len());
         self.audited("write", Some(detail), r).await
     }

@@ -104,6 +104,23 @@ async fn a_conversation_resumes_its_files_after_close() {
     assert_eq!(s.read("a.txt").await.unwrap(), b"kept");
 }
 
+/// A write to a path ending in '/' (a directory's name) is refused and makes nothing: a file
+/// of that name was written before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_to_a_directory_path_is_refused_and_makes_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let m = manager(d.path());
+    let conv = ConversationRef::parse("default", "slash").unwrap();
+    let s = m.open(&conv).await.unwrap();
+    let e = s.write("dir/", b"x").await.unwrap_err();
+    assert_eq!(e.code(), "invalid_path", "{e}");
+    assert_eq!(s.stat("dir").await.unwrap_err().code(), "not_found");
+    s.write("dir/f", b"x").await.unwrap();
+    let e = s.write("dir/", b"y").await.unwrap_err();
+    assert_eq!(e.code(), "invalid_path", "{e}");
+    assert_eq!(s.read("dir/f").await.unwrap(), b"x");
+}
+
 #[tokio::test]
 async fn destroy_through_another_runtime_is_refused_and_removes_nothing() {
     let d = tempfile::tempdir().unwrap();

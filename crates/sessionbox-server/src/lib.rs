@@ -121,6 +121,37 @@ pub struct ServerConfig {
     /// How long a request's head (request line and headers) may take to arrive, from the
     /// connection's start or the previous response (default 15 s).
     pub header_read_timeout: std::time::Duration,
+    /// Origins (`scheme://host[:port]`) whose pages may call the API from a browser (CORS);
+    /// empty, the default, allows none: a browser then refuses to hand any page a response.
+    /// Check them with [`check_cors_origin`].
+    pub cors_origins: Vec<String>,
+}
+
+/// Checks one CORS origin as a browser sends it in `Origin`: `http` or `https`, a host, an
+/// optional port, nothing else (no path, no trailing slash, no `*`).
+///
+/// # Errors
+/// [`sessionbox_core::Error::InvalidRequest`] saying what is wrong.
+pub fn check_cors_origin(origin: &str) -> sessionbox_core::Result<()> {
+    let bad = |why: &str| {
+        sessionbox_core::Error::InvalidRequest(format!(
+            "the CORS origin {origin:?} {why}: give scheme://host[:port], as a browser sends it \
+             in Origin (for example https://app.example.com)"
+        ))
+    };
+    let rest = origin
+        .strip_prefix("https://")
+        .or_else(|| origin.strip_prefix("http://"))
+        .ok_or_else(|| bad("is not http or https"))?;
+    if rest.is_empty()
+        || !rest
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-.:[]".contains(&b))
+    {
+        return Err(bad("has more than a host and a port"));
+    }
+    axum::http::HeaderValue::from_str(origin).map_err(|_| bad("is not a header value"))?;
+    Ok(())
 }
 
 /// Default of [`ServerConfig::max_connections`]: 4096.
@@ -157,6 +188,7 @@ impl Default for ServerConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connections_per_source: DEFAULT_MAX_CONNECTIONS_PER_SOURCE,
             header_read_timeout: std::time::Duration::from_secs(15),
+            cors_origins: Vec::new(),
         }
     }
 }

@@ -2670,3 +2670,101 @@ async fn followers_of_command_output_are_bounded_per_conversation() {
     })
     .await;
 }
+
+/// CORS: off by default (a preflight from any origin gets no `Access-Control-Allow-Origin`, so
+/// a browser hands the page nothing); with an origin configured, that origin's preflight and
+/// requests are allowed (the key in `Authorization`, the MCP headers) and another origin's
+/// are not. The origin rule refuses what a browser never sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cors_is_off_by_default_and_allows_only_the_configured_origins() {
+    bounded(async {
+        let preflight = |s: &Server, origin: &'static str| {
+            s.client
+                .request(Method::OPTIONS, format!("{}/v1/conversations", s.base))
+                .header("origin", origin)
+                .header("access-control-request-method", "GET")
+                .header(
+                    "access-control-request-headers",
+                    "authorization, x-conversation-id",
+                )
+                .send()
+        };
+        let s = Server::start(ServerConfig::default(), true).await;
+        let r = preflight(&s, "https://app.example.com").await.unwrap();
+        assert!(
+            r.headers().get("access-control-allow-origin").is_none(),
+            "{:?}",
+            r.headers()
+        );
+        s.stop().await;
+
+        let s = Server::start(
+            ServerConfig {
+                cors_origins: vec!["https://app.example.com".into()],
+                ..ServerConfig::default()
+            },
+            true,
+        )
+        .await;
+        let r = preflight(&s, "https://app.example.com").await.unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+        let h = r.headers();
+        assert_eq!(h["access-control-allow-origin"], "https://app.example.com");
+        let allowed = h["access-control-allow-headers"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            allowed.contains("authorization") && allowed.contains("x-conversation-id"),
+            "{allowed}"
+        );
+        assert!(h.get("access-control-allow-credentials").is_none());
+        let r = preflight(&s, "https://evil.example").await.unwrap();
+        assert!(r.headers().get("access-control-allow-origin").is_none());
+        // A real request from the allowed origin carries the header; the key still rules.
+        let r = s
+            .req(Method::GET, "/v1/conversations")
+            .header("origin", "https://app.example.com")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(
+            r.headers()["access-control-allow-origin"],
+            "https://app.example.com"
+        );
+        let r = s
+            .client
+            .get(format!("{}/v1/conversations", s.base))
+            .header("origin", "https://app.example.com")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            StatusCode::UNAUTHORIZED,
+            "CORS grants no access by itself"
+        );
+        s.stop().await;
+
+        for ok in [
+            "https://app.example.com",
+            "http://localhost:5173",
+            "http://[::1]:8080",
+        ] {
+            assert!(sessionbox_server::check_cors_origin(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "*",
+            "app.example.com",
+            "https://a.example/",
+            "https://a.example/x",
+            "ftp://a",
+            "https://",
+        ] {
+            let e = sessionbox_server::check_cors_origin(bad).unwrap_err();
+            assert_eq!(e.code(), "invalid_request", "{bad}");
+        }
+    })
+    .await;
+}

@@ -268,3 +268,131 @@ async fn an_mcp_session_belongs_to_the_tenant_that_opened_it_and_a_tenant_has_a_
     let _ = tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
 }
+
+/// The conversation named in the URL (`/mcp/conversations/{id}`, for connectors that take a
+/// URL alone) and a conversation of each session's own (`/mcp/new`, so a desktop client's
+/// chats never share a workspace), through the official Python SDK with no conversation
+/// header; then at the HTTP level: `/mcp/new` names the conversation it made in
+/// `X-Conversation-Id`, which the REST API then finds, and a path and a header that disagree
+/// are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversations_named_in_the_path_or_made_per_session() {
+    check_sdk();
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("sessionbox.db")).unwrap();
+    let runtime: Arc<dyn Runtime> =
+        Arc::new(HostRuntime::new(HostConfig::new(dir.path())).unwrap());
+    let key = store
+        .create_api_key(&TenantId::new("acme").unwrap(), Some("test"), Utc::now())
+        .unwrap()
+        .key;
+    let state = AppState::new(
+        Manager::new(store.clone(), runtime),
+        ServerConfig::default(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(sessionbox_server::serve(listener, state, async {
+        let _ = rx.await;
+    }));
+    let base = format!("http://{addr}");
+
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp_routes_client.py");
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new("python3")
+            .args([script, &base, &key])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the Python client finishes in time")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.trim_end().ends_with("OK"),
+        "the Python client failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let client = reqwest::Client::new();
+    let post = |url: String, session: Option<String>, body: &'static str| {
+        let mut r = client
+            .post(url)
+            .bearer_auth(&key)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-03-26")
+            .body(body);
+        if let Some(s) = session {
+            r = r.header("mcp-session-id", s);
+        }
+        r.send()
+    };
+    let new = format!("{base}/mcp/new");
+    let r = post(new.clone(), None, INITIALIZE).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let made = r.headers()["x-conversation-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let session = r.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+    assert!(made.starts_with("mcp-") && made.len() == 20, "{made}");
+    let r = post(new.clone(), Some(session.clone()), INITIALIZED)
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    let r = post(new.clone(), Some(session.clone()), CALL)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let text = r.text().await.unwrap();
+    assert!(text.contains("owned-42"), "{text}");
+    // The same conversation through REST: the session's command ran there.
+    let listed = client
+        .get(format!("{base}/v1/conversations/{made}"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        listed.status(),
+        StatusCode::OK,
+        "the made conversation exists"
+    );
+    // Another session at /mcp/new gets another conversation.
+    let r = post(new.clone(), None, INITIALIZE).await.unwrap();
+    let other = r.headers()["x-conversation-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(other, made);
+    // A path and a header that name different conversations: refused, JSON body.
+    let r = client
+        .post(format!("{base}/mcp/conversations/alice"))
+        .bearer_auth(&key)
+        .header("x-conversation-id", "bob")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(INITIALIZE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let v: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+    assert!(v["message"].as_str().unwrap().contains("different"), "{v}");
+    // An invalid id in the path: refused, nothing made.
+    let r = client
+        .post(format!("{base}/mcp/conversations/..%2Fx"))
+        .bearer_auth(&key)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(INITIALIZE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let _ = tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+}

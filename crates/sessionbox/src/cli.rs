@@ -295,11 +295,19 @@ pub(crate) enum ConversationCommand {
     /// processes.
     ///
     /// For example, in an MCP client's configuration: command `sessionbox`, arguments
-    /// `["mcp", "--conversation", "chat-42"]`. Logs go to stderr (SESSIONBOX_LOG).
+    /// `["mcp", "--conversation", "chat-42"]`, or `["mcp", "--new"]` so that each chat the
+    /// client starts (each process) gets a conversation of its own. Logs go to stderr
+    /// (SESSIONBOX_LOG).
     #[command(display_order = 25)]
     Mcp {
-        #[command(flatten)]
-        conv: Conv,
+        /// The conversation id: 1-128 ASCII letters, digits, '.', '_', '-', starting with a
+        /// letter or digit.
+        #[arg(long, short = 'c', value_name = "ID", required_unless_present = "new")]
+        conversation: Option<String>,
+        /// A new conversation of this process's own (`mcp-` and 16 random hex digits), named
+        /// on stderr and to the model: a desktop client's chats then never share a workspace.
+        #[arg(long, conflicts_with = "conversation")]
+        new: bool,
     },
     /// Open an interactive terminal in a conversation's sandbox (creates the conversation);
     /// exits with the shell's exit status.
@@ -487,12 +495,30 @@ impl SessionCommand {
 }
 
 impl ConversationCommand {
-    /// The conversation the command is about.
-    pub(crate) fn conv(&self) -> &Conv {
-        match self {
-            ConversationCommand::Destroy { conv }
-            | ConversationCommand::Mcp { conv }
-            | ConversationCommand::Shell { conv, .. } => conv,
-        }
+    /// The id of the conversation the command is about (`mcp --new`: a new one).
+    pub(crate) fn conversation_id(&self) -> anyhow::Result<String> {
+        Ok(match self {
+            ConversationCommand::Destroy { conv } | ConversationCommand::Shell { conv, .. } => {
+                conv.conversation.clone()
+            }
+            ConversationCommand::Mcp {
+                conversation: Some(id),
+                ..
+            } => id.clone(),
+            ConversationCommand::Mcp {
+                conversation: None, ..
+            } => new_mcp_conversation_id()?,
+        })
     }
+}
+
+/// `mcp-` and 16 random hex digits: the conversation of an `mcp --new` process.
+fn new_mcp_conversation_id() -> anyhow::Result<String> {
+    use std::io::Read;
+    let mut b = [0u8; 8];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    Ok(format!(
+        "mcp-{}",
+        b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+    ))
 }

@@ -118,6 +118,8 @@ pub struct ServeSection {
     pub max_connections_per_source: Option<usize>,
     /// Seconds a request's head may take to arrive; default 15.
     pub header_read_timeout_secs: Option<u64>,
+    /// Origins whose pages may call the API from a browser (CORS); default none.
+    pub cors_origins: Option<Vec<String>>,
     /// PEM certificate chain for HTTPS (with `tls_key`); reloaded on SIGHUP and on change.
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of `tls_cert`.

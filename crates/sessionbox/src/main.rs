@@ -147,8 +147,8 @@ async fn run(globals: Globals, command: RunCommand) -> anyhow::Result<ExitCode> 
         RunCommand::Conversation(command) => {
             let settings = Settings::load(&globals)?;
             let lifecycle = settings.file.lifecycle()?;
-            let (conv, kind, store) =
-                conversation(&globals, &settings, &command.conv().conversation).await?;
+            let id = command.conversation_id()?;
+            let (conv, kind, store) = conversation(&globals, &settings, &id).await?;
             let app = App::build(&globals, &settings, lifecycle, kind, store)?;
             conversation_command(app, conv, command).await
         }
@@ -276,7 +276,10 @@ async fn conversation_command(
 ) -> anyhow::Result<ExitCode> {
     match command {
         ConversationCommand::Shell { cwd, .. } => shell::run(&app, &conv, cwd).await,
-        ConversationCommand::Mcp { .. } => {
+        ConversationCommand::Mcp { new, .. } => {
+            if new {
+                eprintln!("sessionbox mcp: conversation {}", conv.id);
+            }
             let state = sessionbox_server::AppState::new(
                 app.manager,
                 sessionbox_server::ServerConfig::default(),

@@ -75,6 +75,11 @@ pub(crate) struct ServeArgs {
     /// header_read_timeout_secs`, else 15.
     #[arg(long, env = "SESSIONBOX_HEADER_READ_TIMEOUT_SECS", value_name = "SECS")]
     header_read_timeout_secs: Option<u64>,
+    /// An origin (`https://app.example.com`) whose pages may call the API from a browser
+    /// (CORS); repeat for more. None by default: browsers then refuse every other origin's
+    /// page. Default: `[serve] cors_origins`.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    cors_origins: Vec<String>,
     /// Serve HTTPS with this PEM certificate chain (the server's certificate first); needs
     /// --tls-key. Both files are read again on SIGHUP and when they change; a pair that does
     /// not load is logged and the previous one stays. Default: `[serve] tls_cert`.
@@ -202,7 +207,14 @@ pub(crate) async fn run(
                 .unwrap_or(15)
                 .max(1),
         ),
+        cors_origins: match args.cors_origins.is_empty() {
+            true => file.cors_origins.clone().unwrap_or_default(),
+            false => args.cors_origins.clone(),
+        },
     };
+    for origin in &config.cors_origins {
+        sessionbox_server::check_cors_origin(origin)?;
+    }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;

@@ -34,9 +34,12 @@ async def call(session, tool, args):
 
 
 async def with_conversation(conversation, body):
+    """Runs `body` in a server process on `conversation`, or on a new one of its own with
+    None (`mcp --new`: then returns the conversation the instructions name)."""
+    which = ["--conversation", conversation] if conversation is not None else ["--new"]
     params = StdioServerParameters(
         command=EXE,
-        args=["--data-dir", DATA, "--runtime", RUNTIME, "mcp", "--conversation", conversation],
+        args=["--data-dir", DATA, "--runtime", RUNTIME, "mcp", *which],
         # The server's own settings pass (the opensandbox runtime reads its server from them).
         env={"PATH": "/usr/bin:/bin",
              **{k: v for k, v in os.environ.items() if k.startswith("OPEN_SANDBOX_")}},
@@ -53,7 +56,12 @@ async def with_conversation(conversation, body):
             where = "none are configured"
             for words in ("workspace of its own", "persist across turns", where):
                 assert words in text, (words, text)
-            return await body(session)
+            result = await body(session)
+            if conversation is None:
+                marker = "This session's conversation is `"
+                assert marker in text, text
+                return text.split(marker, 1)[1].split("`", 1)[0]
+            return result
 
 
 def split_result(text):
@@ -147,6 +155,21 @@ async def main():
             assert err and "not_found" in text, text
 
         await with_conversation("bob", bob)
+
+        # `mcp --new`: each process a conversation of its own, named to the model.
+        async def first(session):
+            text, err = await call(session, "write", {"path": "only-first.txt", "content": "1"})
+            assert not err, text
+            text, err = await call(session, "read", {"path": "notes/report.txt"})
+            assert err and "not_found" in text, f"a new conversation sees alice's file: {text}"
+
+        async def second(session):
+            text, err = await call(session, "read", {"path": "only-first.txt"})
+            assert err and "not_found" in text, f"two --new processes share a workspace: {text}"
+
+        a = await with_conversation(None, first)
+        b = await with_conversation(None, second)
+        assert a != b and a.startswith("mcp-") and b.startswith("mcp-"), (a, b)
     print("OK")
 
 

@@ -173,6 +173,12 @@ fn in_tmux(data: &Path, name: &str) {
 
     t.keys(&["C-d"]);
     t.wait_for("EXIT1=0");
+    // `stty -g > after` runs after the echo: wait for what it writes (a loaded machine showed
+    // the file made but still empty).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::metadata(&after).map_or(true, |m| m.len() == 0) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let restored = crate::support::text(&std::fs::read(&after).unwrap());
     assert_eq!(
         crate::support::text(&std::fs::read(&before).unwrap()),

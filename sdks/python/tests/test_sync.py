@@ -273,14 +273,13 @@ def test_exec_stream_order_and_liveness(client: Client, cid: str) -> None:
 def test_exec_stream_errors_before_stream(client: Client, cid: str) -> None:
     with pytest.raises(InvalidId):
         list(client.exec_stream("bad id", "true"))
-    # a missing cwd: the JSON answer is 404; the event stream reports it as an `error` event
-    # (after a 200), which the client raises as the same NotFound
+    # a missing cwd: a JSON 404 before any event, with or without the stream
     with pytest.raises(NotFound) as e:
         client.exec(cid, "pwd", cwd="nope")
     assert e.value.status == 404 and e.value.code == "not_found"
     with pytest.raises(NotFound) as e:
         list(client.exec_stream(cid, "pwd", cwd="nope"))
-    assert e.value.code == "not_found"
+    assert e.value.status == 404 and e.value.code == "not_found"
 
 
 def test_exec_stream_close_kills(client: Client, cid: str) -> None:

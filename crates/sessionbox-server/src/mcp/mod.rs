@@ -50,6 +50,45 @@ use crate::error::ApiError;
 pub(crate) const CONVERSATION_HEADER: &str = "x-conversation-id";
 /// The header of the streamable HTTP transport that names the MCP session.
 const SESSION_HEADER: &str = "mcp-session-id";
+/// The MCP route whose every session gets a conversation of its own.
+pub(crate) const NEW_PATH: &str = "/mcp/new";
+/// The MCP route that names the conversation in its path: `/mcp/conversations/{id}`.
+pub(crate) const PATH_PREFIX: &str = "/mcp/conversations/";
+
+/// `%XX` escapes of a path segment decoded; `None` when the result is not UTF-8.
+fn percent_decoded(raw: &str) -> Option<String> {
+    let b = raw.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%'
+            && let (Some(h), Some(l)) = (
+                b.get(i + 1).and_then(|&c| hex(c)),
+                b.get(i + 2).and_then(|&c| hex(c)),
+            )
+        {
+            out.push(u8::try_from(h * 16 + l).unwrap_or(0));
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// A new conversation id for an MCP session opened at [`NEW_PATH`]: `mcp-` and 16 random hex
+/// digits.
+fn new_conversation_id() -> sessionbox_core::Result<ConversationId> {
+    use std::io::Read;
+    let mut b = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| Error::Backend(format!("cannot read random bytes: {e}")))?;
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    ConversationId::new(format!("mcp-{hex}"))
+}
 
 /// The `/mcp` route: authentication and the conversation header, then rmcp's service.
 pub(crate) fn route(state: AppState) -> MethodRouter<AppState> {
@@ -127,28 +166,56 @@ async fn admit(State(s): State<AppState>, mut req: Request, next: Next) -> Respo
             Ok(p) => p,
             Err(e) => return e.into_response(),
         };
-    let id = match parts.headers.get(CONVERSATION_HEADER) {
-        None => {
-            return ApiError::bad_request(
-                "MCP requests need an `X-Conversation-Id` header naming the conversation",
-            )
-            .into_response();
+    let path = parts.uri.path().to_owned();
+    let per_session = path == NEW_PATH;
+    let header = match parts.headers.get(CONVERSATION_HEADER).map(|v| v.to_str()) {
+        None => None,
+        Some(Ok(v)) => Some(v.to_owned()),
+        Some(Err(_)) => {
+            return ApiError::bad_request("the `X-Conversation-Id` header is not ASCII")
+                .into_response();
         }
-        Some(v) => match v.to_str() {
-            Ok(v) => v.to_owned(),
-            Err(_) => {
-                return ApiError::bad_request("the `X-Conversation-Id` header is not ASCII")
+    };
+    // Named in the path (`/mcp/conversations/{id}`, for connectors that take a URL alone), in
+    // the header, or made for the session (`/mcp/new`, below).
+    let in_path = match path.strip_prefix(PATH_PREFIX) {
+        Some(raw) => match percent_decoded(raw) {
+            Some(id) => Some(id),
+            None => {
+                return ApiError::bad_request("the conversation id in the path is not UTF-8")
                     .into_response();
             }
         },
+        None => None,
     };
-    let id = match ConversationId::new(&id) {
-        Ok(id) => id,
-        Err(e) => {
-            let mut e = ApiError::from(e);
-            e.message = format!("X-Conversation-Id: {}", e.message);
-            return e.into_response();
+    let named = match (in_path, header) {
+        (Some(p), Some(h)) if p != h => {
+            return ApiError::bad_request(
+                "the path and the `X-Conversation-Id` header name different conversations",
+            )
+            .into_response();
         }
+        (Some(p), _) => Some(p),
+        (None, h) if !per_session => Some(h.unwrap_or_default()),
+        (None, _) => None,
+    };
+    let named = match named {
+        Some(id) if id.is_empty() => {
+            return ApiError::bad_request(
+                "MCP requests need a conversation: an `X-Conversation-Id` header, the path \
+                 /mcp/conversations/{id}, or /mcp/new for a conversation of each session's own",
+            )
+            .into_response();
+        }
+        Some(id) => match ConversationId::new(&id) {
+            Ok(id) => Some(id),
+            Err(e) => {
+                let mut e = ApiError::from(e);
+                e.message = format!("the conversation id: {}", e.message);
+                return e.into_response();
+            }
+        },
+        None => None,
     };
     // The session must be this tenant's: another tenant's id is answered as an unknown one.
     let session = match parts.headers.get(SESSION_HEADER) {
@@ -176,6 +243,25 @@ async fn admit(State(s): State<AppState>, mut req: Request, next: Next) -> Respo
         }
         None => None,
     };
+    // `/mcp/new`: the session's own conversation, made when the session opens.
+    let (id, made) = match named {
+        Some(id) => (id, None),
+        None => match &session {
+            Some(sid) => match s.mcp_sessions.conversation_of(sid) {
+                Some(id) => (id, None),
+                None => {
+                    return ApiError::bad_request(
+                        "this MCP session was not opened at /mcp/new: name its conversation",
+                    )
+                    .into_response();
+                }
+            },
+            None => match new_conversation_id() {
+                Ok(id) => (id.clone(), Some(id)),
+                Err(e) => return ApiError::from(e).into_response(),
+            },
+        },
+    };
     let conversation = ConversationRef::new(principal.tenant.clone(), id);
     req = Request::from_parts(parts, body);
     req.extensions_mut().insert(Caller {
@@ -198,7 +284,14 @@ async fn admit(State(s): State<AppState>, mut req: Request, next: Next) -> Respo
                 .get(SESSION_HEADER)
                 .and_then(|v| v.to_str().ok())
             {
-                opening.bind(id);
+                let id = id.to_owned();
+                opening.bind(&id, made.clone());
+            }
+            // The client learns the conversation made for its session.
+            if let Some(made) = &made
+                && let Ok(v) = axum::http::HeaderValue::from_str(made.as_str())
+            {
+                response.headers_mut().insert(CONVERSATION_HEADER, v);
             }
         }
         (None, None) => {}
@@ -248,6 +341,7 @@ impl ServerHandler for Tools {
             .with_instructions(instructions(
                 !self.state.manager.skills().is_empty(),
                 self.state.manager.runtime().mounted_skills(),
+                self.fixed.as_ref().map(|c| c.conversation.id.as_str()),
             ))
     }
 
@@ -305,7 +399,11 @@ impl ServerHandler for Tools {
 /// The server's instructions to the model. `any_skills`: this server has skills configured
 /// for some tenant; `mounted`: where the runtime mounts them (else they are copied into the
 /// workspace at `.skills/NAME`).
-fn instructions(any_skills: bool, mounted: Option<String>) -> String {
+fn instructions(any_skills: bool, mounted: Option<String>, conversation: Option<&str>) -> String {
+    let named = match conversation {
+        Some(id) => format!(" This session's conversation is `{id}`."),
+        None => String::new(),
+    };
     let skills = match (any_skills, mounted) {
         (false, _) => {
             "Agent Skills: none are configured on this server (`skill` says so).".to_owned()
@@ -325,7 +423,7 @@ fn instructions(any_skills: bool, mounted: Option<String>) -> String {
          conversation can see. The tools bash, read, write, edit, ls, glob and grep work in it \
          (relative paths start at its root). Its files persist across turns: a later turn of \
          the same conversation finds them again; a new conversation starts empty. {skills} \
-         `network` shows the network policy, which no tool can change."
+         `network` shows the network policy, which no tool can change.{named}"
     )
 }
 
@@ -335,17 +433,23 @@ mod tests {
 
     #[test]
     fn the_instructions_name_a_skill_directory_only_where_skills_exist() {
-        let none = instructions(false, Some("/skills".into()));
+        let none = instructions(false, Some("/skills".into()), None);
         assert!(
             none.contains("none are configured") && !none.contains("/skills/NAME"),
             "{none}"
         );
-        let mounted = instructions(true, Some("/skills/".into()));
+        let mounted = instructions(true, Some("/skills/".into()), None);
         assert!(mounted.contains("/skills/NAME, read-only"), "{mounted}");
-        let copied = instructions(true, None);
+        let copied = instructions(true, None, None);
         assert!(copied.contains(".skills/NAME in the workspace"), "{copied}");
         for text in [none, mounted, copied] {
             assert!(text.contains("persist across turns"), "{text}");
+            assert!(!text.contains("This session's conversation"), "{text}");
         }
+        let named = instructions(false, None, Some("mcp-0a1b"));
+        assert!(
+            named.contains("This session's conversation is `mcp-0a1b`."),
+            "{named}"
+        );
     }
 }

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use rmcp::transport::streamable_http_server::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-use sessionbox_core::{Error, TenantId};
+use sessionbox_core::{ConversationId, Error, TenantId};
 
 /// Session ids by owner, sessions being opened, and rmcp's session manager they track.
 pub(crate) struct Owners {
@@ -30,6 +30,8 @@ pub(crate) struct Owners {
 struct State {
     /// Session id to the tenant that opened it.
     owners: HashMap<String, TenantId>,
+    /// Session id to the conversation made for it (`/mcp/new`: one conversation per session).
+    conversations: HashMap<String, ConversationId>,
     /// `initialize` requests in flight, per tenant (they count against the limit).
     opening: HashMap<TenantId, usize>,
 }
@@ -69,7 +71,14 @@ impl Owners {
 
     /// Forgets session `id` (it ended).
     pub(crate) fn forget(&self, id: &str) {
-        self.lock().owners.remove(id);
+        let mut state = self.lock();
+        state.owners.remove(id);
+        state.conversations.remove(id);
+    }
+
+    /// The conversation made for session `id` when it was opened at `/mcp/new`.
+    pub(crate) fn conversation_of(&self, id: &str) -> Option<ConversationId> {
+        self.lock().conversations.get(id).cloned()
     }
 
     /// Sessions `tenant` has open or is opening, as far as this map knows.
@@ -131,12 +140,15 @@ impl Owners {
 }
 
 impl Opening {
-    /// Records that the session being opened got `id`.
-    pub(crate) fn bind(self, id: &str) {
-        self.owners
-            .lock()
-            .owners
-            .insert(id.to_owned(), self.tenant.clone());
+    /// Records that the session being opened got `id`, and the conversation made for it, if
+    /// one was.
+    pub(crate) fn bind(self, id: &str, conversation: Option<ConversationId>) {
+        let mut state = self.owners.lock();
+        state.owners.insert(id.to_owned(), self.tenant.clone());
+        if let Some(c) = conversation {
+            state.conversations.insert(id.to_owned(), c);
+        }
+        drop(state);
         // `self` drops here: the place counted while opening is now the session's.
     }
 }

@@ -66,7 +66,7 @@ pub(crate) struct DiskView {
 pub(crate) struct UsageView {
     /// Every operation (open, exec, read, write, ...), refused ones included.
     operations: u64,
-    /// Commands run.
+    /// Commands run: foreground, streamed and background.
     execs: u64,
     /// Count per operation name.
     by_operation: BTreeMap<String, u64>,
@@ -182,7 +182,12 @@ pub(crate) async fn get(
         let mut view = ConversationView::from(record);
         view.usage = Some(UsageView {
             operations: by_operation.values().sum(),
-            execs: by_operation.get("exec").copied().unwrap_or(0),
+            // Foreground, streamed and background commands alike.
+            execs: by_operation
+                .iter()
+                .filter(|(op, _)| *op == "exec" || op.starts_with("exec_"))
+                .map(|(_, n)| n)
+                .sum(),
             by_operation,
         });
         view.disk = disk.map(|d| DiskView {

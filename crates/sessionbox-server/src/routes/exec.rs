@@ -227,6 +227,17 @@ pub(crate) async fn exec(
         let reservation = state.budget.reserve(&conv.tenant, request.output_limit)?;
         if stream {
             let opened = state.open(&conv, Operation::Exec).await?;
+            // Bad input is a JSON error, as without the stream: a missing working directory is
+            // known before the first event is sent.
+            if let Some(cwd) = &request.cwd {
+                let st = opened.conv.stat(cwd).await?;
+                if st.kind != sessionbox_core::FileKind::Directory {
+                    return Err(Error::InvalidRequest(format!(
+                        "the working directory {cwd:?} is not a directory"
+                    ))
+                    .into());
+                }
+            }
             state.metrics.execs.with_label_values(&["stream"]).inc();
             let previous_expired_at = opened.previous_expired_at();
             return Ok(notify_expired(

@@ -122,6 +122,8 @@ pub fn router(state: AppState) -> Router {
         .route(&at("/skills/{name}"), get(skills::load_skill))
         .route("/metrics", get(metrics::metrics))
         .route("/mcp", crate::mcp::route(state.clone()))
+        .route(crate::mcp::NEW_PATH, crate::mcp::route(state.clone()))
+        .route("/mcp/conversations/{id}", crate::mcp::route(state.clone()))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(json_limit)
@@ -132,7 +134,47 @@ pub fn router(state: AppState) -> Router {
         ))
         .layer(from_fn_with_state(state.clone(), crate::audit::track))
         .layer(from_fn_with_state(state.clone(), metrics::track))
+        .layer(cors(&state.config.cors_origins))
         .with_state(state)
+}
+
+/// CORS for the configured origins (none by default: no `Access-Control-*` header is sent, so
+/// a browser hands no response to another origin's page). Credentials are the API key in
+/// `Authorization`, never cookies, so `Access-Control-Allow-Credentials` is not sent.
+fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
+    use axum::http::{HeaderName, HeaderValue, Method, header};
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    let allowed: Vec<HeaderValue> = origins
+        .iter()
+        .filter_map(|o| HeaderValue::from_str(o).ok())
+        .collect();
+    CorsLayer::new()
+        .allow_origin(AllowOrigin::list(allowed))
+        .allow_methods([
+            Method::GET,
+            Method::POST,
+            Method::PUT,
+            Method::PATCH,
+            Method::DELETE,
+        ])
+        .allow_headers([
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            header::ACCEPT,
+            header::RANGE,
+            HeaderName::from_static(crate::mcp::CONVERSATION_HEADER),
+            HeaderName::from_static("mcp-session-id"),
+            HeaderName::from_static("mcp-protocol-version"),
+            HeaderName::from_static("last-event-id"),
+        ])
+        .expose_headers([
+            header::CONTENT_LENGTH,
+            header::CONTENT_RANGE,
+            header::RETRY_AFTER,
+            HeaderName::from_static(crate::mcp::CONVERSATION_HEADER),
+            HeaderName::from_static("mcp-session-id"),
+        ])
+        .max_age(std::time::Duration::from_secs(600))
 }
 
 async fn not_found() -> ApiError {

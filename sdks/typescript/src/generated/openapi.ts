@@ -1422,7 +1422,7 @@ export interface components {
             };
             /**
              * Format: int64
-             * @description Commands run.
+             * @description Commands run: foreground, streamed and background.
              */
             execs: number;
             /**
