@@ -33,6 +33,28 @@ fn check_sdk() {
     );
 }
 
+/// Runs the Python client `script` of this directory with `args`; it must print OK last.
+async fn run_client(script: &str, args: &[&str]) {
+    let script = format!("{}/tests/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new("python3")
+            .arg(&script)
+            .args(args)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the Python client finishes in time")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.trim_end().ends_with("OK"),
+        "the Python client {script} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_python_sdk_uses_the_tools_in_separate_conversations() {
     check_sdk();
@@ -83,23 +105,7 @@ async fn the_official_python_sdk_uses_the_tools_in_separate_conversations() {
         assert!(body["code"].is_string(), "{body}");
     }
 
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp_client.py");
-    let out = tokio::time::timeout(
-        Duration::from_secs(120),
-        tokio::process::Command::new("python3")
-            .args([script, &url, &key, env!("CARGO_PKG_VERSION")])
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("the Python client finishes in time")
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.trim_end().ends_with("OK"),
-        "the Python client failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_client("mcp_client.py", &[&url, &key, env!("CARGO_PKG_VERSION")]).await;
 
     // Every tool call is audited by the manager and as `mcp.*` with the key.
     let audit = store.audit_log(&AuditFilter::default()).unwrap();
@@ -298,23 +304,7 @@ async fn conversations_named_in_the_path_or_made_per_session() {
     }));
     let base = format!("http://{addr}");
 
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp_routes_client.py");
-    let out = tokio::time::timeout(
-        Duration::from_secs(120),
-        tokio::process::Command::new("python3")
-            .args([script, &base, &key])
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("the Python client finishes in time")
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.trim_end().ends_with("OK"),
-        "the Python client failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_client("mcp_routes_client.py", &[&base, &key]).await;
 
     let client = reqwest::Client::new();
     let post = |url: String, session: Option<String>, body: &'static str| {
