@@ -7,7 +7,13 @@ import re
 
 from conftest import HERE
 
-PAGES = ["claude-desktop-and-code.md", "langchain.md", "openai-agents.md", "python-tool-loop.md"]
+PAGES = [
+    "claude-desktop-and-code.md",
+    "langchain.md",
+    "openai-agents.md",
+    "python-tool-loop.md",
+    "typescript-mcp.md",
+]
 BLOCK = re.compile(r"^```[^\n]*\n(.*?)^```\n", re.S | re.M)
 MARKED = re.compile(r"^<!-- file: (\S+) -->\n```[^\n]*\n(.*?)^```\n", re.S | re.M)
 
