@@ -79,6 +79,10 @@ pub enum Error {
     /// A server refused the caller's credentials (a missing, unknown or revoked API key).
     #[error("unauthorized: {0}")]
     Unauthorized(String),
+    /// The caller's credentials are valid but do not allow this request: an API key limited to
+    /// other conversations, to reading, or to conversation routes. The message names the rule.
+    #[error("forbidden: {0}")]
+    Forbidden(String),
     /// Too many requests are waiting for the same conversation; retry later.
     #[error("busy: {0}")]
     Busy(String),
@@ -107,6 +111,7 @@ impl Error {
             Error::Conflict(_) => "conflict",
             Error::RuntimeUnavailable { .. } => "runtime_unavailable",
             Error::Unauthorized(_) => "unauthorized",
+            Error::Forbidden(_) => "forbidden",
             Error::Busy(_) => "busy",
             Error::Backend(_) => "backend_error",
         }
@@ -132,6 +137,7 @@ impl Error {
             "already exists: ",
             "conflict: ",
             "unauthorized: ",
+            "forbidden: ",
             "busy: ",
             "backend error: ",
         ]
@@ -155,6 +161,7 @@ impl Error {
             "timed_out" => Error::TimedOut(Duration::ZERO),
             "conflict" => Error::Conflict(m),
             "unauthorized" => Error::Unauthorized(m),
+            "forbidden" => Error::Forbidden(m),
             "busy" => Error::Busy(m),
             _ => Error::Backend(m),
         }

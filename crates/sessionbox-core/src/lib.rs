@@ -9,6 +9,7 @@
 //! - [`Operation`] and [`OpenMode`]: which operations create a conversation (one rule for
 //!   every front end).
 //! - [`Directory`]: what a runtime may ask about a recorded conversation.
+//! - [`KeyScope`]: what an API key may reach within its tenant.
 //! - [`Error`]: the one error type, with a stable [`Error::code`] for wire formats.
 //!
 //! Architecture invariant: this crate does no I/O and depends on no runtime crate.
@@ -24,6 +25,7 @@ mod open;
 mod path;
 pub mod patterns;
 mod runtime;
+mod scope;
 mod snapshot;
 mod watch;
 
@@ -53,6 +55,7 @@ pub use runtime::{
     DestroyReport, DiskUsage, PoolSizes, Runtime, RuntimeConversation, RuntimeInfo, Session,
     WorkspaceClones,
 };
+pub use scope::{ConversationScope, KeyScope, MAX_ID_PREFIX_BYTES};
 pub use snapshot::{
     ArchiveStats, MAX_ARCHIVE_ENTRIES, MAX_SNAPSHOT_NAME_BYTES, archive_unsupported,
     temporary_archive, validate_snapshot_name,

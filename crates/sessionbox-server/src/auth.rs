@@ -1,22 +1,42 @@
-//! Who is calling: an API key (its tenant) or, on a loopback server with no key at all, the
-//! server's open tenant.
+//! Who is calling: an API key (its tenant and scope) or, on a loopback server with no key at
+//! all, the server's open tenant.
+//!
+//! [`crate::scope::authorize`] authenticates every request of a route that needs a key, checks
+//! the key's scope against the route, and leaves the [`Principal`] in the request's extensions;
+//! the `Principal` extractor of a handler takes it from there.
 
 use axum::extract::FromRequestParts;
 use axum::http::HeaderMap;
 use axum::http::StatusCode;
 use axum::http::request::Parts;
-use sessionbox_core::TenantId;
+use sessionbox_core::{KeyScope, TenantId};
+use sessionbox_store::KeyCheck;
 
 use crate::AppState;
 use crate::error::ApiError;
 
-/// The caller of a request: the tenant it acts in and the id of the key it showed.
+/// The caller of a request: the tenant it acts in, the id of the key it showed and what that
+/// key may reach.
 #[derive(Debug, Clone)]
 pub struct Principal {
     /// The tenant the request acts in (its key's tenant, or the open tenant).
     pub tenant: TenantId,
     /// `None` when the server runs open (loopback, no key configured).
     pub key_id: Option<String>,
+    /// What the key may reach within the tenant; everything without a key.
+    pub scope: KeyScope,
+}
+
+impl Principal {
+    /// A caller with every right in `tenant` and no key (open mode, MCP over stdio, a preview
+    /// link's own claims).
+    pub(crate) fn unrestricted(tenant: TenantId) -> Self {
+        Principal {
+            tenant,
+            key_id: None,
+            scope: KeyScope::default(),
+        }
+    }
 }
 
 /// The key a request carries: `Authorization: Bearer KEY` or `X-API-Key: KEY`. `Err` when a
@@ -43,54 +63,66 @@ impl FromRequestParts<AppState> for Principal {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let store = state.manager.store().clone();
-        match presented_key(&parts.headers)? {
-            Some(key) => {
-                let found = store.run(move |s| s.verify_api_key(&key)).await?;
-                match found {
-                    Some(record) => Ok(Principal {
-                        tenant: record.tenant,
-                        key_id: Some(record.id),
-                    }),
-                    None => Err(ApiError::unauthorized(
-                        "the API key is not valid (unknown or revoked)",
-                    )),
-                }
+        match parts.extensions.get::<Principal>() {
+            Some(p) => Ok(p.clone()),
+            None => authenticate(parts, state).await,
+        }
+    }
+}
+
+/// The caller of a request, from its key (or open mode); 401 or 403 when there is none.
+pub(crate) async fn authenticate(parts: &Parts, state: &AppState) -> Result<Principal, ApiError> {
+    let store = state.manager.store().clone();
+    match presented_key(&parts.headers)? {
+        Some(key) => {
+            let found = store
+                .run(move |s| s.verify_api_key(&key, chrono::Utc::now()))
+                .await?;
+            match found {
+                KeyCheck::Valid(record) => Ok(Principal {
+                    tenant: record.tenant,
+                    key_id: Some(record.id),
+                    scope: record.scope,
+                }),
+                KeyCheck::Expired(at) => Err(ApiError::unauthorized(format!(
+                    "the API key expired at {}; create a new one",
+                    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                ))),
+                KeyCheck::Invalid => Err(ApiError::unauthorized(
+                    "the API key is not valid (unknown or revoked)",
+                )),
             }
-            None => {
-                let Some(tenant) = state.config.open_tenant.clone() else {
-                    return Err(ApiError::unauthorized(
-                        "an API key is required: send `Authorization: Bearer KEY` or `X-API-Key: KEY`",
-                    ));
-                };
-                // Open only while no key exists: the first key created closes it.
-                if store.run(|s| s.has_api_keys()).await? {
-                    return Err(ApiError::unauthorized(
-                        "an API key is required: send `Authorization: Bearer KEY` or `X-API-Key: KEY`",
-                    ));
-                }
-                let mut headers = parts.headers.clone();
-                if !headers.contains_key(axum::http::header::HOST)
-                    && let Some(a) = parts.uri.authority()
-                    && let Ok(v) = axum::http::HeaderValue::from_str(a.as_str())
-                {
-                    // HTTP/2 names the host in the request's authority, not a Host header.
-                    headers.insert(axum::http::header::HOST, v);
-                }
-                if !from_loopback(&headers) {
-                    return Err(ApiError::new(
-                        StatusCode::FORBIDDEN,
-                        "forbidden",
-                        "without an API key this server answers only requests to a loopback \
+        }
+        None => {
+            let Some(tenant) = state.config.open_tenant.clone() else {
+                return Err(ApiError::unauthorized(
+                    "an API key is required: send `Authorization: Bearer KEY` or `X-API-Key: KEY`",
+                ));
+            };
+            // Open only while no key exists: the first key created closes it.
+            if store.run(|s| s.has_api_keys()).await? {
+                return Err(ApiError::unauthorized(
+                    "an API key is required: send `Authorization: Bearer KEY` or `X-API-Key: KEY`",
+                ));
+            }
+            let mut headers = parts.headers.clone();
+            if !headers.contains_key(axum::http::header::HOST)
+                && let Some(a) = parts.uri.authority()
+                && let Ok(v) = axum::http::HeaderValue::from_str(a.as_str())
+            {
+                // HTTP/2 names the host in the request's authority, not a Host header.
+                headers.insert(axum::http::header::HOST, v);
+            }
+            if !from_loopback(&headers) {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "forbidden",
+                    "without an API key this server answers only requests to a loopback \
                          host (Host: localhost, 127.0.0.1 or [::1]) from no other origin; create \
                          an API key and send it",
-                    ));
-                }
-                Ok(Principal {
-                    tenant,
-                    key_id: None,
-                })
+                ));
             }
+            Ok(Principal::unrestricted(tenant))
         }
     }
 }

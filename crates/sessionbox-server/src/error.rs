@@ -43,7 +43,7 @@ impl ApiError {
 pub fn status_of(e: &Error) -> StatusCode {
     match e.code() {
         "invalid_id" | "invalid_path" | "invalid_request" => StatusCode::BAD_REQUEST,
-        "outside_workspace" => StatusCode::FORBIDDEN,
+        "outside_workspace" | "forbidden" => StatusCode::FORBIDDEN,
         "not_found" => StatusCode::NOT_FOUND,
         "already_exists" | "conflict" => StatusCode::CONFLICT,
         "too_large" => StatusCode::PAYLOAD_TOO_LARGE,
@@ -73,6 +73,13 @@ impl IntoResponse for ApiError {
             message: self.message,
         };
         let mut response = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            // RFC 9110, 15.5.2: a 401 names the scheme the server takes.
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer realm=\"sessionbox\""),
+            );
+        }
         response.extensions_mut().insert(ErrorCode(self.code));
         response
     }

@@ -54,6 +54,7 @@ mod queue;
 mod relay;
 mod routes;
 mod running;
+mod scope;
 mod sessions;
 mod skills;
 pub mod tls;

@@ -25,7 +25,10 @@ use crate::views::{ErrorBody, ExitStatusView, FileKindView};
 pub(crate) enum ConversationErrors {
     #[response(status = 400, description = "invalid input")]
     InvalidInput(ErrorBody),
-    #[response(status = 403, description = "path outside the workspace")]
+    #[response(
+        status = 403,
+        description = "a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule)"
+    )]
     OutsideWorkspace(ErrorBody),
     #[response(status = 404, description = "no such conversation or file")]
     NotFound(ErrorBody),

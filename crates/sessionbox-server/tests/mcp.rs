@@ -121,6 +121,14 @@ async fn the_official_python_sdk_uses_the_tools_in_separate_conversations() {
             .any(|e| e.entry.operation == "mcp.read" && e.entry.outcome == "not_found"),
         "{audit:?}"
     );
+    // Listing resources did not make the conversation it listed.
+    assert!(
+        !store
+            .list(None)
+            .unwrap()
+            .iter()
+            .any(|r| r.conversation_id.as_str() == "never-made")
+    );
     let _ = tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
 }
@@ -383,6 +391,68 @@ async fn conversations_named_in_the_path_or_made_per_session() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    // A session stays on its conversation: the /mcp/new session, sent to another conversation
+    // by path or header, is refused and nothing runs there.
+    for (url, header) in [
+        (format!("{base}/mcp/conversations/elsewhere"), None),
+        (format!("{base}/mcp"), Some("elsewhere")),
+    ] {
+        let mut r = client
+            .post(&url)
+            .bearer_auth(&key)
+            .header("mcp-session-id", &session)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream");
+        if let Some(h) = header {
+            r = r.header("x-conversation-id", h);
+        }
+        let r = r.body(CALL).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{url}");
+        let v: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+        assert!(
+            v["message"]
+                .as_str()
+                .unwrap()
+                .contains("belongs to conversation"),
+            "{v}"
+        );
+    }
+    let r = client
+        .get(format!("{base}/v1/conversations/elsewhere"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND, "nothing ran elsewhere");
+    // /mcp/new with a conversation header: refused, the header would be ignored.
+    let r = client
+        .post(&new)
+        .bearer_auth(&key)
+        .header("x-conversation-id", "chat-42")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(INITIALIZE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    // A 401 names the scheme (RFC 9110: every 401 carries WWW-Authenticate).
+    let r = client
+        .post(&new)
+        .bearer_auth("sbk_wrong")
+        .body(INITIALIZE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    assert!(
+        r.headers()["www-authenticate"]
+            .to_str()
+            .unwrap()
+            .starts_with("Bearer"),
+        "{:?}",
+        r.headers()
+    );
     let _ = tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
 }

@@ -87,7 +87,9 @@ async def main():
             assert not err and text == "out\nerr\nExit code: 3", repr(text)
             text, err = await call(session, "bash", {"command": "yes x | head -c 100000"})
             assert not err and "[output truncated" in text and "Exit code: 0" in text, text[-200:]
-            assert len(text) < 30_200, len(text)
+            # The cut says what to do next.
+            assert "redirect the output to a file" in text, text[-300:]
+            assert len(text) < 30_400, len(text)
             text, err = await call(session, "write", {"path": "notes/a.txt", "content": "one\ntwo\nthree\n"})
             assert not err, text
             text, err = await call(session, "read", {"path": "notes/a.txt"})
@@ -153,6 +155,39 @@ async def main():
             assert not err and "2" in text, text
 
         await with_session("alice", alice_again)
+
+        # Workspace files as resources, read-only: listed with file:/// URIs, read whole (text
+        # or base64), a missing one is the protocol's resource-not-found error.
+        async def resources(session):
+            text, err = await call(session, "bash", {"command": "printf 'h\\377\\000i' > 'bin ary.dat'"})
+            assert not err, text
+            listed = dump(await session.list_resources())
+            uris = {r["uri"]: r for r in listed["resources"]}
+            assert "file:///notes/a.txt" in uris, uris
+            assert uris["file:///notes/a.txt"]["name"] == "notes/a.txt", uris
+            assert uris["file:///notes/a.txt"]["mimeType"] == "text/plain", uris
+            assert "file:///bin%20ary.dat" in uris, uris
+            read = dump(await session.read_resource("file:///notes/a.txt"))
+            assert read["contents"][0]["text"] == "one\n2\nthree\n", read
+            read = dump(await session.read_resource("file:///bin%20ary.dat"))
+            import base64
+            assert base64.b64decode(read["contents"][0]["blob"]) == b"h\xff\x00i", read
+            for bad in ("file:///nothing.txt", "file:///../etc/passwd", "http://x/a"):
+                try:
+                    await session.read_resource(bad)
+                except Exception as e:  # noqa: BLE001 (the SDK raises McpError)
+                    assert "error (" in str(e), str(e)
+                    continue
+                raise AssertionError(f"read {bad}")
+
+        await with_session("alice", resources)
+
+        # A conversation that was never made lists no resources, and listing does not make it.
+        async def no_files(session):
+            listed = dump(await session.list_resources())
+            assert listed["resources"] == [], listed
+
+        await with_session("never-made", no_files)
 
         # Every session so far ended cleanly: the SDK logged no warning (its DELETE answered
         # 200 or 204 included). The refused sessions below may log their HTTP errors.

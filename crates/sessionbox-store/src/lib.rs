@@ -73,7 +73,7 @@ pub use bootstraps::{BootstrapRecord, BootstrapState};
 pub use conversations::OrphanClaim;
 pub use egress::{EgressLogEntry, EgressLogFilter, EgressLogRecord, PolicyScope, StoredPolicy};
 pub use expired::ExpiredNotice;
-pub use keys::{API_KEY_PREFIX, ApiKeyRecord, NewApiKey};
+pub use keys::{API_KEY_PREFIX, ApiKeyRecord, KeyCheck, KeyOptions, NewApiKey};
 pub use locks::ConversationLock;
 pub use retention::{LogRetention, LogsPruned, MAX_LOG_TEXT, PRUNE_BATCH};
 pub use schema::SCHEMA_VERSION;

@@ -352,6 +352,23 @@ const MIGRATIONS: &[Step] = &[
     );
     CREATE INDEX snapshot_templates_by_snapshot ON snapshot_templates (tenant, snapshot);",
     },
+    // 13: scoped, expiring API keys: a key may be limited to one conversation or to ids with a
+    // prefix (never both), to reading, and may expire. Keys made before keep their full reach.
+    Step {
+        sqlite: "ALTER TABLE api_keys ADD COLUMN conversation TEXT;
+    ALTER TABLE api_keys ADD COLUMN id_prefix TEXT
+        CHECK (id_prefix IS NULL OR length(id_prefix) BETWEEN 1 AND 100);
+    ALTER TABLE api_keys ADD COLUMN read_only INTEGER NOT NULL DEFAULT 0
+        CHECK (read_only IN (0, 1));
+    ALTER TABLE api_keys ADD COLUMN expires_at INTEGER;",
+        postgres: "ALTER TABLE api_keys
+        ADD COLUMN conversation TEXT,
+        ADD COLUMN id_prefix TEXT
+            CHECK (id_prefix IS NULL OR length(id_prefix) BETWEEN 1 AND 100),
+        ADD COLUMN read_only BIGINT NOT NULL DEFAULT 0 CHECK (read_only IN (0, 1)),
+        ADD COLUMN expires_at BIGINT,
+        ADD CONSTRAINT api_keys_one_scope CHECK (conversation IS NULL OR id_prefix IS NULL);",
+    },
 ];
 
 /// The schema version this build writes: the number of migrations.

@@ -35,10 +35,14 @@ impl Fx {
     }
 
     /// Takes the database back to the schema before snapshots, as an older sessionbox left it
-    /// (valid while migration 12 is the newest).
+    /// (valid while migration 13, scoped keys, is the newest).
     fn downgrade_to_before_snapshots(&self) {
-        assert_eq!(SCHEMA_VERSION, BEFORE_SNAPSHOTS + 1, "adjust this test");
-        let drop = "DROP TABLE snapshot_templates; DROP TABLE snapshots;";
+        assert_eq!(SCHEMA_VERSION, BEFORE_SNAPSHOTS + 2, "adjust this test");
+        let drop = "DROP TABLE snapshot_templates; DROP TABLE snapshots;
+            ALTER TABLE api_keys DROP COLUMN conversation;
+            ALTER TABLE api_keys DROP COLUMN id_prefix;
+            ALTER TABLE api_keys DROP COLUMN read_only;
+            ALTER TABLE api_keys DROP COLUMN expires_at;";
         match &*self.0 {
             FxInner::Sqlite(dir) => {
                 let raw = rusqlite::Connection::open(dir.path().join("store.db")).unwrap();

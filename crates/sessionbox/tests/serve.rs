@@ -140,6 +140,73 @@ fn serve_refuses_a_public_address_without_a_key_and_keys_are_listed_and_revoked(
     assert_eq!(out.status.code(), Some(1));
 }
 
+#[test]
+fn keys_create_takes_a_scope_and_an_expiry_lists_them_and_audits_them() {
+    let d = tempfile::tempdir().unwrap();
+    let base = ["--tenant", "acme", "keys", "create"];
+    let create = |extra: &[&str]| sessionbox(d.path(), &[&base[..], extra].concat());
+    let out = create(&[
+        "--conversation",
+        "chat-1",
+        "--read-only",
+        "--expires-in",
+        "2h",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("conversation \"chat-1\", read-only, expires "),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = create(&["--prefix", "team-a-"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    // Bad input: clear usage errors, and no key made.
+    for (extra, says) in [
+        (&["--prefix", "../x"][..], "id prefix"),
+        (&["--conversation", "a/b"][..], "conversation id"),
+        (&["--expires-in", "soon"][..], "--expires-in"),
+        (&["--expires-in", "0s"][..], "zero"),
+        (
+            &["--conversation", "a", "--prefix", "b"][..],
+            "cannot be used with",
+        ),
+    ] {
+        let out = create(extra);
+        assert!(!out.status.success(), "{extra:?}");
+        assert!(
+            text(&out.stderr).contains(says),
+            "{extra:?}: {}",
+            text(&out.stderr)
+        );
+    }
+
+    let out = sessionbox(d.path(), &["keys", "list", "--json"]);
+    let keys: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(keys.as_array().unwrap().len(), 2, "{keys}");
+    assert_eq!(keys[0]["scope"]["conversations"]["kind"], "one", "{keys}");
+    assert_eq!(
+        keys[0]["scope"]["conversations"]["value"], "chat-1",
+        "{keys}"
+    );
+    assert_eq!(keys[0]["scope"]["read_only"], true, "{keys}");
+    assert!(keys[0]["expires_at"].is_string(), "{keys}");
+    assert_eq!(
+        keys[1]["scope"]["conversations"]["kind"], "prefix",
+        "{keys}"
+    );
+    assert!(keys[1]["expires_at"].is_null(), "{keys}");
+    let listing = text(&sessionbox(d.path(), &["keys", "list"]).stdout);
+    assert!(
+        listing.contains("conversation \"chat-1\", read-only")
+            && listing.contains("conversations whose id starts with \"team-a-\""),
+        "{listing}"
+    );
+    let audit = text(&sessionbox(d.path(), &["--tenant", "acme", "audit", "--json"]).stdout);
+    assert_eq!(audit.matches("keys.create").count(), 2, "{audit}");
+    assert!(audit.contains("read-only"), "{audit}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_runs_conversations_in_sandboxes_per_tenant_over_http() {
     let d = tempfile::tempdir().unwrap();

@@ -143,6 +143,36 @@ test('bash output and files come back byte for byte', async () => {
   }
 });
 
+test('workspace files are read-only resources; a /mcp/new session is told its conversation', async () => {
+  const conn = await connectHttp(sb.url, sb.key);
+  try {
+    // The HTTP session's instructions name the conversation made for it, as stdio's do.
+    assert.match(conn.client.getInstructions() ?? '', new RegExp(`conversation is \`${conn.conversationId}\``));
+    assert.ok(conn.client.getServerCapabilities()?.resources, 'resources are offered');
+    let r = await call(conn, 'write', { path: 'docs/note one.md', content: TEXT });
+    assert.ok(!r.isError, r.text);
+    r = await call(conn, 'bash', { command: "printf '\\377\\000x' > raw.bin" });
+    assert.ok(!r.isError, r.text);
+    const { resources } = await conn.client.listResources();
+    const byUri = Object.fromEntries(resources.map((x) => [x.uri, x]));
+    assert.deepEqual(Object.keys(byUri).sort(), ['file:///docs/note%20one.md', 'file:///raw.bin']);
+    assert.equal(byUri['file:///docs/note%20one.md'].name, 'docs/note one.md');
+    assert.equal(byUri['file:///docs/note%20one.md'].mimeType, 'text/markdown');
+    let read = await conn.client.readResource({ uri: 'file:///docs/note%20one.md' });
+    assert.equal(read.contents[0].text, TEXT);
+    read = await conn.client.readResource({ uri: 'file:///raw.bin' });
+    assert.deepEqual(Buffer.from(read.contents[0].blob, 'base64'), Buffer.from([0xff, 0x00, 0x78]));
+    // A missing file and a path out of the workspace are protocol errors, and change nothing.
+    await assert.rejects(conn.client.readResource({ uri: 'file:///missing.txt' }), /not_found/);
+    await assert.rejects(conn.client.readResource({ uri: 'file:///../../etc/passwd' }), /error \(/);
+    // A long output is cut with advice on what to do next.
+    r = await call(conn, 'bash', { command: 'yes x | head -c 100000' });
+    assert.match(r.text, /output truncated: \d+ more characters; to see all of it, redirect the output to a file/);
+  } finally {
+    await disconnect(conn);
+  }
+});
+
 test('an invalid conversation id or a missing key is refused with an HTTP error', async () => {
   for (const id of ['../x', 'a'.repeat(300), '-dash', 'sp ace']) {
     await assert.rejects(connectHttp(sb.url, sb.key, id), (e) => {

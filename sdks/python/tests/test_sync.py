@@ -24,6 +24,7 @@ from sessionbox import (
     Client,
     Conflict,
     ExecExit,
+    Forbidden,
     InvalidId,
     InvalidRequest,
     NotFound,
@@ -86,6 +87,33 @@ def test_wrong_key_is_unauthorized(server: Server) -> None:
     assert e.value.status == 401
     assert e.value.message
     assert isinstance(e.value, SessionboxError)
+
+
+def test_a_scoped_read_only_key_is_forbidden_what_it_does_not_reach(
+    client: Client, server: Server
+) -> None:
+    import subprocess
+
+    own, other = new_id("scoped"), new_id("other")
+    client.write_file(own, "a.txt", b"mine\n")
+    client.write_file(other, "b.txt", b"theirs\n")
+    key = subprocess.run(
+        [server.bin, "--data-dir", str(server.data_dir), "--tenant", "acme", "keys", "create",
+         "--conversation", own, "--read-only", "--expires-in", "1h"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()
+    with Client(server.url, key) as scoped:
+        assert scoped.read_text(own, "a.txt") == "mine\n"
+        assert [c.id for c in scoped.list_conversations().conversations] == [own]
+        with pytest.raises(Forbidden) as e:
+            scoped.write_file(own, "a.txt", b"changed")
+        assert e.value.code == "forbidden" and e.value.status == 403
+        assert "read-only" in e.value.message
+        with pytest.raises(Forbidden) as e:
+            scoped.read_text(other, "b.txt")
+        assert f"limited to conversation {own!r}".replace("'", '"') in e.value.message
+    assert client.read_text(own, "a.txt") == "mine\n"
+    assert client.read_text(other, "b.txt") == "theirs\n"
 
 
 def test_bad_id_is_invalid_request(client: Client) -> None:

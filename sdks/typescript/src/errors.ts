@@ -90,7 +90,7 @@ export class SessionboxError extends Error {
 export class BadRequestError extends SessionboxError {}
 /** 401: a missing, unknown or revoked API key (`unauthorized`), or an invalid preview link. */
 export class UnauthorizedError extends SessionboxError {}
-/** 403: a path outside the workspace (`outside_workspace`), or a refused origin (`forbidden`). */
+/** 403: a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow, or a refused origin (`forbidden`; the message names the rule). */
 export class ForbiddenError extends SessionboxError {}
 /** 404: no such conversation, file, command, snapshot, template, skill or route (`not_found`). */
 export class NotFoundError extends SessionboxError {}

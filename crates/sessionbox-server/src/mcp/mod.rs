@@ -19,6 +19,7 @@
 //! sees it; a tenant has at most `max_mcp_sessions_per_tenant` sessions open (429 past it).
 
 mod owners;
+mod resources;
 mod run;
 mod schema;
 
@@ -33,13 +34,15 @@ use axum::routing::{MethodRouter, any_service};
 use chrono::Utc;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
+    InitializeRequestParams, InitializeResult, ListResourcesResult, ListToolsResult,
+    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities,
+    ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
-use sessionbox_core::{ConversationId, ConversationRef, Error};
+use sessionbox_core::{ConversationId, ConversationRef, ConversationScope, Error};
 use sessionbox_store::AuditEntry;
 
 use crate::AppState;
@@ -56,7 +59,7 @@ pub(crate) const NEW_PATH: &str = "/mcp/new";
 pub(crate) const PATH_PREFIX: &str = "/mcp/conversations/";
 
 /// `%XX` escapes of a path segment decoded; `None` when the result is not UTF-8.
-fn percent_decoded(raw: &str) -> Option<String> {
+pub(super) fn percent_decoded(raw: &str) -> Option<String> {
     let b = raw.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -78,17 +81,21 @@ fn percent_decoded(raw: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// A new conversation id for an MCP session opened at [`NEW_PATH`]: `mcp-` and 16 random hex
-/// digits.
-fn new_conversation_id() -> sessionbox_core::Result<ConversationId> {
+/// A new conversation id for an MCP session opened at [`NEW_PATH`]: `prefix` (the key's id
+/// prefix, or nothing), `mcp-` and 16 random hex digits.
+fn new_conversation_id(prefix: &str) -> sessionbox_core::Result<ConversationId> {
     use std::io::Read;
     let mut b = [0u8; 8];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut b))
         .map_err(|e| Error::Backend(format!("cannot read random bytes: {e}")))?;
     let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    ConversationId::new(format!("mcp-{hex}"))
+    ConversationId::new(format!("{prefix}mcp-{hex}"))
 }
+
+/// The tools that change the workspace, run something in it or reach its programs: a
+/// read-only key is neither shown nor allowed them. (`skill` may run a skill's bootstrap.)
+const WRITING_TOOLS: &[&str] = &["bash", "write", "edit", "preview", "skill"];
 
 /// The `/mcp` route: authentication and the conversation header, then rmcp's service.
 pub(crate) fn route(state: AppState) -> MethodRouter<AppState> {
@@ -129,10 +136,7 @@ pub async fn serve_stdio(
     let tools = Tools {
         state,
         fixed: Some(Caller {
-            principal: Principal {
-                tenant: conversation.tenant.clone(),
-                key_id: None,
-            },
+            principal: Principal::unrestricted(conversation.tenant.clone()),
             conversation,
         }),
     };
@@ -197,7 +201,15 @@ async fn admit(State(s): State<AppState>, mut req: Request, next: Next) -> Respo
         }
         (Some(p), _) => Some(p),
         (None, h) if !per_session => Some(h.unwrap_or_default()),
-        (None, _) => None,
+        (None, Some(_)) => {
+            return ApiError::bad_request(
+                "/mcp/new makes the conversation of each session itself: drop the \
+                 `X-Conversation-Id` header, or name the conversation at \
+                 /mcp/conversations/{id}",
+            )
+            .into_response();
+        }
+        (None, None) => None,
     };
     let named = match named {
         Some(id) if id.is_empty() => {
@@ -226,7 +238,8 @@ async fn admit(State(s): State<AppState>, mut req: Request, next: Next) -> Respo
                 return ApiError::new(
                     axum::http::StatusCode::NOT_FOUND,
                     "not_found",
-                    "no such MCP session (Mcp-Session-Id): it ended, or this key did not open                      it; start a new session with `initialize`",
+                    "no such MCP session (Mcp-Session-Id): it ended, or this key did not open \
+                     it; start a new session with `initialize`",
                 )
                 .into_response();
             }
@@ -243,25 +256,65 @@ async fn admit(State(s): State<AppState>, mut req: Request, next: Next) -> Respo
         }
         None => None,
     };
+    // A session stays on the conversation it was opened on.
+    let bound = session
+        .as_deref()
+        .and_then(|sid| s.mcp_sessions.conversation_of(sid));
+    if let (Some(b), Some(n)) = (&bound, &named)
+        && b != n
+    {
+        return ApiError::bad_request(format!(
+            "this MCP session belongs to conversation {:?}, not {:?}: open a new session to \
+             use another conversation",
+            b.as_str(),
+            n.as_str()
+        ))
+        .into_response();
+    }
     // `/mcp/new`: the session's own conversation, made when the session opens.
     let (id, made) = match named {
         Some(id) => (id, None),
-        None => match &session {
-            Some(sid) => match s.mcp_sessions.conversation_of(sid) {
-                Some(id) => (id, None),
-                None => {
-                    return ApiError::bad_request(
-                        "this MCP session was not opened at /mcp/new: name its conversation",
-                    )
-                    .into_response();
+        None => match bound {
+            Some(id) => (id, None),
+            None if session.is_some() => {
+                return ApiError::bad_request(
+                    "this MCP session was not opened at /mcp/new: name its conversation",
+                )
+                .into_response();
+            }
+            None => {
+                let prefix = match &principal.scope.conversations {
+                    ConversationScope::All => "",
+                    ConversationScope::Prefix(p) => p.as_str(),
+                    ConversationScope::One(one) => {
+                        let e = Error::Forbidden(format!(
+                            "this API key is limited to conversation {:?}, so it cannot make \
+                             one for each session: connect to /mcp/conversations/{} instead",
+                            one.as_str(),
+                            one.as_str()
+                        ));
+                        crate::scope::refused(&s, &principal, None, "POST /mcp/new");
+                        return ApiError::from(e).into_response();
+                    }
+                };
+                match new_conversation_id(prefix) {
+                    Ok(id) => (id.clone(), Some(id)),
+                    Err(e) => return ApiError::from(e).into_response(),
                 }
-            },
-            None => match new_conversation_id() {
-                Ok(id) => (id.clone(), Some(id)),
-                Err(e) => return ApiError::from(e).into_response(),
-            },
+            }
         },
     };
+    if let Err(e) = principal.scope.check_conversation(&id) {
+        let key = ConversationRef::new(principal.tenant.clone(), id).key;
+        crate::scope::refused(
+            &s,
+            &principal,
+            Some(key),
+            &format!("{} {path}", parts.method),
+        );
+        return ApiError::from(e).into_response();
+    }
+    let conversation_id = id.clone();
     let conversation = ConversationRef::new(principal.tenant.clone(), id);
     req = Request::from_parts(parts, body);
     req.extensions_mut().insert(Caller {
@@ -284,8 +337,8 @@ async fn admit(State(s): State<AppState>, mut req: Request, next: Next) -> Respo
                 .get(SESSION_HEADER)
                 .and_then(|v| v.to_str().ok())
             {
-                let id = id.to_owned();
-                opening.bind(&id, made.clone());
+                let sid = id.to_owned();
+                opening.bind(&sid, conversation_id.clone());
             }
             // The client learns the conversation made for its session.
             if let Some(made) = &made
@@ -314,6 +367,19 @@ pub(crate) struct Tools {
 }
 
 impl Tools {
+    /// The caller of this request: fixed over stdio, else what [`admit`] found.
+    fn caller(&self, context: &RequestContext<RoleServer>) -> Result<Caller, ErrorData> {
+        match &self.fixed {
+            Some(c) => Ok(c.clone()),
+            None => context
+                .extensions
+                .get::<axum::http::request::Parts>()
+                .and_then(|p| p.extensions.get::<Caller>())
+                .cloned()
+                .ok_or_else(|| ErrorData::internal_error("the request has no caller", None)),
+        }
+    }
+
     async fn audit(&self, caller: &Caller, tool: &str, outcome: String, started: Instant) {
         let entry = AuditEntry {
             at: Utc::now(),
@@ -336,25 +402,87 @@ impl Tools {
 
 impl ServerHandler for Tools {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("sessionbox", env!("CARGO_PKG_VERSION")))
-            .with_instructions(instructions(
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .build(),
+        )
+        .with_server_info(Implementation::new("sessionbox", env!("CARGO_PKG_VERSION")))
+        .with_instructions(instructions(
+            !self.state.manager.skills().is_empty(),
+            self.state.manager.runtime().mounted_skills(),
+            self.fixed.as_ref().map(|c| c.conversation.id.as_str()),
+        ))
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        context.peer.set_peer_info(request.clone());
+        let mut result = self.negotiate_initialize(&request)?;
+        // Over HTTP the conversation comes with the request: name it to the model too (a
+        // session of /mcp/new has no other way to learn it).
+        if self.fixed.is_none()
+            && let Ok(caller) = self.caller(&context)
+        {
+            result.instructions = Some(instructions(
                 !self.state.manager.skills().is_empty(),
                 self.state.manager.runtime().mounted_skills(),
-                self.fixed.as_ref().map(|c| c.conversation.id.as_str()),
-            ))
+                Some(caller.conversation.id.as_str()),
+            ));
+        }
+        Ok(result)
+    }
+
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let caller = self.caller(&context)?;
+        let started = Instant::now();
+        let cursor = request.and_then(|r| r.cursor);
+        let result = self.list_files(&caller, cursor.as_deref()).await;
+        let outcome = result
+            .as_ref()
+            .map_or_else(|e| e.code().to_owned(), |_| "ok".into());
+        self.audit(&caller, "resources_list", outcome, started)
+            .await;
+        result.map_err(resource_error)
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let caller = self.caller(&context)?;
+        let started = Instant::now();
+        let result = self.read_file(&caller, &request.uri).await;
+        let outcome = result
+            .as_ref()
+            .map_or_else(|e| e.code().to_owned(), |_| "ok".into());
+        self.audit(&caller, "resources_read", outcome, started)
+            .await;
+        result.map(Into::into).map_err(resource_error)
     }
 
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         // A preview link is a path on an HTTP server: MCP over stdio (no server, no preview
         // key) has no `preview` to offer.
         let mut tools = schema::tools();
         if self.state.config.preview_key.is_none() {
             tools.retain(|t| t.name != "preview");
+        }
+        if self.caller(&context)?.principal.scope.read_only {
+            tools.retain(|t| !WRITING_TOOLS.contains(&t.name.as_ref()));
         }
         Ok(ListToolsResult::with_all_items(tools))
     }
@@ -364,17 +492,20 @@ impl ServerHandler for Tools {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let caller = match &self.fixed {
-            Some(c) => c.clone(),
-            None => context
-                .extensions
-                .get::<axum::http::request::Parts>()
-                .and_then(|p| p.extensions.get::<Caller>())
-                .cloned()
-                .ok_or_else(|| ErrorData::internal_error("the request has no caller", None))?,
-        };
+        let caller = self.caller(&context)?;
         let started = Instant::now();
-        let result = self.run(&caller, &request.name, request.arguments).await;
+        let result = if WRITING_TOOLS.contains(&request.name.as_ref()) {
+            caller
+                .principal
+                .scope
+                .check_write(&format!("the tool `{}`", request.name))
+        } else {
+            Ok(())
+        };
+        let result = match result {
+            Ok(()) => self.run(&caller, &request.name, request.arguments).await,
+            Err(e) => Err(e),
+        };
         let (outcome, out) = match result {
             Ok(text) => (
                 "ok".to_owned(),
@@ -390,6 +521,20 @@ impl ServerHandler for Tools {
         };
         self.audit(&caller, &request.name, outcome, started).await;
         Ok(out.into())
+    }
+}
+
+/// A resource request's failure as the protocol error MCP names for it: -32002 for a file
+/// that does not exist, invalid params for a bad URI, an internal error otherwise; the message
+/// is the error's text with its code.
+fn resource_error(e: Error) -> ErrorData {
+    let message = format!("error ({}): {e}", e.code());
+    match e.code() {
+        "not_found" => ErrorData::resource_not_found(message, None),
+        code if e.is_invalid_input() || code == "too_large" => {
+            ErrorData::invalid_params(message, None)
+        }
+        _ => ErrorData::internal_error(message, None),
     }
 }
 
@@ -423,7 +568,8 @@ fn instructions(any_skills: bool, mounted: Option<String>, conversation: Option<
          conversation can see. The tools bash, read, write, edit, ls, glob and grep work in it \
          (relative paths start at its root). Its files persist across turns: a later turn of \
          the same conversation finds them again; a new conversation starts empty. {skills} \
-         `network` shows the network policy, which no tool can change.{named}"
+         `network` shows the network policy, which no tool can change. The workspace's files \
+         are also MCP resources (file:///PATH), read-only.{named}"
     )
 }
 

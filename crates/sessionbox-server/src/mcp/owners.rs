@@ -30,7 +30,7 @@ pub(crate) struct Owners {
 struct State {
     /// Session id to the tenant that opened it.
     owners: HashMap<String, TenantId>,
-    /// Session id to the conversation made for it (`/mcp/new`: one conversation per session).
+    /// Session id to its conversation: named when it opened, or made for it (`/mcp/new`).
     conversations: HashMap<String, ConversationId>,
     /// `initialize` requests in flight, per tenant (they count against the limit).
     opening: HashMap<TenantId, usize>,
@@ -76,7 +76,7 @@ impl Owners {
         state.conversations.remove(id);
     }
 
-    /// The conversation made for session `id` when it was opened at `/mcp/new`.
+    /// The conversation of session `id`: named when it was opened, or made for it.
     pub(crate) fn conversation_of(&self, id: &str) -> Option<ConversationId> {
         self.lock().conversations.get(id).cloned()
     }
@@ -140,14 +140,12 @@ impl Owners {
 }
 
 impl Opening {
-    /// Records that the session being opened got `id`, and the conversation made for it, if
-    /// one was.
-    pub(crate) fn bind(self, id: &str, conversation: Option<ConversationId>) {
+    /// Records that the session being opened got `id`, and its conversation: every later
+    /// request of the session must be on that one.
+    pub(crate) fn bind(self, id: &str, conversation: ConversationId) {
         let mut state = self.owners.lock();
         state.owners.insert(id.to_owned(), self.tenant.clone());
-        if let Some(c) = conversation {
-            state.conversations.insert(id.to_owned(), c);
-        }
+        state.conversations.insert(id.to_owned(), conversation);
         drop(state);
         // `self` drops here: the place counted while opening is now the session's.
     }

@@ -46,12 +46,19 @@ fn expired_note(
     }
 }
 
-/// Cuts `s` to `max` characters, saying so.
-fn cut(s: &str, max: usize) -> String {
+/// What the model can do about `bash` output that was cut.
+const BASH_HINT: &str = "to see all of it, redirect the output to a file (`CMD > out.txt 2>&1`), \
+                         then page through it with `read` (offset, limit) or search it with `grep`";
+/// What the model can do about `grep` output that was cut.
+const GREP_HINT: &str = "narrow the search with `path` or `glob`, or use output_mode \
+                         files_with_matches or count";
+
+/// Cuts `s` to `max` characters, saying so and what to do next (`hint`).
+fn cut(s: &str, max: usize, hint: &str) -> String {
     match s.char_indices().nth(max) {
         None => s.to_owned(),
         Some((i, _)) => format!(
-            "{}\n... [output truncated: {} more characters]",
+            "{}\n... [output truncated: {} more characters; {hint}]",
             &s[..i],
             s[i..].chars().count()
         ),
@@ -363,9 +370,16 @@ impl Tools {
                     }
                     text.push_str(&stderr);
                 }
-                let mut text = cut(&text, MAX_OUTPUT_CHARS);
+                let mut text = cut(&text, MAX_OUTPUT_CHARS, BASH_HINT);
                 if !text.is_empty() && !text.ends_with('\n') {
                     text.push('\n');
+                }
+                if r.stdout_truncated || r.stderr_truncated {
+                    // The runtime kept only the first bytes of a stream.
+                    text.push_str(&format!(
+                        "[the command printed more than this server keeps of its output; \
+                         {BASH_HINT}]\n"
+                    ));
                 }
                 if r.timed_out {
                     text.push_str(&format!("Command timed out after {timeout_ms} ms\n"));
@@ -499,7 +513,7 @@ impl Tools {
                         paths.join("\n")
                     }
                 };
-                Ok(cut(&text, MAX_OUTPUT_CHARS))
+                Ok(cut(&text, MAX_OUTPUT_CHARS, GREP_HINT))
             }
         }
     }

@@ -124,6 +124,8 @@ pub(crate) async fn list(
             )));
         }
         let mut records = state.manager.list(Some(&principal.tenant)).await?;
+        // A key limited to some conversations sees only those.
+        records.retain(|r| principal.scope.conversations.covers(&r.conversation_id));
         records.sort_by(|a, b| a.conversation_id.cmp(&b.conversation_id));
         let start = match &query.cursor {
             Some(cursor) => {

@@ -132,6 +132,9 @@ pub fn router(state: AppState) -> Router {
         .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
             BODY_IDLE_TIMEOUT,
         ))
+        // Inside the audit and metrics layers, so a refusal is counted and timed like any
+        // other answer.
+        .layer(from_fn_with_state(state.clone(), crate::scope::authorize))
         .layer(from_fn_with_state(state.clone(), crate::audit::track))
         .layer(from_fn_with_state(state.clone(), metrics::track))
         .layer(cors(&state.config.cors_origins))

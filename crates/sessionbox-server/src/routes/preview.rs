@@ -217,10 +217,7 @@ pub(crate) async fn by_link(
         let claims = key
             .verify_preview(&token, now_secs())
             .map_err(|e| ApiError::unauthorized(format!("the preview link is not valid: {e}")))?;
-        let principal = Principal {
-            tenant: sessionbox_core::TenantId::new(&claims.tenant)?,
-            key_id: None,
-        };
+        let principal = Principal::unrestricted(sessionbox_core::TenantId::new(&claims.tenant)?);
         let conv = conversation_of(&principal, &claims.conversation)?;
         let prefix = format!("/v1/previews/{token}");
         let Some(rest) = slash_rest(request.uri().path(), &prefix) else {

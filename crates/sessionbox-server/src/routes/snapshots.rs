@@ -22,7 +22,9 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
-use sessionbox_core::{ArchiveStats, ConversationId, ConversationRef, Error, Operation};
+use sessionbox_core::{
+    ArchiveStats, ConversationId, ConversationRef, ConversationScope, Error, Operation,
+};
 use sessionbox_manager::ForkFrom;
 use sessionbox_store::SnapshotRecord;
 use tokio::io::AsyncWriteExt;
@@ -201,6 +203,25 @@ pub(crate) async fn restore(
     JsonBody(body): JsonBody<RestoreBody>,
 ) -> Response {
     on_conversation(&principal, "restore", &id, async |conv| {
+        if principal.scope.conversations != ConversationScope::All {
+            // Snapshots belong to the tenant: a key limited to some conversations may restore
+            // only one taken of a conversation it reaches.
+            let record = state
+                .manager
+                .snapshot_record(&principal.tenant, &body.snapshot)
+                .await?;
+            match &record.origin {
+                Some(origin) => principal.scope.check_conversation(origin)?,
+                None => {
+                    return Err(Error::Forbidden(format!(
+                        "this API key is limited to {}; snapshot {:?} was imported, not taken \
+                         of one of them",
+                        principal.scope.conversations, body.snapshot
+                    ))
+                    .into());
+                }
+            }
+        }
         let stats = state
             .with_conversation(&conv, Operation::Restore, async |opened| {
                 state
@@ -238,11 +259,11 @@ pub(crate) async fn fork_conversation(
     .await
 }
 
+/// The new conversation of a fork: one the caller's key reaches.
 fn target(principal: &Principal, id: &str) -> Result<ConversationRef, Error> {
-    Ok(ConversationRef::new(
-        principal.tenant.clone(),
-        ConversationId::new(id)?,
-    ))
+    let id = ConversationId::new(id)?;
+    principal.scope.check_conversation(&id)?;
+    Ok(ConversationRef::new(principal.tenant.clone(), id))
 }
 
 /// The tenant's snapshots, oldest first.

@@ -109,7 +109,9 @@ class Unauthorized(SessionboxError):
 
 
 class Forbidden(SessionboxError):
-    """403: refused (``forbidden``, e.g. a non-loopback host in open mode)."""
+    """403 ``forbidden``: the API key's scope does not allow the request (another conversation,
+    a tenant-wide route, a change with a read-only key; the message names the rule), or a
+    non-loopback host in open mode. (``outside_workspace`` is also 403.)"""
 
 
 class OutsideWorkspace(Forbidden):

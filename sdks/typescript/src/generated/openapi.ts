@@ -1615,7 +1615,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1709,7 +1709,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1861,7 +1861,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2364,7 +2364,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2723,7 +2723,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2831,7 +2831,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2929,7 +2929,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3027,7 +3027,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3124,7 +3124,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3222,7 +3222,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3319,7 +3319,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3416,7 +3416,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3739,7 +3739,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3835,7 +3835,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3942,7 +3942,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4091,7 +4091,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4188,7 +4188,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4286,7 +4286,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4634,7 +4634,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4728,7 +4728,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4821,7 +4821,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4916,7 +4916,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5018,7 +5018,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5116,7 +5116,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5207,7 +5207,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5305,7 +5305,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5398,7 +5398,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5496,7 +5496,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description path outside the workspace */
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
             403: {
                 headers: {
                     [name: string]: unknown;
