@@ -1,3 +1,5 @@
+import os
+
 from agents import Agent
 from agents.mcp import MCPServerStdio, MCPServerStreamableHttp
 
@@ -24,10 +26,16 @@ def sessionbox_http(base_url: str, api_key: str, conversation_id: str) -> MCPSer
 def sessionbox_stdio(
     command: str = "sessionbox", env: dict[str, str] | None = None
 ) -> MCPServerStdio:
-    """sessionbox as a child process: `sessionbox mcp --new`, a conversation of its own."""
+    """sessionbox as a child process: `sessionbox mcp --new`, a conversation of its own.
+
+    The MCP SDK gives a child only a few variables (PATH, HOME, ...), so the caller's
+    SESSIONBOX_* settings (data directory, tenant, runtime) are passed on unless `env` is given.
+    """
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if k.startswith("SESSIONBOX_")}
     return MCPServerStdio(
         name="sessionbox",
-        params={"command": command, "args": ["mcp", "--new"], "env": env or {}},
+        params={"command": command, "args": ["mcp", "--new"], "env": env},
         client_session_timeout_seconds=TOOL_TIMEOUT_SECS,
     )
 

@@ -69,3 +69,9 @@ def test_scripted_model_drives_the_workspace(sb: Client) -> None:
     assert sb.read_text("loop-alice", "src/greet.py") == "print('goodbye')\n"
     bob = results(run_loop(sb, "loop-bob", scripted([[("ls", {}), ("read", {"path": "src/greet.py"})]]), "?"))
     assert bob[0] == "" and bob[1].startswith("error (not_found):"), bob
+
+
+def test_a_long_output_reaches_the_model_cut_and_marked(sb: Client) -> None:
+    out = dispatch(sb, "loop-long", "bash", '{"command": "yes | head -c 5000000"}')
+    assert len(out) < 70_000, len(out)
+    assert out.endswith("[output cut: redirect it to a file, then read parts of it]\nexit code: 0"), out[-120:]

@@ -54,14 +54,20 @@ TOOLS: list[dict[str, Any]] = [
 ]
 
 
+MAX_OUTPUT_BYTES = 32 * 1024
+
+
 def dispatch(sb: Client, conversation_id: str, name: str, arguments: str) -> str:
     """Run one tool call of the model (its name and JSON arguments) in the conversation's
     workspace; the answer is text for the model, failures included."""
     try:
         args = json.loads(arguments)
         if name == "bash":
-            r = sb.exec(conversation_id, args["command"])
-            return f"{r.stdout}{r.stderr}exit code: {r.exit_code}"
+            # Keep what goes back to the model small: 32 KiB of each stream, and say so if cut.
+            r = sb.exec(conversation_id, args["command"], output_limit=MAX_OUTPUT_BYTES)
+            cut = r.stdout_truncated or r.stderr_truncated
+            note = "[output cut: redirect it to a file, then read parts of it]\n" if cut else ""
+            return f"{r.stdout}{r.stderr}{note}exit code: {r.exit_code}"
         if name == "read":
             return sb.read_text(conversation_id, args["path"])
         if name == "write":

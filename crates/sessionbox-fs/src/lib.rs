@@ -555,7 +555,7 @@ impl Workspace {
         match FileType::from_raw_mode(st.st_mode) {
             FileType::RegularFile => Ok((File::from(fd), st)),
             FileType::Directory => Err(Error::Conflict(format!(
-                "{rel} is a directory, not a file; use list"
+                "{rel} is a directory, not a file; use ls"
             ))),
             _ => Err(Error::Conflict(format!("{rel} is not a regular file"))),
         }

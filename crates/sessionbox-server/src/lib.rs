@@ -306,7 +306,7 @@ pub fn check_listen(addr: &SocketAddr, store: &sessionbox_store::Store) -> Resul
     }
     Err(Error::InvalidRequest(format!(
         "refusing to listen on {addr}, which is not a loopback address, while no API key \
-         exists; create an API key first"
+         exists"
     )))
 }
 

@@ -39,7 +39,12 @@ pub(crate) fn hint(e: &anyhow::Error, runtime: Option<RuntimeKind>) -> Option<St
                 .split_once(" runtime")?
                 .0;
             let owner = <RuntimeKind as clap::ValueEnum>::from_str(owner, false).ok()?;
-            (Some(owner) != runtime).then(|| format!("pass --runtime {}", owner.name()))
+            (Some(owner) != runtime).then(|| {
+                format!(
+                    "pass --runtime {} (or unset SESSIONBOX_RUNTIME, which counts as choosing one)",
+                    owner.name()
+                )
+            })
         }
         Error::InvalidRequest(message) if message.contains("while no API key exists") => {
             Some("create one with `sessionbox keys create --tenant TENANT`".to_owned())

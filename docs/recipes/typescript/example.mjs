@@ -3,7 +3,9 @@
 import { LONG_CALL, connectHttp, connectStdio, disconnect, toolText } from './sessionbox-mcp.mjs';
 
 const { SESSIONBOX_URL = 'http://127.0.0.1:7070', SESSIONBOX_API_KEY, SESSIONBOX_HOME } = process.env;
-const conn = process.argv[2] === '--stdio'
+const stdio = process.argv[2] === '--stdio';
+if (!stdio && !SESSIONBOX_API_KEY) throw new Error('set SESSIONBOX_API_KEY (sessionbox keys create)');
+const conn = stdio
   ? await connectStdio({ env: SESSIONBOX_HOME ? { SESSIONBOX_HOME } : {} })
   : await connectHttp(SESSIONBOX_URL, SESSIONBOX_API_KEY, process.argv[2]);
 try {
