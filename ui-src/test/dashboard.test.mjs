@@ -19,6 +19,8 @@ import { chromium } from 'playwright-core';
 
 import { api, chromiumPath, devMode, repoRoot, startDashboard } from './harness.mjs';
 
+const AXE = readFileSync(new URL('../node_modules/axe-core/axe.min.js', import.meta.url), 'utf8');
+
 const run = promisify(execFile);
 const shots = process.env.UI_SCREENSHOT_DIR || join(repoRoot, 'docs', 'dashboard');
 const WIDE = { width: 1280, height: 800 };
@@ -93,6 +95,18 @@ async function signIn(key) {
   await page.fill('#api-key', key);
   await page.click('form.sign-in button[type=submit]');
   await page.waitForSelector('h1:text-is("Conversations")');
+}
+
+/** Runs axe-core (WCAG 2.1 A and AA rules) on the page as it is; fails on any violation. */
+async function axeCheck(what) {
+  if (!(await page.evaluate(() => 'axe' in window))) await page.evaluate(AXE);
+  const result = await page.evaluate(() => window.axe.run(document, {
+    runOnly: { type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa'] },
+    resultTypes: ['violations'],
+  }));
+  const problems = result.violations.map((v) =>
+    `${v.id}: ${v.help} at ${v.nodes.slice(0, 3).map((n) => n.target.join(' ')).join(' | ')}`);
+  assert.deepEqual(problems, [], `axe on ${what}`);
 }
 
 /** Navigates by hash, keeping the page (and its ?api= in dev mode). */
@@ -256,6 +270,18 @@ describe('dashboard', () => {
     const text = await page.innerText('.files-panel .error-box');
     assert.match(text, /not found: no-such-dir/);
     assert.match(text, /not_found/);
+  });
+
+  test('an unknown conversation is not created by looking at it; "Create it" does', T, async () => {
+    await go('#/c/acme-new');
+    await page.waitForSelector('.conv-facts .error-box:has-text("There is no conversation acme-new")');
+    await page.waitForSelector('.panels button:text("Create it")');
+    assert.equal(await page.locator('.files-panel').count(), 0);
+    assert.equal((await api(d.api, d.keys.acme, '/v1/conversations/acme-new')).status, 404);
+    await page.click('.panels button:text("Create it")');
+    await page.waitForSelector('.files-panel p.empty:text("This folder is empty.")');
+    await page.waitForSelector('.conv-facts .badge:text("active")');
+    assert.equal((await api(d.api, d.keys.acme, '/v1/conversations/acme-new')).status, 200);
   });
 
   test('background commands and their output', T, async () => {
@@ -427,6 +453,42 @@ describe('dashboard', () => {
     await run(d.bin, ['--data-dir', d.data, 'keys', 'revoke', keyId]);
     await page.waitForSelector('#api-key-error:has-text("refused")', { timeout: 20_000 });
     assert.equal(await page.evaluate(() => sessionStorage.length), 0);
+    await signIn(d.keys.acme);
+  });
+
+  test('accessibility: axe-core finds no WCAG 2.1 A/AA violation, light or dark', { timeout: 120_000 }, async () => {
+    for (const scheme of ['light', 'dark']) {
+      await page.emulateMedia({ colorScheme: scheme });
+      await go('#/');
+      await page.waitForSelector('tr[data-key="acme-demo"]');
+      await axeCheck(`the list (${scheme})`);
+      await go('#/c/acme-demo/files/src');
+      await page.click('button[aria-label="Preview main.rs"]');
+      await page.waitForSelector('pre.code .hljs-keyword');
+      await axeCheck(`the files with a preview (${scheme})`);
+      await go('#/c/acme-demo/commands');
+      await page.locator('.commands-panel tbody tr button').first().click();
+      await page.waitForSelector('.logs pre.log[aria-label="stdout"]:has-text("finished-bg")');
+      await axeCheck(`the commands with output (${scheme})`);
+      for (const tab of ['network', 'snapshots']) {
+        await go(`#/c/acme-demo/${tab}`);
+        await page.waitForSelector(`.${tab}-panel table, .${tab}-panel dl`);
+        await axeCheck(`the ${tab} tab (${scheme})`);
+      }
+      await go('#/installation');
+      await page.waitForSelector('#chart-rate canvas', { timeout: 30_000 });
+      await axeCheck(`the installation (${scheme})`);
+      await go('#/');
+      await page.locator('tr[data-key="acme-demo"] button:text("Destroy")').click();
+      await page.locator('dialog.confirm').waitFor();
+      await axeCheck(`the destroy dialog (${scheme})`);
+      await page.keyboard.press('Escape');
+    }
+    await page.emulateMedia({ colorScheme: 'light' });
+    await page.evaluate(() => sessionStorage.clear());
+    await page.goto(d.page);
+    await page.waitForSelector('#api-key');
+    await axeCheck('the sign-in form');
     await signIn(d.keys.acme);
   });
 

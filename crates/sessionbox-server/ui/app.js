@@ -7,7 +7,7 @@
 //   #/installation             the installation
 
 import { ApiError, auth, clearKey, configureBase, getJson, getKey, isMissing, setKey } from './js/api.js';
-import { announce, clearErrors, errorText, h } from './js/dom.js';
+import { announce, clearErrors, errorText, fmtRelative, fmtTime, h } from './js/dom.js';
 import { renderConversations } from './js/conversations.js';
 import { ConversationView } from './js/conversation.js';
 import { parseRoute } from './js/route.js';
@@ -92,9 +92,18 @@ async function identify(key) {
 function showSignedIn() {
   document.getElementById('site-nav').hidden = false;
   document.getElementById('who').hidden = false;
-  const name = document.getElementById('tenant-name');
-  name.textContent = session.tenant ?? 'unknown';
-  name.title = session.tenant ? '' : 'This server has no /v1/whoami: the tenant is not known to the page';
+  const text = document.getElementById('who-text');
+  if (!session.tenant) {
+    // An older server without /v1/whoami: the key works, its tenant is not known here.
+    text.replaceChildren('Signed in');
+    return;
+  }
+  const parts = ['Tenant ', h('strong', { id: 'tenant-name', text: session.tenant })];
+  const expires = session.whoami?.expires_at;
+  if (expires) {
+    parts.push(' · key expires ', h('time', { datetime: expires, title: fmtTime(expires), text: fmtRelative(expires) }));
+  }
+  text.replaceChildren(...parts);
 }
 
 function showSignIn(reason) {

@@ -116,7 +116,7 @@ export function createCommandsPanel(id) {
     const duration = h('span');
     const button = h('button', {
       type: 'button', class: 'secondary small', text: 'Show output',
-      'aria-label': `Show the output of ${c.command}`, onclick: () => openLogs(c),
+      'aria-label': `Show output of ${c.command}`, onclick: () => openLogs(c),
     });
     const tr = h('tr', {},
       h('th', { scope: 'row', 'data-label': COLUMNS[0] }, h('code', { class: 'command', text: c.command })),

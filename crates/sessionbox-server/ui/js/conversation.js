@@ -2,10 +2,10 @@
 // and snapshots. Tabs are links (#/c/{id}/{tab}); a panel is made on its first visit and kept
 // while the conversation stays open, so a terminal survives a look at the files.
 
-import { ApiError, conv, getJson } from './api.js';
+import { ApiError, conv, getJson, postJson } from './api.js';
 import { destroyConversation } from './dialogs.js';
 import { diskCell, stateBadge } from './conversations.js';
-import { facts, fmtTime, h, inlineError, poll, timeEl } from './dom.js';
+import { facts, fmtTime, h, inlineError, poll, showError, timeEl } from './dom.js';
 import { TABS, hashOf } from './route.js';
 import { createFilesPanel } from './files.js';
 import { createTerminalPanel } from './terminal.js';
@@ -31,7 +31,6 @@ export class ConversationView {
     this.session = session;
     this.panels = new Map();
     this.active = null;
-    this.existsKnown = false;
 
     this.factsBox = h('div', { class: 'conv-facts', 'aria-label': 'Facts', role: 'group' }, h('p', { class: 'muted', text: 'Loading…' }));
     this.note = h('div', { class: 'problem' });
@@ -58,21 +57,32 @@ export class ConversationView {
         destroy),
       this.factsBox, this.note, tabs, this.panelBox);
 
-    this.stopFacts = poll(() => this.loadFacts(), FACTS_EVERY_MS);
+    // Panels wait for the first answer: opening the files or a terminal of a conversation
+    // that does not exist would create it, so that takes a click.
+    this.exists = null;
+    let firstDone;
+    this.first = new Promise((resolve) => { firstDone = resolve; });
+    this.stopFacts = poll(async () => {
+      const found = await this.loadFacts();
+      const before = this.exists;
+      this.exists = found || this.exists === true;
+      firstDone();
+      if (before === false && this.exists && this.route) this.mount(this.route);
+    }, FACTS_EVERY_MS);
   }
 
+  /** Shows the facts; false when the conversation does not exist. */
   async loadFacts() {
     let c;
     try {
       c = await getJson(conv(this.id));
     } catch (error) {
       if (error instanceof ApiError && error.status === 404) {
-        this.factsBox.replaceChildren(h('p', { class: 'error-box' },
-          'There is no conversation with this id (it may have been destroyed). Opening its files or terminal makes a new, empty one.'));
-      } else {
-        this.factsBox.replaceChildren(inlineError(error, 'Could not load the conversation'));
+        this.factsBox.replaceChildren(h('p', { class: 'error-box', text: `There is no conversation ${this.id} (it may have been destroyed): ${error.message}` }));
+        return false;
       }
-      return;
+      this.factsBox.replaceChildren(inlineError(error, 'Could not load the conversation'));
+      return true;
     }
     const usage = c.usage
       ? `${plural(c.usage.operations, 'operation')}, ${plural(c.usage.execs, 'command')}`
@@ -89,17 +99,36 @@ export class ConversationView {
     this.note.replaceChildren(c.state === 'expired'
       ? h('p', { class: 'warn-box', text: 'This conversation has expired: its files are gone at its next use, which starts a new, empty one.' })
       : '');
+    return true;
   }
 
-  /** Shows the route's tab (and directory). */
+  /** Shows the route's tab (and directory), once it is known that the conversation exists. */
   show(route) {
+    this.route = route;
     const tab = route.tab || 'files';
     for (const [name, a] of this.tabLinks) {
       if (name === tab) a.setAttribute('aria-current', 'page');
       else a.removeAttribute('aria-current');
     }
+    this.first.then(() => {
+      if (this.route === route) this.mount(route);
+    });
+  }
+
+  mount(route) {
+    if (this.disposed) return;
+    if (this.exists === false) {
+      this.panelBox.replaceChildren(h('div', { class: 'unavailable' },
+        h('p', { text: 'Its files, terminal and commands would make a new, empty conversation with this id.' }),
+        h('p', {},
+          h('button', { type: 'button', class: 'secondary', onclick: () => this.create(), text: 'Create it' }),
+          ' or ', h('a', { href: '#/', text: 'go back to the conversations' }))));
+      return;
+    }
+    const tab = route.tab || 'files';
     let panel = this.panels.get(tab);
     if (!panel) {
+      if (!this.panels.size) this.panelBox.replaceChildren();
       panel = FACTORIES[tab](this.id);
       this.panels.set(tab, panel);
       this.panelBox.append(panel.el);
@@ -117,7 +146,20 @@ export class ConversationView {
     this.shownOnce = true;
   }
 
+  async create() {
+    try {
+      await postJson(conv(this.id), {});
+    } catch (error) {
+      showError(error, `Could not create ${this.id}`);
+      return;
+    }
+    this.exists = true;
+    await this.loadFacts();
+    this.mount(this.route);
+  }
+
   dispose() {
+    this.disposed = true;
     this.stopFacts();
     for (const panel of this.panels.values()) panel.dispose();
   }
