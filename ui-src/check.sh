@@ -13,7 +13,7 @@ cp "$here/package.json" "$here/package-lock.json" "$here/vendor.mjs" "$tmp/"
 (cd "$tmp" && npm ci --omit=dev --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null)
 node "$tmp/vendor.mjs" --modules "$tmp/node_modules" --out "$tmp/vendor" >/dev/null
 
-if diff -r "$tmp/vendor" "$vendor"; then
+if diff -rq "$tmp/vendor" "$vendor"; then
   echo "check.sh: ui/vendor matches package-lock.json"
 else
   echo "check.sh: ui/vendor differs from what package-lock.json gives; run 'npm ci && node vendor.mjs' in ui-src/" >&2
