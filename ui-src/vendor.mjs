@@ -31,12 +31,12 @@ const LANGUAGES = [
 // [package, directory under vendor/, [file in the package, file under that directory]...]
 const LIBRARIES = [
   ['@xterm/xterm', 'xterm', [
-    ['lib/xterm.mjs', 'xterm.mjs'],
+    ['lib/xterm.mjs', 'xterm.js'],
     ['css/xterm.css', 'xterm.css'],
     ['LICENSE', 'LICENSE'],
   ]],
   ['@xterm/addon-fit', 'xterm-addon-fit', [
-    ['lib/addon-fit.mjs', 'addon-fit.mjs'],
+    ['lib/addon-fit.mjs', 'addon-fit.js'],
     ['LICENSE', 'LICENSE'],
   ]],
   ['@highlightjs/cdn-assets', 'highlight', [

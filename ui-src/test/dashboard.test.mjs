@@ -503,7 +503,7 @@ describe('dashboard', () => {
     const violations = await page.evaluate(() => window.cspViolations);
     // xterm.js makes <style> elements (refused, then mirrored: see the terminal test); any
     // other violation is the page's own fault.
-    const others = violations.filter((v) => !(v.directive.startsWith('style-src') && v.blocked === 'inline' && /\/vendor\/xterm\/xterm\.mjs$/.test(v.source ?? '')));
+    const others = violations.filter((v) => !(v.directive.startsWith('style-src') && v.blocked === 'inline' && /\/vendor\/xterm\/xterm\.js$/.test(v.source ?? '')));
     assert.deepEqual(others, []);
     const errors = consoleErrors.filter((e) => !/Content Security Policy|status of 40[14]/.test(e));
     assert.deepEqual(errors, []);

@@ -38,9 +38,12 @@ function polled(el, load, ms) {
   };
 }
 
-/** Rows of a table replaced only when the data changed (nothing focusable in them). */
+/**
+ * Rows of a table replaced only when the data changed, or each minute for the relative times
+ * (nothing focusable in them).
+ */
 function fillTable(tbody, items, toCells, labels) {
-  const stamp = JSON.stringify(items);
+  const stamp = JSON.stringify([Math.floor(Date.now() / 60_000), items]);
   if (tbody.dataset.stamp === stamp) return;
   tbody.dataset.stamp = stamp;
   tbody.replaceChildren(...items.map((item) => row(labels, toCells(item))));

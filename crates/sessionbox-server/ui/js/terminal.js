@@ -15,8 +15,8 @@ const INPUT = 0x00;
 let modules = null;
 function loadXterm() {
   modules ??= Promise.all([
-    import('../vendor/xterm/xterm.mjs'),
-    import('../vendor/xterm-addon-fit/addon-fit.mjs'),
+    import('../vendor/xterm/xterm.js'),
+    import('../vendor/xterm-addon-fit/addon-fit.js'),
   ]).then(([xterm, fit]) => ({ Terminal: xterm.Terminal, FitAddon: fit.FitAddon }));
   return modules;
 }
