@@ -60,6 +60,32 @@ pub struct PreviewClaims {
     /// Expiry, seconds since the Unix epoch.
     #[serde(rename = "e")]
     pub expires: u64,
+    /// The id of the key that made the link: the link works only while that key does.
+    #[serde(rename = "k", default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
+}
+
+const TERMINAL_PREFIX: &str = "sbxt1.";
+
+/// What a terminal ticket states: one terminal of one conversation, opened once, before a
+/// time, on behalf of a key. For clients that cannot send a key on a WebSocket (browsers).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TerminalClaims {
+    /// The conversation's tenant.
+    #[serde(rename = "t")]
+    pub tenant: String,
+    /// The conversation's id.
+    #[serde(rename = "i")]
+    pub conversation: String,
+    /// The id of the key it was issued to, for the audit log.
+    #[serde(rename = "k")]
+    pub key_id: Option<String>,
+    /// Random, so the server can refuse a second use.
+    #[serde(rename = "n")]
+    pub nonce: String,
+    /// Expiry, seconds since the Unix epoch.
+    #[serde(rename = "e")]
+    pub expires: u64,
 }
 
 /// Why a token was refused (never carries the token).
@@ -149,6 +175,24 @@ impl TokenKey {
     /// [`TokenError`].
     pub fn verify_preview(&self, token: &str, now: u64) -> Result<PreviewClaims, TokenError> {
         let claims: PreviewClaims = self.open(PREVIEW_PREFIX, token)?;
+        if now >= claims.expires {
+            return Err(TokenError::Expired);
+        }
+        Ok(claims)
+    }
+
+    /// Issues a terminal ticket (`sbxt1.<base64url(JSON)>.<base64url(HMAC-SHA256)>`).
+    pub fn issue_terminal(&self, claims: &TerminalClaims) -> String {
+        self.sign(TERMINAL_PREFIX, claims)
+    }
+
+    /// Checks a terminal ticket's signature (in constant time) and expiry at `now`; whether it
+    /// was used already is the caller's to check (by its nonce).
+    ///
+    /// # Errors
+    /// [`TokenError`].
+    pub fn verify_terminal(&self, token: &str, now: u64) -> Result<TerminalClaims, TokenError> {
+        let claims: TerminalClaims = self.open(TERMINAL_PREFIX, token)?;
         if now >= claims.expires {
             return Err(TokenError::Expired);
         }
@@ -347,6 +391,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_terminal_ticket_is_its_own_kind_and_expires() {
+        let key = TokenKey::from_bytes([3; 32]);
+        let claims = TerminalClaims {
+            tenant: "acme".into(),
+            conversation: "c1".into(),
+            key_id: Some("0123".into()),
+            nonce: "n1".into(),
+            expires: 160,
+        };
+        let t = key.issue_terminal(&claims);
+        assert_eq!(key.verify_terminal(&t, 100), Ok(claims.clone()));
+        assert_eq!(key.verify_terminal(&t, 160), Err(TokenError::Expired));
+        // Not a preview link, and a preview link is not a ticket.
+        assert_eq!(key.verify_preview(&t, 100), Err(TokenError::Malformed));
+        let other = TokenKey::from_bytes([4; 32]);
+        assert_eq!(
+            other.verify_terminal(&t, 100),
+            Err(TokenError::BadSignature)
+        );
+    }
+
+    #[test]
     fn a_tampered_or_foreign_token_is_refused() {
         let key = TokenKey::from_bytes([1; 32]);
         let t = key.issue("conv", "hash", 100, 60);
@@ -377,6 +443,7 @@ mod tests {
             port: 8000,
             created: 1,
             expires: 160,
+            key_id: Some("0123456789abcdef".into()),
         };
         let t = key.issue_preview(&claims);
         assert_eq!(key.verify_preview(&t, 120), Ok(claims.clone()));

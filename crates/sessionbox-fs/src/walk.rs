@@ -95,9 +95,11 @@ pub(crate) fn list(ws: &Workspace, rel: &WorkspacePath) -> Result<Vec<DirEntry>>
 }
 
 fn too_many(what: String, limit: usize) -> Error {
+    // The limit counts entries, not bytes: said in `what`, so the message names no unit of
+    // its own (`u64::MAX`).
     Error::TooLarge {
-        what: format!("{what} (more than {limit} entries)"),
-        limit: limit as u64,
+        what: format!("{what} is too large: more than {limit} entries"),
+        limit: u64::MAX,
     }
 }
 

@@ -26,7 +26,7 @@ use sessionbox_core::{
     ArchiveStats, ConversationId, ConversationRef, Error, Operation, Result, Session, TenantId,
     temporary_archive, validate_snapshot_name,
 };
-use sessionbox_store::SnapshotRecord;
+use sessionbox_store::{PolicyScope, SnapshotRecord};
 
 use crate::{Conversation, Manager};
 
@@ -470,12 +470,39 @@ impl Manager {
             .await?;
             Ok(tar)
         };
+        // A fork stays as restrained as its origin: a network policy of the origin's own goes
+        // with it (set before the fork's sandbox first starts), unless the fork's id already
+        // has one. Without this, forking would be a way around a conversation's policy.
+        let carried = self.carry_policy(from, to).await?;
         let r = self
             .create_from(to, Start::Conversation(from), fallback)
             .await;
+        if r.is_err() && carried {
+            let scope = PolicyScope::Conversation(to.clone());
+            let _ = self.store.run(move |s| s.clear_egress_policy(&scope)).await;
+        }
         let detail = format!("from_conversation={}", from.id.as_str());
         self.audit(to, "fork", &r, Some(detail)).await;
         r
+    }
+
+    /// Gives `to` the network policy `from` has of its own, if it has one and `to` has none;
+    /// true when it did.
+    async fn carry_policy(&self, from: &ConversationRef, to: &ConversationRef) -> Result<bool> {
+        let (from, to) = (from.clone(), to.clone());
+        self.store
+            .run(move |s| {
+                let Some(own) = s.egress_policy(&PolicyScope::Conversation(from))? else {
+                    return Ok(false);
+                };
+                let target = PolicyScope::Conversation(to);
+                if s.egress_policy(&target)?.is_some() {
+                    return Ok(false);
+                }
+                s.set_egress_policy(&target, &own.policy, &own.hash, Utc::now())?;
+                Ok(true)
+            })
+            .await
     }
 
     /// [`Error::AlreadyExists`] when `to` has a record.

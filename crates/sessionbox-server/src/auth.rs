@@ -25,6 +25,8 @@ pub struct Principal {
     pub key_id: Option<String>,
     /// What the key may reach within the tenant; everything without a key.
     pub scope: KeyScope,
+    /// When the key stops being accepted; `None` for never (or no key).
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl Principal {
@@ -35,6 +37,7 @@ impl Principal {
             tenant,
             key_id: None,
             scope: KeyScope::default(),
+            expires_at: None,
         }
     }
 }
@@ -83,6 +86,7 @@ pub(crate) async fn authenticate(parts: &Parts, state: &AppState) -> Result<Prin
                     tenant: record.tenant,
                     key_id: Some(record.id),
                     scope: record.scope,
+                    expires_at: record.expires_at,
                 }),
                 KeyCheck::Expired(at) => Err(ApiError::unauthorized(format!(
                     "the API key expired at {}; create a new one",

@@ -215,6 +215,11 @@ pub struct SharedState {
     relays: Arc<relay::Relays>,
     audit: audit::AuditWriter,
     metrics: metrics::Metrics,
+    /// Terminal tickets used, by nonce, with their expiry (seconds since the epoch): a ticket
+    /// opens one terminal.
+    tickets: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// The last garbage collection `serve` ran.
+    last_gc: std::sync::Mutex<Option<routes::account::GcSummary>>,
 }
 
 impl std::fmt::Debug for SharedState {
@@ -252,9 +257,58 @@ impl AppState {
             relays: Arc::new(relay::Relays::new(config.max_relays_per_conversation)),
             audit: audit::AuditWriter::start(manager.store().clone()),
             metrics: metrics::Metrics::new(),
+            tickets: std::sync::Mutex::default(),
+            last_gc: std::sync::Mutex::default(),
             manager,
             config,
         }))
+    }
+
+    /// Records the result of a garbage collection `serve` ran, for `GET /v1/installation`.
+    pub fn record_gc(&self, result: &Result<sessionbox_manager::GcReport>) {
+        let summary = match result {
+            Ok(r) => routes::account::GcSummary {
+                at: chrono::Utc::now(),
+                expired: r.expired.len(),
+                stuck: r.stuck.len(),
+                orphans: r.orphans.len(),
+                dangling: r.dangling.len(),
+                idle_stopped: r.idle_stopped.len(),
+                snapshots_expired: r.snapshots_expired.len(),
+                error: None,
+            },
+            Err(e) => routes::account::GcSummary {
+                at: chrono::Utc::now(),
+                expired: 0,
+                stuck: 0,
+                orphans: 0,
+                dangling: 0,
+                idle_stopped: 0,
+                snapshots_expired: 0,
+                error: Some(e.to_string()),
+            },
+        };
+        *self.last_gc.lock().unwrap_or_else(|e| e.into_inner()) = Some(summary);
+    }
+
+    /// The last garbage collection recorded.
+    pub(crate) fn last_gc(&self) -> Option<routes::account::GcSummary> {
+        self.last_gc
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Marks the terminal ticket `nonce` (valid until `expires`) used; false when it was
+    /// already. Forgets tickets past their expiry, so the set holds at most a minute's.
+    pub(crate) fn use_ticket(&self, nonce: &str, expires: u64, now: u64) -> bool {
+        let mut used = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
+        used.retain(|_, e| *e > now);
+        if used.len() >= 100_000 {
+            // A minute's worth of tickets beyond any real use: refuse rather than grow.
+            return false;
+        }
+        used.insert(nonce.to_owned(), expires).is_none()
     }
 
     /// Waits until every `http.*` audit record of the requests answered so far is written.
@@ -306,7 +360,7 @@ pub fn check_listen(addr: &SocketAddr, store: &sessionbox_store::Store) -> Resul
     }
     Err(Error::InvalidRequest(format!(
         "refusing to listen on {addr}, which is not a loopback address, while no API key \
-         exists"
+         exists; create an API key first"
     )))
 }
 

@@ -15,7 +15,7 @@ use utoipa::openapi::{RefOr, ResponseBuilder};
 use utoipa::{IntoResponses, Modify, OpenApi, ToSchema};
 
 use crate::routes::{
-    commands, conversations, exec, files, fs, health, preview, pty, snapshots, watch,
+    account, commands, conversations, exec, files, fs, health, preview, pty, snapshots, watch,
 };
 use crate::views::{ErrorBody, ExitStatusView, FileKindView};
 
@@ -193,6 +193,10 @@ impl Modify for Security {
         crate::skills::list_skills,
         crate::skills::load_skill,
         crate::metrics::metrics,
+        account::whoami,
+        account::audit,
+        account::installation,
+        pty::ticket,
     ),
     components(schemas(
         ErrorBody,

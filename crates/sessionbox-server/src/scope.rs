@@ -53,7 +53,7 @@ pub(crate) enum Rule {
     Tenant(Access),
     /// Reaches what the tenant shares with all of its keys.
     Shared(Access),
-    /// The conversation list: filtered by its handler.
+    /// Checked by its handler: the conversation list (filtered), the audit trail.
     List,
     /// MCP: checked per session and per tool.
     Mcp,
@@ -83,8 +83,13 @@ pub(crate) fn rule(template: &str, method: &Method) -> Rule {
     }
     match template {
         "/healthz" | "/readyz" | "/v1/openapi.json" => Rule::Public,
+        // The dashboard's files: they hold no data; the page sends a key on each API call.
+        "/ui" | "/ui/" | "/ui/{*path}" => Rule::Public,
         t if t.starts_with("/v1/previews/{token}") => Rule::Public,
-        "/v1/conversations" => Rule::List,
+        // The list is filtered by its handler; the audit trail is checked by its handler (one
+        // conversation the key reaches, or the whole tenant's with an unlimited key).
+        "/v1/conversations" | "/v1/audit" => Rule::List,
+        "/v1/whoami" => Rule::Shared(Access::Read),
         "/v1/skills" | "/v1/templates" => Rule::Shared(by_method),
         "/v1/templates/{name}/fork" => Rule::Shared(Access::Write),
         "/mcp" | "/mcp/new" | "/mcp/conversations/{id}" => Rule::Mcp,
@@ -108,7 +113,11 @@ pub(crate) async fn authorize(State(state): State<AppState>, req: Request, next:
         return next.run(req).await;
     }
     let (mut parts, body) = req.into_parts();
-    let principal = match authenticate(&parts, &state).await {
+    let principal = match ticket_principal(&state, &mut parts, &template).await {
+        Some(found) => found,
+        None => authenticate(&parts, &state).await,
+    };
+    let principal = match principal {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
@@ -128,6 +137,75 @@ pub(crate) async fn authorize(State(state): State<AppState>, req: Request, next:
     }
     parts.extensions.insert(principal);
     next.run(Request::from_parts(parts, body)).await
+}
+
+/// The terminal route, which also takes a ticket in place of a key.
+const TERMINAL: &str = "/v1/conversations/{id}/pty";
+
+/// The caller a terminal ticket names (`GET .../pty?ticket=`), limited to the ticket's one
+/// conversation; `None` when this is not the terminal route or there is no ticket. A ticket
+/// opens one terminal: a second use is refused.
+async fn ticket_principal(
+    state: &AppState,
+    parts: &mut Parts,
+    template: &str,
+) -> Option<Result<Principal, ApiError>> {
+    use std::collections::HashMap;
+    if template != TERMINAL {
+        return None;
+    }
+    let query = axum::extract::Query::<HashMap<String, String>>::try_from_uri(&parts.uri).ok()?;
+    let ticket = query.0.get("ticket")?;
+    let refused = |why: &str| {
+        Some(Err(ApiError::unauthorized(format!(
+            "the terminal ticket is not valid: {why}; ask for a new one \
+             (POST /v1/conversations/{{id}}/pty/tickets)"
+        ))))
+    };
+    let Some(key) = &state.config.preview_key else {
+        return refused("this server issues none");
+    };
+    let now = crate::routes::preview::now_secs();
+    let claims = match key.verify_terminal(ticket, now) {
+        Ok(c) => c,
+        Err(e) => return refused(&e.to_string()),
+    };
+    let in_path = match conversation_in_path(parts, state).await {
+        Some(Ok(id)) => id,
+        _ => return refused("the path names no valid conversation"),
+    };
+    if in_path.as_str() != claims.conversation {
+        return refused("it was issued for another conversation");
+    }
+    if !state.use_ticket(&claims.nonce, claims.expires, now) {
+        return refused("it was used already");
+    }
+    let tenant = match sessionbox_core::TenantId::new(&claims.tenant) {
+        Ok(t) => t,
+        Err(_) => return refused("it names no valid tenant"),
+    };
+    Some(Ok(Principal {
+        tenant,
+        key_id: claims.key_id,
+        expires_at: None,
+        scope: KeyScope {
+            conversations: sessionbox_core::ConversationScope::One(in_path),
+            read_only: false,
+        },
+    }))
+}
+
+/// 16 random hex digits (a terminal ticket's nonce).
+///
+/// # Errors
+/// [`Error::Backend`] when the kernel gives no random bytes.
+pub(crate) fn nonce() -> Result<String, Error> {
+    use std::io::Read;
+    let mut b = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| Error::Backend(format!("cannot read random bytes: {e}")))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
 /// The `{id}` of the route's path, parsed; `None` when the route has none.

@@ -1334,6 +1334,10 @@ async fn the_openapi_document_lists_every_route_and_matches_the_responses() {
             ("/v1/templates/{name}".into(), "put"),
             ("/v1/templates/{name}".into(), "delete"),
             ("/v1/templates/{name}/fork".into(), "post"),
+            ("/v1/whoami".into(), "get"),
+            ("/v1/audit".into(), "get"),
+            ("/v1/installation".into(), "get"),
+            (format!("{c}/pty/tickets"), "post"),
         ];
         let mut count = 0;
         for (path, ops) in doc["paths"].as_object().unwrap() {

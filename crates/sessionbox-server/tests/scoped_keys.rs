@@ -7,169 +7,14 @@
 // as tests, not the helpers beside them).
 #![allow(clippy::unwrap_used)]
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+mod support;
 
 use chrono::Utc;
-use reqwest::{Client, Method, RequestBuilder, StatusCode};
+use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use sessionbox_core::{ConversationId, ConversationScope, KeyScope, Runtime, TenantId};
-use sessionbox_local::host::{HostConfig, HostRuntime};
-use sessionbox_manager::{Manager, SnapshotConfig};
-use sessionbox_server::{AppState, ServerConfig};
-use sessionbox_store::{AuditFilter, KeyOptions, Store};
-
-struct Server {
-    base: String,
-    client: Client,
-    store: Store,
-    _dir: tempfile::TempDir,
-    /// A key of tenant `acme` that reaches everything.
-    admin: String,
-    _task: tokio::task::JoinHandle<std::io::Result<()>>,
-}
-
-impl Server {
-    async fn start() -> Server {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("sessionbox.db")).unwrap();
-        let runtime: Arc<dyn Runtime> =
-            Arc::new(HostRuntime::new(HostConfig::new(dir.path())).unwrap());
-        let admin = store
-            .create_api_key(&acme(), Some("admin"), Utc::now())
-            .unwrap()
-            .key;
-        let manager = Manager::new(store.clone(), runtime)
-            .with_snapshots(SnapshotConfig::new(dir.path().join("snapshots")));
-        let state = AppState::new(
-            manager,
-            ServerConfig {
-                preview_key: Some(sessionbox_egress::token::TokenKey::from_bytes([7; 32])),
-                ..ServerConfig::default()
-            },
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr: SocketAddr = listener.local_addr().unwrap();
-        let task = tokio::spawn(sessionbox_server::serve(
-            listener,
-            state,
-            std::future::pending(),
-        ));
-        Server {
-            base: format!("http://{addr}"),
-            client: Client::builder()
-                .timeout(Duration::from_secs(30))
-                .build()
-                .unwrap(),
-            store,
-            _dir: dir,
-            admin,
-            _task: task,
-        }
-    }
-
-    fn key(&self, conversations: ConversationScope, read_only: bool) -> String {
-        let options = KeyOptions {
-            label: Some("scoped".into()),
-            scope: KeyScope {
-                conversations,
-                read_only,
-            },
-            expires_at: None,
-        };
-        self.store
-            .create_scoped_api_key(&acme(), &options, Utc::now())
-            .unwrap()
-            .key
-    }
-
-    fn req(&self, key: &str, method: Method, path: &str) -> RequestBuilder {
-        self.client
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(key)
-    }
-
-    /// Writes `text` to `path` of conversation `id` with the admin key.
-    async fn put(&self, id: &str, path: &str, text: &str) {
-        let r = self
-            .req(
-                &self.admin,
-                Method::PUT,
-                &format!("/v1/conversations/{id}/files/{path}"),
-            )
-            .body(text.to_owned())
-            .send()
-            .await
-            .unwrap();
-        assert!(r.status().is_success(), "{}", r.status());
-    }
-
-    /// The text of `path` in conversation `id`, read with the admin key.
-    async fn text(&self, id: &str, path: &str) -> String {
-        self.req(
-            &self.admin,
-            Method::GET,
-            &format!("/v1/conversations/{id}/files/{path}"),
-        )
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-    }
-
-    /// The ids of the tenant's conversations as `key` lists them.
-    async fn listed(&self, key: &str) -> Vec<String> {
-        let v: Value = self
-            .req(key, Method::GET, "/v1/conversations")
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .map(|t| serde_json::from_str(&t).unwrap())
-            .unwrap();
-        let mut ids: Vec<String> = v["conversations"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c["id"].as_str().unwrap().to_owned())
-            .collect();
-        ids.sort();
-        ids
-    }
-
-    /// Every (method, path template) of the OpenAPI document, and the MCP routes.
-    async fn routes(&self) -> Vec<(Method, String)> {
-        let doc: Value = self
-            .client
-            .get(format!("{}/v1/openapi.json", self.base))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .map(|t| serde_json::from_str(&t).unwrap())
-            .unwrap();
-        let mut routes = Vec::new();
-        for (path, ops) in doc["paths"].as_object().unwrap() {
-            for method in ops.as_object().unwrap().keys() {
-                routes.push((method.to_uppercase().parse().unwrap(), path.clone()));
-            }
-        }
-        assert!(routes.len() > 50, "{routes:?}");
-        for path in ["/mcp", "/mcp/new", "/mcp/conversations/{id}"] {
-            routes.push((Method::POST, path.to_owned()));
-        }
-        routes
-    }
-}
-
-fn acme() -> TenantId {
-    TenantId::new("acme").unwrap()
-}
+use sessionbox_core::{ConversationId, ConversationScope, KeyScope};
+use sessionbox_store::{AuditFilter, KeyOptions};
+use support::{Server, acme};
 
 /// `template` with its parameters filled: the conversation `id`, and plausible values of the
 /// others.
@@ -274,15 +119,14 @@ async fn a_key_for_one_conversation_reaches_no_route_of_another_and_no_tenant_ro
         let allowed_anyway = matches!(
             template.as_str(),
             // Shared with every key of the tenant, or filtered by the handler.
-            "/v1/conversations" | "/v1/skills" | "/v1/templates"
+            "/v1/conversations" | "/v1/skills" | "/v1/templates" | "/v1/whoami"
         );
         if allowed_anyway {
             assert!(status.is_success(), "{method} {path}: {status} {body}");
             continue;
         }
         if template == "/v1/templates/{name}/fork" {
-            // Shared: the handler refuses the fork's target (`to` is missing here, so the body
-            // is refused before that).
+            // Shared: the handler checks the fork's target (below, with a valid body).
             assert!(!status.is_success(), "{method} {path}: {status} {body}");
             continue;
         }
@@ -319,12 +163,20 @@ async fn a_key_for_one_conversation_reaches_no_route_of_another_and_no_tenant_ro
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
     assert_eq!(s.listed(&s.admin).await, ["alice", "bob"]);
     // Each refusal is audited with the key and the route.
+    s.state.flush_audit().await;
     let audit = s.store.audit_log(&AuditFilter::default()).unwrap();
+    // (The middleware's as `http.refused` with the scope; a handler's, such as the audit
+    // trail's, under its own operation.)
+    let forbidden = audit
+        .iter()
+        .filter(|e| e.entry.outcome == "forbidden")
+        .count();
+    assert!(forbidden >= refused, "{forbidden} audited of {refused}");
     let refusals: Vec<_> = audit
         .iter()
         .filter(|e| e.entry.operation == "http.refused")
         .collect();
-    assert!(refusals.len() >= refused, "{}", refusals.len());
+    assert!(refusals.len() + 5 >= refused, "{}", refusals.len());
     assert!(refusals.iter().all(|e| {
         let d = e.entry.detail.as_deref().unwrap_or("");
         e.entry.outcome == "forbidden" && d.contains("scope=conversation \"alice\"")
@@ -502,9 +354,10 @@ async fn a_prefix_key_makes_and_reaches_only_ids_with_its_prefix() {
             .body(json!({"snapshot": name}).to_string())
             .send()
     };
+    // Another conversation's snapshot is answered as an absent one.
     assert_eq!(
         restore("snap-b").await.unwrap().status(),
-        StatusCode::FORBIDDEN
+        StatusCode::NOT_FOUND
     );
     assert_eq!(s.text("team-a-2", "a.txt").await, "team a\n");
     assert_eq!(restore("snap-a").await.unwrap().status(), StatusCode::OK);
@@ -584,4 +437,174 @@ async fn an_expired_key_is_refused_with_401_naming_when() {
     let (status, _) = call(&s, &expired.key, &Method::POST, "/mcp/new").await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert_eq!(s.listed(&s.admin).await, Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_narrowed_key_takes_at_most_a_quarter_of_its_tenants_mcp_sessions() {
+    let s = Server::start_with(sessionbox_server::ServerConfig {
+        max_mcp_sessions_per_tenant: 8,
+        ..Default::default()
+    })
+    .await;
+    let reader = s.key(ConversationScope::All, true);
+    let s = &s;
+    let open = |key: String| async move {
+        call(s, &key, &Method::POST, "/mcp/conversations/alice").await
+    };
+    for _ in 0..2 {
+        let (status, body) = open(reader.clone()).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    // The attack: a read-only key given to one user tries to take every MCP place of the
+    // tenant. Its third is refused, and the tenant's full key still gets the rest.
+    let (status, body) = open(reader.clone()).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("a quarter"),
+        "{body}"
+    );
+    for _ in 0..6 {
+        let (status, body) = open(s.admin.clone()).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let (status, _) = open(s.admin.clone()).await;
+    assert_eq!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the tenant's own limit"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_narrowed_key_cannot_get_around_its_conversations_network_policy() {
+    let s = Server::start().await;
+    let put = |key: &str, path: &str, body: Value| {
+        s.req(key, Method::PUT, path)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+    };
+    let post = |key: &str, path: &str, body: Value| {
+        s.req(key, Method::POST, path)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+    };
+    // The operator: the tenant may reach one host; team-a-1 nothing at all.
+    let r = put(
+        &s.admin,
+        "/v1/policy",
+        json!({"profile": "allowlist", "allow": ["example.com:443"]}),
+    )
+    .await
+    .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    s.put("team-a-1", "a.txt", "a\n").await;
+    let r = put(
+        &s.admin,
+        "/v1/conversations/team-a-1/policy",
+        json!({"profile": "none"}),
+    )
+    .await
+    .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let sr = &s;
+    let policy_of = |id: &'static str| async move {
+        let r = sr
+            .req(
+                &sr.admin,
+                Method::GET,
+                &format!("/v1/conversations/{id}/policy"),
+            )
+            .send()
+            .await
+            .unwrap();
+        serde_json::from_str::<Value>(&r.text().await.unwrap()).unwrap()
+    };
+
+    // The attack, with a key for team-a-*: fork the restrained conversation into a new id,
+    // which would start under the tenant's wider policy. The fork keeps the origin's own.
+    let team = s.key(ConversationScope::prefix("team-a-").unwrap(), false);
+    let r = post(
+        &team,
+        "/v1/conversations/team-a-1/fork",
+        json!({"to": "team-a-9"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let forked = policy_of("team-a-9").await;
+    assert_eq!(forked["source"], "conversation", "{forked}");
+    assert_eq!(forked["profile"], "none", "{forked}");
+
+    // With a key for team-a-1 alone: destroy it and use the id again, which would start under
+    // the tenant's policy. Refused while it has its own; nothing was destroyed.
+    let one = s.key(
+        ConversationScope::One(ConversationId::new("team-a-1").unwrap()),
+        false,
+    );
+    let r = s
+        .req(&one, Method::DELETE, "/v1/conversations/team-a-1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let body: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("network policy of its own"),
+        "{body}"
+    );
+    assert_eq!(s.text("team-a-1", "a.txt").await, "a\n");
+    assert_eq!(policy_of("team-a-1").await["profile"], "none");
+
+    // A template's fork must land in the key's scope too.
+    let r = post(
+        &s.admin,
+        "/v1/conversations/team-a-1/snapshots",
+        json!({"name": "base-snap"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let r = put(
+        &s.admin,
+        "/v1/templates/base",
+        json!({"snapshot": "base-snap"}),
+    )
+    .await
+    .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let r = post(&team, "/v1/templates/base/fork", json!({"to": "carol"}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let r = post(&team, "/v1/templates/base/fork", json!({"to": "team-a-5"}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let ids = s.listed(&s.admin).await;
+    assert!(!ids.contains(&"carol".to_owned()), "{ids:?}");
+    // A restore of a snapshot the key may not see is answered as an absent one.
+    s.put("bob", "b.txt", "b\n").await;
+    let r = post(
+        &s.admin,
+        "/v1/conversations/bob/snapshots",
+        json!({"name": "bob-snap2"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let r = post(
+        &team,
+        "/v1/conversations/team-a-9/restore",
+        json!({"snapshot": "bob-snap2"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let body = r.text().await.unwrap();
+    assert!(!body.contains("bob\""), "the origin is not named: {body}");
 }

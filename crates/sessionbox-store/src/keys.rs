@@ -185,6 +185,22 @@ impl Store {
         })
     }
 
+    /// The key `id`, revoked or not; `None` when there is none.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when the database fails.
+    pub fn api_key(&self, id: &str) -> Result<Option<ApiKeyRecord>> {
+        self.read(|db| {
+            db.query_opt(
+                "read the API key",
+                &format!("SELECT {COLUMNS} FROM api_keys WHERE id = $1"),
+                &[id.into()],
+            )?
+            .map(|r| key_record(&r))
+            .transpose()
+        })
+    }
+
     /// Revokes the key `id`; it is refused from then on. Revoking a revoked key is a no-op.
     ///
     /// # Errors

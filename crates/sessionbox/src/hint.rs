@@ -47,7 +47,7 @@ pub(crate) fn hint(e: &anyhow::Error, runtime: Option<RuntimeKind>) -> Option<St
             })
         }
         Error::InvalidRequest(message) if message.contains("while no API key exists") => {
-            Some("create one with `sessionbox keys create --tenant TENANT`".to_owned())
+            Some("run `sessionbox keys create --tenant TENANT`".to_owned())
         }
         _ => None,
     }

@@ -243,6 +243,7 @@ pub(crate) async fn run(
     let state = AppState::new(manager, config);
     if args.gc_interval_secs > 0 {
         let manager = ctx.manager.clone();
+        let gc_state = state.clone();
         let every = std::time::Duration::from_secs(args.gc_interval_secs);
         let options = sessionbox_manager::GcOptions {
             dry_run: false,
@@ -250,7 +251,9 @@ pub(crate) async fn run(
         };
         tokio::spawn(async move {
             loop {
-                match manager.collect_garbage(options).await {
+                let result = manager.collect_garbage(options).await;
+                gc_state.record_gc(&result);
+                match result {
                     Ok(r) => {
                         // Routine work, not a fault: info (failures below are warnings).
                         if r.found() > 0 {

@@ -1050,6 +1050,75 @@ async fn a_port_in_the_sandbox_is_previewed_through_serve_with_a_key_or_a_signed
             !env.contains(token),
             "{name}: the link's token reached the sandbox"
         );
+        // A link works only while the key that made it does: made by a key that expires in
+        // 90 s, it expires with it (not in the 600 s asked for), and once that key is revoked
+        // it reaches nothing.
+        let out = sessionbox(
+            &rt.data,
+            &[
+                "--tenant",
+                "default",
+                "keys",
+                "create",
+                "--conversation",
+                "web",
+                "--expires-in",
+                "90s",
+            ],
+        );
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let brief = text(&out.stdout).trim().to_owned();
+        let (st, short) = json_of(
+            client
+                .post(format!("{base}/previews"))
+                .bearer_auth(&brief)
+                .json(&json!({"port": port, "ttl_secs": 600}))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(st, StatusCode::OK, "{name}: {short}");
+        let until: chrono::DateTime<chrono::Utc> =
+            short["expires_at"].as_str().unwrap().parse().unwrap();
+        assert!(
+            until <= chrono::Utc::now() + chrono::Duration::seconds(91),
+            "{name}: the link outlives its key: {short}"
+        );
+        let short_path = short["path"].as_str().unwrap().to_owned();
+        let r = client
+            .get(format!("{}{short_path}index.html", served.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{name}");
+        let listed = sessionbox(&rt.data, &["keys", "list", "--json"]);
+        let keys: Value = serde_json::from_slice(&listed.stdout).unwrap();
+        let id = keys
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|k| brief.contains(k["id"].as_str().unwrap()))
+            .unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            sessionbox(&rt.data, &["keys", "revoke", &id])
+                .status
+                .success()
+        );
+        let r = client
+            .get(format!("{}{short_path}index.html", served.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            StatusCode::UNAUTHORIZED,
+            "{name}: revoked key's link"
+        );
+
         // A tampered link, and a link the stranger asks for this conversation, reach nothing.
         let mut forged = token.to_owned();
         let last = forged.pop().unwrap();

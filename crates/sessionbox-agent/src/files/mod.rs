@@ -535,10 +535,10 @@ fn list_into(
         if out.len() == max {
             return Err(Error::TooLarge {
                 what: format!(
-                    "the listing of {} (more than {max} entries)",
+                    "the listing of {} is too large: more than {max} entries",
                     rel.as_relative()
                 ),
-                limit: max as u64,
+                limit: u64::MAX,
             }
             .into());
         }

@@ -384,8 +384,11 @@ impl Session for AioSession {
         let files = self.runtime.client.list(&real).await?;
         if files.len() > self.runtime.limits.max_entries {
             return Err(Error::TooLarge {
-                what: format!("the listing of {path} (entries)"),
-                limit: self.runtime.limits.max_entries as u64,
+                what: format!(
+                    "the listing of {path} is too large: more than {} entries",
+                    self.runtime.limits.max_entries
+                ),
+                limit: u64::MAX,
             });
         }
         let mut out: Vec<DirEntry> = files

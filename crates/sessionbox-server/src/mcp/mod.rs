@@ -93,6 +93,11 @@ fn new_conversation_id(prefix: &str) -> sessionbox_core::Result<ConversationId> 
     ConversationId::new(format!("{prefix}mcp-{hex}"))
 }
 
+/// Every tool's name (the audit log records no other).
+const TOOL_NAMES: &[&str] = &[
+    "bash", "read", "write", "edit", "ls", "glob", "grep", "skill", "network", "preview",
+];
+
 /// The tools that change the workspace, run something in it or reach its programs: a
 /// read-only key is neither shown nor allowed them. (`skill` may run a skill's bootstrap.)
 const WRITING_TOOLS: &[&str] = &["bash", "write", "edit", "preview", "skill"];
@@ -249,7 +254,12 @@ async fn admit(State(s): State<AppState>, mut req: Request, next: Next) -> Respo
     let opening = match &session {
         Some(_) => None,
         None if parts.method == axum::http::Method::POST => {
-            match s.mcp_sessions.open(&principal.tenant).await {
+            let narrowed = if principal.scope.is_full() {
+                None
+            } else {
+                principal.key_id.as_deref()
+            };
+            match s.mcp_sessions.open(&principal.tenant, narrowed).await {
                 Ok(o) => Some(o),
                 Err(e) => return ApiError::from(e).into_response(),
             }
@@ -519,7 +529,14 @@ impl ServerHandler for Tools {
                 ))]),
             ),
         };
-        self.audit(&caller, &request.name, outcome, started).await;
+        // The name is the client's: only a tool of this server is recorded by its name, so a
+        // name with line breaks or control characters never reaches the audit log.
+        let tool = if TOOL_NAMES.contains(&request.name.as_ref()) {
+            request.name.as_ref()
+        } else {
+            "unknown"
+        };
+        self.audit(&caller, tool, outcome, started).await;
         Ok(out.into())
     }
 }
@@ -576,6 +593,22 @@ fn instructions(any_skills: bool, mounted: Option<String>, conversation: Option<
 #[cfg(test)]
 mod tests {
     use super::instructions;
+
+    #[test]
+    fn every_tool_offered_is_named_in_the_audit_list() {
+        let offered: Vec<String> = super::schema::tools()
+            .iter()
+            .map(|t| t.name.to_string())
+            .collect();
+        let mut named: Vec<String> = super::TOOL_NAMES.iter().map(|n| (*n).to_owned()).collect();
+        let mut offered_sorted = offered.clone();
+        offered_sorted.sort();
+        named.sort();
+        assert_eq!(offered_sorted, named);
+        for w in super::WRITING_TOOLS {
+            assert!(offered.iter().any(|o| o == w), "{w}");
+        }
+    }
 
     #[test]
     fn the_instructions_name_a_skill_directory_only_where_skills_exist() {

@@ -9,7 +9,9 @@
 //! The map stays bounded: an entry goes when its session ends through a DELETE, when rmcp
 //! answers 404 for it (it ended on its own, after rmcp's keep-alive), and, when a tenant is at
 //! its limit, entries whose session rmcp no longer knows are pruned before a new one is
-//! refused. A tenant has at most `max_per_tenant` sessions open (and opening) at once.
+//! refused. A tenant has at most `max_per_tenant` sessions open (and opening) at once, and a
+//! narrowed key (limited to conversations, or read-only) at most a quarter of them, so such a
+//! key, given to one user or agent, cannot take every place of its tenant.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -34,12 +36,21 @@ struct State {
     conversations: HashMap<String, ConversationId>,
     /// `initialize` requests in flight, per tenant (they count against the limit).
     opening: HashMap<TenantId, usize>,
+    /// Session id to the narrowed key that opened it.
+    keys: HashMap<String, String>,
+    /// `initialize` requests in flight, per narrowed key.
+    opening_keys: HashMap<String, usize>,
 }
 
 impl State {
     fn count(&self, tenant: &TenantId) -> usize {
         self.owners.values().filter(|t| *t == tenant).count()
             + self.opening.get(tenant).copied().unwrap_or(0)
+    }
+
+    fn count_key(&self, key: &str) -> usize {
+        self.keys.values().filter(|k| *k == key).count()
+            + self.opening_keys.get(key).copied().unwrap_or(0)
     }
 }
 
@@ -48,6 +59,8 @@ impl State {
 pub(crate) struct Opening {
     owners: Arc<Owners>,
     tenant: TenantId,
+    /// The narrowed key opening it, if it is one.
+    key: Option<String>,
 }
 
 impl Owners {
@@ -74,6 +87,7 @@ impl Owners {
         let mut state = self.lock();
         state.owners.remove(id);
         state.conversations.remove(id);
+        state.keys.remove(id);
     }
 
     /// The conversation of session `id`: named when it was opened, or made for it.
@@ -86,16 +100,36 @@ impl Owners {
         self.lock().count(tenant)
     }
 
-    /// Admits one more session of `tenant`, pruning first the sessions rmcp has closed on its
-    /// own when the tenant is at its limit.
+    /// Most sessions one narrowed key may have open.
+    pub(crate) fn max_per_narrowed_key(&self) -> usize {
+        (self.max_per_tenant / 4).max(1)
+    }
+
+    /// Admits one more session of `tenant`, opened with `narrowed_key` (the id of a key
+    /// limited to conversations or to reading, else `None`), pruning first the sessions rmcp
+    /// has closed on its own when a limit is reached.
     ///
     /// # Errors
-    /// [`Error::Busy`] naming the limit when `tenant` has that many sessions open.
-    pub(crate) async fn open(self: &Arc<Self>, tenant: &TenantId) -> Result<Opening, Error> {
-        if self.try_open(tenant).is_none() {
+    /// [`Error::Busy`] naming the limit when `tenant`, or the key, has that many sessions open.
+    pub(crate) async fn open(
+        self: &Arc<Self>,
+        tenant: &TenantId,
+        narrowed_key: Option<&str>,
+    ) -> Result<Opening, Error> {
+        if self.try_open(tenant, narrowed_key).is_none() {
             self.prune(tenant).await;
         }
-        self.try_open(tenant).ok_or_else(|| {
+        if let Some(key) = narrowed_key
+            && self.lock().count_key(key) >= self.max_per_narrowed_key()
+        {
+            return Err(Error::Busy(format!(
+                "this API key (limited to some conversations or to reading) has {} MCP \
+                 sessions open, a quarter of [serve] max_mcp_sessions_per_tenant; end one \
+                 (DELETE /mcp with its Mcp-Session-Id) or wait for an idle one to expire",
+                self.max_per_narrowed_key()
+            )));
+        }
+        self.try_open(tenant, narrowed_key).ok_or_else(|| {
             Error::Busy(format!(
                 "[serve] max_mcp_sessions_per_tenant = {} reached: this tenant has that many MCP \
                  sessions open; end one (DELETE /mcp with its Mcp-Session-Id) or wait for an idle \
@@ -105,15 +139,21 @@ impl Owners {
         })
     }
 
-    fn try_open(self: &Arc<Self>, tenant: &TenantId) -> Option<Opening> {
+    fn try_open(self: &Arc<Self>, tenant: &TenantId, key: Option<&str>) -> Option<Opening> {
         let mut state = self.lock();
-        if state.count(tenant) >= self.max_per_tenant {
+        if state.count(tenant) >= self.max_per_tenant
+            || key.is_some_and(|k| state.count_key(k) >= self.max_per_narrowed_key())
+        {
             return None;
         }
         *state.opening.entry(tenant.clone()).or_default() += 1;
+        if let Some(k) = key {
+            *state.opening_keys.entry(k.to_owned()).or_default() += 1;
+        }
         Some(Opening {
             owners: self.clone(),
             tenant: tenant.clone(),
+            key: key.map(str::to_owned),
         })
     }
 
@@ -146,6 +186,9 @@ impl Opening {
         let mut state = self.owners.lock();
         state.owners.insert(id.to_owned(), self.tenant.clone());
         state.conversations.insert(id.to_owned(), conversation);
+        if let Some(k) = &self.key {
+            state.keys.insert(id.to_owned(), k.clone());
+        }
         drop(state);
         // `self` drops here: the place counted while opening is now the session's.
     }
@@ -158,6 +201,14 @@ impl Drop for Opening {
             *n = n.saturating_sub(1);
             if *n == 0 {
                 state.opening.remove(&self.tenant);
+            }
+        }
+        if let Some(k) = &self.key
+            && let Some(n) = state.opening_keys.get_mut(k)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                state.opening_keys.remove(k);
             }
         }
     }

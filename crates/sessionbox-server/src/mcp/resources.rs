@@ -100,6 +100,12 @@ impl Tools {
             })
             .await;
         let mut paths = match listed {
+            Ok(Err(e)) if e.code() == "too_large" => {
+                return Err(Error::InvalidRequest(format!(
+                    "this workspace has too many files to list as resources ({e}); list a \
+                     directory with the `ls` tool, and read a file as file:///PATH"
+                )));
+            }
             Ok(found) => found?,
             // Nothing is created to be listed: an absent conversation has no files.
             Err(e) if e.code() == "not_found" => Vec::new(),
@@ -141,16 +147,22 @@ impl Tools {
                     .state
                     .budget
                     .reserve_body(&conv.tenant, usize::try_from(size).unwrap_or(usize::MAX))?;
+                let too_large = |size: u64| Error::TooLarge {
+                    what: format!(
+                        "{path} ({size} bytes) as a resource; use the `read` tool, which pages \
+                         through its lines"
+                    ),
+                    limit: MAX_RESOURCE_BYTES,
+                };
                 if size > MAX_RESOURCE_BYTES {
-                    return Err(Error::TooLarge {
-                        what: format!(
-                            "{path} ({size} bytes) as a resource; use the `read` tool, which \
-                             pages through its lines"
-                        ),
-                        limit: MAX_RESOURCE_BYTES,
-                    });
+                    return Err(too_large(size));
                 }
-                opened.conv.read(&path).await
+                // The file may have grown since: what was read is checked too.
+                let bytes = opened.conv.read(&path).await?;
+                if bytes.len() as u64 > MAX_RESOURCE_BYTES {
+                    return Err(too_large(bytes.len() as u64));
+                }
+                Ok(bytes)
             })
             .await??;
         let contents = match String::from_utf8(bytes) {

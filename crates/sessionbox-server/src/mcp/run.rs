@@ -120,7 +120,14 @@ impl Tools {
             // Issues a link: the conversation is opened only to learn that it exists and
             // runs an agent; nothing in it changes.
             let a: PreviewArgs = args(name, a)?;
-            let link = crate::routes::preview::issue_link(state, conv, a.port, a.ttl_secs).await?;
+            let link = crate::routes::preview::issue_link(
+                state,
+                &caller.principal,
+                conv,
+                a.port,
+                a.ttl_secs,
+            )
+            .await?;
             return Ok(format!(
                 "Port {} of this sandbox is reachable at this server's path {} (open it in a \
                  browser, no key needed; relative links work, absolute ones (/...) do not) until \

@@ -289,6 +289,27 @@ pub(crate) async fn destroy(
     PathArgs(id): PathArgs<String>,
 ) -> Response {
     on_conversation(&principal, "destroy", &id, async |conv| {
+        if principal.scope.conversations != sessionbox_core::ConversationScope::All {
+            // Destroying drops the conversation's own network policy, and using the id again
+            // would start it under the tenant's: a narrowed key must not get around the policy
+            // set for it that way.
+            let scope = sessionbox_store::PolicyScope::Conversation(conv.clone());
+            let own = state
+                .manager
+                .store()
+                .run(move |s| s.egress_policy(&scope))
+                .await?;
+            if own.is_some() {
+                return Err(sessionbox_core::Error::Forbidden(format!(
+                    "conversation {:?} has a network policy of its own, which destroying it \
+                     would drop; this API key is limited to {}: destroy it with a key that is \
+                     not",
+                    conv.id.as_str(),
+                    principal.scope.conversations
+                ))
+                .into());
+            }
+        }
         let _turn = state.turn(&conv.key).await?;
         let _held = state.manager.hold(&conv).await?;
         state.commands.end_conversation(&conv.key);

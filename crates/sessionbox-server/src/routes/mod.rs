@@ -6,6 +6,7 @@
 //! ([`crate::metrics::track`]) counts it. Errors are [`sessionbox_core::Error`]s until the
 //! response, where they become the JSON error body ([`ApiError`]).
 
+pub(crate) mod account;
 pub(crate) mod commands;
 pub(crate) mod conversations;
 pub(crate) mod exec;
@@ -15,6 +16,7 @@ pub(crate) mod health;
 pub(crate) mod preview;
 pub(crate) mod pty;
 pub(crate) mod snapshots;
+pub(crate) mod ui;
 pub(crate) mod watch;
 
 use axum::Router;
@@ -44,6 +46,12 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/v1/openapi.json", get(crate::openapi::document))
+        .route("/ui", get(ui::root))
+        .route("/ui/", get(ui::file))
+        .route("/ui/{*path}", get(ui::file))
+        .route("/v1/whoami", get(account::whoami))
+        .route("/v1/audit", get(account::audit))
+        .route("/v1/installation", get(account::installation))
         .route("/v1/conversations", get(conversations::list))
         .route(
             conversation,
@@ -84,6 +92,7 @@ pub fn router(state: AppState) -> Router {
         .route(&at("/glob"), get(fs::glob))
         .route(&at("/grep"), post(fs::grep))
         .route(&at("/pty"), get(pty::pty))
+        .route(&at("/pty/tickets"), post(pty::ticket))
         .route(&at("/snapshots"), post(snapshots::take))
         .route(&at("/restore"), post(snapshots::restore))
         .route(&at("/fork"), post(snapshots::fork_conversation))

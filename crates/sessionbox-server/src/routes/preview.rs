@@ -217,6 +217,18 @@ pub(crate) async fn by_link(
         let claims = key
             .verify_preview(&token, now_secs())
             .map_err(|e| ApiError::unauthorized(format!("the preview link is not valid: {e}")))?;
+        // The link works only while the key that made it does (not revoked, not expired).
+        if let Some(id) = claims.key_id.clone() {
+            let record = state.manager.store().run(move |s| s.api_key(&id)).await?;
+            let live = record.is_some_and(|k| {
+                k.revoked_at.is_none() && k.expires_at.is_none_or(|at| at > chrono::Utc::now())
+            });
+            if !live {
+                return Err(ApiError::unauthorized(
+                    "the preview link is not valid: the key that made it was revoked or expired",
+                ));
+            }
+        }
         let principal = Principal::unrestricted(sessionbox_core::TenantId::new(&claims.tenant)?);
         let conv = conversation_of(&principal, &claims.conversation)?;
         let prefix = format!("/v1/previews/{token}");
@@ -242,7 +254,7 @@ pub(crate) async fn by_link(
 }
 
 /// Seconds since the Unix epoch now.
-fn now_secs() -> u64 {
+pub(crate) fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -279,6 +291,7 @@ pub(crate) struct PreviewLinkView {
 /// when the server has no preview key or the runtime runs no agent.
 pub(crate) async fn issue_link(
     state: &AppState,
+    principal: &Principal,
     conv: &ConversationRef,
     port: u16,
     ttl_secs: Option<u64>,
@@ -299,13 +312,18 @@ pub(crate) async fn issue_link(
     };
     // The conversation must exist and its runtime give previews at all.
     let (_, created) = relay::agent_link_of(state, conv, Operation::Attach, "previews").await?;
-    let expires = now_secs().saturating_add(ttl);
+    // A link never outlives the key that made it.
+    let mut expires = now_secs().saturating_add(ttl);
+    if let Some(at) = principal.expires_at {
+        expires = expires.min(u64::try_from(at.timestamp()).unwrap_or(0));
+    }
     let token = key.issue_preview(&PreviewClaims {
         tenant: conv.tenant.as_str().to_owned(),
         conversation: conv.id.as_str().to_owned(),
         port,
         created,
         expires,
+        key_id: principal.key_id.clone(),
     });
     Ok(PreviewLinkView {
         path: format!("/v1/previews/{token}/"),
@@ -327,7 +345,7 @@ pub(crate) async fn link(
     JsonBody(body): JsonBody<PreviewLinkRequest>,
 ) -> Response {
     on_conversation(&principal, "preview_link", &id, async |conv| {
-        let view = issue_link(&state, &conv, body.port, body.ttl_secs).await?;
+        let view = issue_link(&state, &principal, &conv, body.port, body.ttl_secs).await?;
         Ok(Json(view).into_response())
     })
     .await

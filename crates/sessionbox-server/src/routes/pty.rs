@@ -9,7 +9,7 @@
 
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use sessionbox_core::{Error, Operation};
 use sessionbox_execd::pty::{CreatePtyRequest, socket_path};
@@ -29,6 +29,68 @@ pub(crate) struct PtyQuery {
     /// The shell's working directory; default the workspace root.
     #[serde(default)]
     cwd: Option<String>,
+    /// A ticket from `POST .../pty/tickets`, in place of the key (checked by
+    /// `scope::authorize`, for browsers, which cannot send a key on a WebSocket).
+    #[serde(default)]
+    #[allow(dead_code)]
+    ticket: Option<String>,
+}
+
+/// How long a terminal ticket is valid.
+pub(crate) const TICKET_SECS: u64 = 60;
+
+/// A terminal ticket.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct TicketView {
+    /// Give it as `?ticket=` when opening the terminal's WebSocket; it opens one terminal of
+    /// this conversation, once, until `expires_at`.
+    ticket: String,
+    /// When it stops being accepted (60 s after it was issued).
+    expires_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// A single-use ticket that opens this conversation's terminal (`GET .../pty?ticket=...`)
+/// without a key on the WebSocket, for browsers. Issued to a key that may open a terminal
+/// there; valid 60 s.
+#[utoipa::path(post, path = "/v1/conversations/{id}/pty/tickets", tag = "exec",
+    operation_id = "create_terminal_ticket",
+    params(("id" = String, Path, description = "conversation id")),
+    responses((status = 201, body = TicketView),
+              (status = 503, description = "the server has no key to sign tickets with", body = crate::views::ErrorBody),
+              ConversationErrors))]
+pub(crate) async fn ticket(
+    State(state): State<AppState>,
+    principal: Principal,
+    PathArgs(id): PathArgs<String>,
+) -> Response {
+    on_conversation(&principal, "pty_ticket", &id, async |conv| {
+        let Some(key) = &state.config.preview_key else {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "runtime_unavailable",
+                "this server has no key to sign terminal tickets with; start it with a data \
+                 directory it may write its preview key to",
+            ));
+        };
+        let now = crate::routes::preview::now_secs();
+        let expires = now + TICKET_SECS;
+        let ticket = key.issue_terminal(&sessionbox_egress::token::TerminalClaims {
+            tenant: conv.tenant.as_str().to_owned(),
+            conversation: conv.id.as_str().to_owned(),
+            key_id: principal.key_id.clone(),
+            nonce: crate::scope::nonce()?,
+            expires,
+        });
+        Ok((
+            StatusCode::CREATED,
+            axum::Json(TicketView {
+                ticket,
+                expires_at: chrono::DateTime::from_timestamp(expires as i64, 0).unwrap_or_default(),
+            }),
+        )
+            .into_response())
+    })
+    .await
 }
 
 /// A terminal in the conversation's sandbox, over a WebSocket (creates the conversation).
@@ -43,7 +105,8 @@ pub(crate) struct PtyQuery {
 /// terminals, 429 `busy`.
 #[utoipa::path(get, path = "/v1/conversations/{id}/pty", tag = "exec",
     params(("id" = String, Path, description = "conversation id"),
-           ("cwd" = Option<String>, Query, description = "the shell's working directory; default the workspace root")),
+           ("cwd" = Option<String>, Query, description = "the shell's working directory; default the workspace root"),
+           ("ticket" = Option<String>, Query, description = "a ticket from POST .../pty/tickets, in place of the key (browsers)")),
     responses((status = 101, description = "switching to the terminal's WebSocket"),
               (status = 426, description = "not a WebSocket upgrade", body = crate::views::ErrorBody),
               ConversationErrors))]

@@ -210,16 +210,18 @@ pub(crate) async fn restore(
                 .manager
                 .snapshot_record(&principal.tenant, &body.snapshot)
                 .await?;
-            match &record.origin {
-                Some(origin) => principal.scope.check_conversation(origin)?,
-                None => {
-                    return Err(Error::Forbidden(format!(
-                        "this API key is limited to {}; snapshot {:?} was imported, not taken \
-                         of one of them",
-                        principal.scope.conversations, body.snapshot
-                    ))
-                    .into());
-                }
+            // One taken of another conversation, or imported, is answered as an absent one:
+            // the key learns neither that it exists nor where it came from.
+            if !record
+                .origin
+                .as_ref()
+                .is_some_and(|o| principal.scope.conversations.covers(o))
+            {
+                return Err(Error::NotFound(format!(
+                    "the tenant has no snapshot named {:?}",
+                    body.snapshot
+                ))
+                .into());
             }
         }
         let stats = state
@@ -463,6 +465,7 @@ pub(crate) async fn fork_snapshot(
     JsonBody(body): JsonBody<ForkBody>,
 ) -> Response {
     on_conversation(&principal, "fork", &body.to, async |to| {
+        principal.scope.check_conversation(&to.id)?;
         let stats = state
             .manager
             .fork(&ForkFrom::Snapshot(name.clone()), &to)
@@ -558,6 +561,8 @@ pub(crate) async fn fork_template(
     JsonBody(body): JsonBody<ForkBody>,
 ) -> Response {
     on_conversation(&principal, "fork", &body.to, async |to| {
+        // The new conversation must be one the key reaches.
+        principal.scope.check_conversation(&to.id)?;
         let stats = state.manager.create_from_template(&to, &name).await?;
         Ok((StatusCode::CREATED, Json(RestoredView::of(&to, stats))).into_response())
     })

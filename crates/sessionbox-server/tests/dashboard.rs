@@ -1,0 +1,251 @@
+//! What the dashboard needs from the server, end to end over HTTP (the pages themselves are
+//! tested in a browser by `ui-src/test`): its files under a strict content security policy,
+//! `whoami`, the audit trail, the installation, and terminal tickets.
+
+// Integration tests may unwrap (clippy.toml says so, but clippy counts only `#[test]` functions
+// as tests, not the helpers beside them).
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+use sessionbox_core::{ConversationId, ConversationScope};
+use support::Server;
+
+async fn json_of(r: reqwest::Response) -> (StatusCode, Value) {
+    let status = r.status();
+    let text = r.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_is_served_without_a_key_under_a_strict_policy() {
+    let s = Server::start().await;
+    let r = s.client.get(format!("{}/ui", s.base)).send().await.unwrap();
+    // reqwest follows the redirect to /ui/.
+    assert_eq!(r.url().path(), "/ui/");
+    assert_eq!(r.status(), StatusCode::OK);
+    let csp = r.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    for rule in [
+        "default-src 'none'",
+        "script-src 'self'",
+        "frame-ancestors 'none'",
+    ] {
+        assert!(csp.contains(rule), "{csp}");
+    }
+    assert!(!csp.contains("unsafe"), "{csp}");
+    assert_eq!(r.headers()["x-content-type-options"], "nosniff");
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html")
+    );
+    let page = r.text().await.unwrap();
+    // No inline script, and nothing from another address.
+    assert!(!page.contains("<script>"), "inline script");
+    for outside in ["http://", "https://", "//cdn"] {
+        assert!(!page.contains(outside), "{outside} in index.html");
+    }
+    for bad in [
+        "/ui/../Cargo.toml",
+        "/ui/%2e%2e/Cargo.toml",
+        "/ui/nothing.js",
+    ] {
+        let r = s
+            .client
+            .get(format!("{}{bad}", s.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::NOT_FOUND, "{bad}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whoami_audit_and_installation_answer_for_the_key_and_its_tenant_only() {
+    let s = Server::start().await;
+    s.put("alice", "a.txt", "a\n").await;
+    s.put("bob", "b.txt", "b\n").await;
+    let (status, me) = json_of(
+        s.req(&s.admin, Method::GET, "/v1/whoami")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{me}");
+    assert_eq!(me["tenant"], "acme");
+    assert!(me["key_id"].as_str().is_some_and(|k| k.len() == 16), "{me}");
+    assert_eq!(me["scope"]["conversations"]["kind"], "all", "{me}");
+
+    // The whole tenant's trail, newest first, naming conversations by id.
+    let (status, all) = json_of(
+        s.req(&s.admin, Method::GET, "/v1/audit?limit=1000")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{all}");
+    let records = all["records"].as_array().unwrap();
+    assert!(
+        records
+            .iter()
+            .any(|r| r["conversation"] == "alice" && r["operation"] == "write")
+    );
+    assert!(records.iter().any(|r| r["conversation"] == "bob"));
+    let at: Vec<&str> = records.iter().map(|r| r["at"].as_str().unwrap()).collect();
+    assert!(at.windows(2).all(|w| w[0] >= w[1]), "newest first: {at:?}");
+    assert!(!all.to_string().contains(&s.admin), "never the key itself");
+
+    // One conversation's, and a key limited to alice reads alice's only.
+    let alice = s.key(
+        ConversationScope::One(ConversationId::new("alice").unwrap()),
+        true,
+    );
+    let (status, mine) = json_of(
+        s.req(&alice, Method::GET, "/v1/audit?conversation=alice")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{mine}");
+    let mine = mine["records"].as_array().unwrap();
+    assert!(!mine.is_empty() && mine.iter().all(|r| r["conversation"] == "alice"));
+    for path in [
+        "/v1/audit?conversation=bob",
+        "/v1/audit",
+        "/v1/installation",
+    ] {
+        let (status, body) = json_of(s.req(&alice, Method::GET, path).send().await.unwrap()).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {body}");
+    }
+    for path in [
+        "/v1/audit?limit=0",
+        "/v1/audit?conversation=../x",
+        "/v1/audit?nope=1",
+    ] {
+        let (status, body) =
+            json_of(s.req(&s.admin, Method::GET, path).send().await.unwrap()).await;
+        assert!(status.is_client_error(), "{path}: {status} {body}");
+    }
+
+    // The installation: this tenant's conversations, the runtime, checks that hold.
+    s.state
+        .record_gc(&s.state.manager.collect_garbage(Default::default()).await);
+    let (status, inst) = json_of(
+        s.req(&s.admin, Method::GET, "/v1/installation")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{inst}");
+    assert_eq!(inst["runtime"], "host");
+    assert_eq!(inst["store"], "sqlite");
+    assert_eq!(inst["conversations"], 2);
+    assert!(inst["gc"]["at"].is_string(), "{inst}");
+    let checks = inst["checks"].as_array().unwrap();
+    assert!(
+        checks.len() == 2 && checks.iter().all(|c| c["ok"] == true),
+        "{inst}"
+    );
+    // Another tenant counts its own.
+    let other = s
+        .store
+        .create_api_key(
+            &sessionbox_core::TenantId::new("globex").unwrap(),
+            None,
+            chrono::Utc::now(),
+        )
+        .unwrap()
+        .key;
+    let (_, inst) = json_of(
+        s.req(&other, Method::GET, "/v1/installation")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(inst["conversations"], 0, "{inst}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminal_ticket_opens_one_terminal_of_its_conversation_once() {
+    let s = Server::start().await;
+    s.put("alice", "a.txt", "a\n").await;
+    let issue = |key: String, id: &'static str| {
+        s.req(
+            &key,
+            Method::POST,
+            &format!("/v1/conversations/{id}/pty/tickets"),
+        )
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+    };
+    let (status, t) = json_of(issue(s.admin.clone(), "alice").await.unwrap()).await;
+    assert_eq!(status, StatusCode::CREATED, "{t}");
+    let ticket = t["ticket"].as_str().unwrap().to_owned();
+    assert!(t["expires_at"].is_string());
+    // Without a key, the ticket is the credential: this request is no WebSocket upgrade, so a
+    // ticket that passed is answered 426 by the terminal itself, one that did not 401.
+    let open = |id: &str, ticket: &str| {
+        s.client
+            .get(format!(
+                "{}/v1/conversations/{id}/pty?ticket={}",
+                s.base,
+                ticket.replace('=', "%3D")
+            ))
+            .send()
+    };
+    let (status, body) = json_of(open("bob", &ticket).await.unwrap()).await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "another conversation: {body}"
+    );
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("another conversation")
+    );
+    let (status, body) = json_of(open("alice", &ticket).await.unwrap()).await;
+    assert_eq!(status, StatusCode::UPGRADE_REQUIRED, "{body}");
+    let (status, body) = json_of(open("alice", &ticket).await.unwrap()).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "a second use: {body}");
+    assert!(body["message"].as_str().unwrap().contains("used already"));
+    // Forged or cut tickets, and none at all.
+    let mut forged = ticket.clone();
+    forged.pop();
+    for bad in [forged.as_str(), "sbxt1.e30.AAAA", "sbxp1.x.y", ""] {
+        let (status, _) = json_of(open("alice", bad).await.unwrap()).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{bad}");
+    }
+    // Only a key that may open a terminal there gets one.
+    let reader = s.key(ConversationScope::All, true);
+    let (status, _) = json_of(issue(reader, "alice").await.unwrap()).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let bobs = s.key(
+        ConversationScope::One(ConversationId::new("bob").unwrap()),
+        false,
+    );
+    let (status, _) = json_of(issue(bobs, "alice").await.unwrap()).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = json_of(
+        s.client
+            .post(format!("{}/v1/conversations/alice/pty/tickets", s.base))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "no key");
+}
