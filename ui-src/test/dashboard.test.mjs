@@ -326,7 +326,8 @@ describe('dashboard', () => {
       });
     });
     const seen = { urls: [], inputs: [], resizes: [] };
-    await page.routeWebSocket(/\/pty\?ticket=/, (ws) => {
+    // Only this conversation's socket: a WebSocket route outlives unrouteAll.
+    await page.routeWebSocket(/\/acme-other\/pty\?ticket=/, (ws) => {
       seen.urls.push(ws.url());
       ws.send(JSON.stringify({ type: 'connected' }));
       ws.send(Buffer.concat([Buffer.from([1]), Buffer.from('scripted$ ')]));
@@ -551,13 +552,14 @@ describe('dashboard with the server side of issue 24', { skip: devMode && 'UI_DE
 
   test('audit: the trail of the conversation shows the upload', T, async () => {
     await go('#/c/acme-demo/audit');
-    await page.waitForSelector('.audit-panel tbody code:text-is("upload")');
+    await page.waitForSelector('.audit-panel tbody code:text-is("http.upload")');
     await page.selectOption('.audit-panel select', 'changes');
-    await page.waitForFunction(() => ![...document.querySelectorAll('.audit-panel tbody th code')].some((c) => c.textContent === 'ls'));
-    await page.waitForSelector('.audit-panel tbody code:text-is("upload")');
+    await page.waitForFunction(() => ![...document.querySelectorAll('.audit-panel tbody code')]
+      .some((c) => ['ls', 'http.ls', 'http.get', 'get'].includes(c.textContent)));
+    await page.waitForSelector('.audit-panel tbody code:text-is("http.upload")');
   });
 
-  test('installation: version, runtime, store and doctor', T, async () => {
+  test('installation: version, runtime, store and checks', T, async () => {
     await go('#/installation');
     const server = page.locator('section[aria-labelledby="inst-server"]');
     await server.locator('dt:text("Store")').waitFor();

@@ -32,6 +32,7 @@ use crate::{Conversation, Manager};
 
 mod clones;
 mod files;
+mod policy;
 mod templates;
 
 pub(crate) use clones::Start;
@@ -484,25 +485,6 @@ impl Manager {
         let detail = format!("from_conversation={}", from.id.as_str());
         self.audit(to, "fork", &r, Some(detail)).await;
         r
-    }
-
-    /// Gives `to` the network policy `from` has of its own, if it has one and `to` has none;
-    /// true when it did.
-    async fn carry_policy(&self, from: &ConversationRef, to: &ConversationRef) -> Result<bool> {
-        let (from, to) = (from.clone(), to.clone());
-        self.store
-            .run(move |s| {
-                let Some(own) = s.egress_policy(&PolicyScope::Conversation(from))? else {
-                    return Ok(false);
-                };
-                let target = PolicyScope::Conversation(to);
-                if s.egress_policy(&target)?.is_some() {
-                    return Ok(false);
-                }
-                s.set_egress_policy(&target, &own.policy, &own.hash, Utc::now())?;
-                Ok(true)
-            })
-            .await
     }
 
     /// [`Error::AlreadyExists`] when `to` has a record.

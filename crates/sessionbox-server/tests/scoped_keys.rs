@@ -448,9 +448,8 @@ async fn a_narrowed_key_takes_at_most_a_quarter_of_its_tenants_mcp_sessions() {
     .await;
     let reader = s.key(ConversationScope::All, true);
     let s = &s;
-    let open = |key: String| async move {
-        call(s, &key, &Method::POST, "/mcp/conversations/alice").await
-    };
+    let open =
+        |key: String| async move { call(s, &key, &Method::POST, "/mcp/conversations/alice").await };
     for _ in 0..2 {
         let (status, body) = open(reader.clone()).await;
         assert_eq!(status, StatusCode::OK, "{body}");

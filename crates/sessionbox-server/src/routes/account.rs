@@ -104,6 +104,7 @@ const MAX_AUDIT: usize = 1000;
            ("limit" = Option<usize>, Query, description = "1-1000, default 100")),
     responses((status = 200, body = AuditView),
               (status = 400, description = "invalid input", body = crate::views::ErrorBody),
+              (status = 422, description = "a query parameter this route does not take", body = crate::views::ErrorBody),
               (status = 403, description = "the key's scope does not reach it", body = crate::views::ErrorBody)))]
 pub(crate) async fn audit(
     State(state): State<AppState>,

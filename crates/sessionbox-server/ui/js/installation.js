@@ -136,7 +136,7 @@ export function renderInstallation(main, session) {
     section('inst-server', 'Server', serverBox),
     section('inst-activity', 'Activity', h('p', { class: 'muted', text: 'Sampled from /metrics every 5 seconds while this page is open; the last 15 minutes are kept for this browser tab.' }),
       metricsProblem, h('div', { class: 'charts' }, charts.map((c) => c.figure))),
-    section('inst-doctor', 'Doctor', doctorBox),
+    section('inst-doctor', 'Checks', doctorBox),
     section('inst-gc', 'Garbage collection', gcBox),
     section('inst-egress', session.tenant ? `Egress verdicts of tenant ${session.tenant}` : 'Egress verdicts of the tenant',
       egressProblem, egress.el));
@@ -183,14 +183,24 @@ export function renderInstallation(main, session) {
         ['Version', inst.version],
         ['Runtime', inst.runtime],
         ['Store', inst.store],
+        ['Boundary', inst.boundary],
         ['Status', ready?.status ?? '—'],
         ['Live sandboxes', String(inst.live_sandboxes)],
         ['Conversations', String(inst.conversations)],
       ]));
-      doctorBox.replaceChildren(doctorList(inst.doctor || []));
+      doctorBox.replaceChildren(doctorList(inst.checks || []));
       gcBox.replaceChildren(inst.gc
         ? h('div', {}, h('p', {}, 'Last run ', timeEl(inst.gc.at), ` (${fmtTime(inst.gc.at)}).`),
-          h('pre', { class: 'report', tabindex: '0', 'aria-label': 'Garbage collection report', text: inst.gc.report }))
+          inst.gc.error
+            ? h('p', { class: 'error', text: `It failed: ${inst.gc.error}` })
+            : facts([
+              ['Expired conversations destroyed', String(inst.gc.expired)],
+              ['Stuck conversations finished', String(inst.gc.stuck)],
+              ['Orphans removed', String(inst.gc.orphans)],
+              ['Dangling records removed', String(inst.gc.dangling)],
+              ['Idle sandboxes stopped', String(inst.gc.idle_stopped)],
+              ['Snapshots expired', String(inst.gc.snapshots_expired)],
+            ]))
         : h('p', { class: 'muted', text: 'No garbage collection has run since the server started.' }));
     } else if (installationMissing) {
       if (missingError || !serverBox.querySelector('.unavailable')) {
@@ -199,7 +209,7 @@ export function renderInstallation(main, session) {
           ['Status', ready?.status ?? '—'],
         ]);
         serverBox.replaceChildren(notAvailable('The installation summary (GET /v1/installation)', missingError), fallback);
-        doctorBox.replaceChildren(notAvailable('The doctor report'));
+        doctorBox.replaceChildren(notAvailable('The checks'));
         gcBox.replaceChildren(notAvailable('The last garbage collection'));
       } else {
         const dl = serverBox.querySelector('dl');

@@ -143,7 +143,9 @@ export function createAuditPanel(id) {
   let records = [];
   let missing = false;
   const render = () => {
-    const shown = filter.value === 'changes' ? records.filter((r) => !READ_OPERATIONS.has(r.operation)) : records;
+    // `http.X` and `mcp.X` are the front ends' records of operation X.
+    const isRead = (op) => READ_OPERATIONS.has(op.replace(/^(http|mcp)\./, ''));
+    const shown = filter.value === 'changes' ? records.filter((r) => !isRead(r.operation)) : records;
     fillTable(table.tbody, shown, (r) => [
       h('code', { text: r.operation }),
       timeEl(r.at),

@@ -59,6 +59,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/audit": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The tenant's audit trail, newest first, or one conversation's.
+         * @description A key limited to some conversations may read only one of theirs (`conversation`).
+         */
+        get: operations["audit_log"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/conversations": {
         parameters: {
             query?: never;
@@ -477,6 +497,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/conversations/{id}/pty/tickets": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * A single-use ticket that opens this conversation's terminal (`GET .../pty?ticket=...`)
+         *     without a key on the WebSocket, for browsers. Issued to a key that may open a terminal
+         *     there; valid 60 s.
+         */
+        post: operations["create_terminal_ticket"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/conversations/{id}/restore": {
         parameters: {
             query?: never;
@@ -579,6 +620,27 @@ export interface paths {
         };
         /** The egress gateway's verdicts for every conversation of the tenant, newest first. */
         get: operations["tenant_egress_log"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/installation": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The installation: version, runtime, store, live sandboxes, the last garbage collection,
+         *     and checks of the store and the runtime. Tenant-wide: a key limited to conversations is
+         *     refused.
+         */
+        get: operations["installation"];
         put?: never;
         post?: never;
         delete?: never;
@@ -780,10 +842,47 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/whoami": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The caller: its tenant, its key's id, scope and expiry. */
+        get: operations["whoami"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** @description One audit record. */
+        AuditRecordView: {
+            /**
+             * Format: date-time
+             * @description When.
+             */
+            at: string;
+            /** @description The conversation's id, when it names one that still exists (or the one asked for). */
+            conversation?: string | null;
+            /** @description Who and how long (`key=ID duration_ms=N`); never contents or secrets. */
+            detail?: string | null;
+            /** @description What (`exec`, `write`, `http.exec`, `mcp.bash`, `http.refused`, ...). */
+            operation: string;
+            /** @description `ok` or an error code. */
+            outcome: string;
+        };
+        /** @description Audit records, newest first. */
+        AuditView: {
+            records: components["schemas"]["AuditRecordView"][];
+        };
         /** @description A background command as the API shows it. */
         BackgroundCommand: {
             /** @description The command line it runs. */
@@ -844,6 +943,15 @@ export interface components {
          * @description Raw bytes.
          */
         Binary: string;
+        /** @description One check of the installation. */
+        CheckView: {
+            /** @description What was checked. */
+            check: string;
+            /** @description What was found. */
+            detail: string;
+            /** @description Whether it holds. */
+            ok: boolean;
+        };
         /** @description Output of a background command from the requested offsets on. */
         CommandLogsView: {
             /**
@@ -1117,6 +1225,28 @@ export interface components {
             /** @description The id of the new conversation (it must not exist). */
             to: string;
         };
+        /** @description The last garbage collection of this server, in counts. */
+        GcSummary: {
+            /**
+             * Format: date-time
+             * @description When it ran.
+             */
+            at: string;
+            /** @description Records without a sandbox, removed. */
+            dangling: number;
+            /** @description The error, when it failed. */
+            error?: string | null;
+            /** @description Expired conversations destroyed. */
+            expired: number;
+            /** @description Idle sandboxes stopped. */
+            idle_stopped: number;
+            /** @description Sandboxes or workspaces without a record, removed. */
+            orphans: number;
+            /** @description Snapshots past their retention, deleted. */
+            snapshots_expired: number;
+            /** @description Conversations stuck in `destroying`, finished. */
+            stuck: number;
+        };
         /** @description Paths matching a glob. */
         GlobView: {
             paths: string[];
@@ -1143,6 +1273,24 @@ export interface components {
         /** @description Matching lines. */
         GrepView: {
             matches: components["schemas"]["GrepMatch"][];
+        };
+        /** @description This installation as one key sees it. */
+        InstallationView: {
+            /** @description What isolates conversations, in words. */
+            boundary: string;
+            /** @description What was checked now: the store and the runtime answer. */
+            checks: components["schemas"]["CheckView"][];
+            /** @description This tenant's conversations. */
+            conversations: number;
+            gc?: null | components["schemas"]["GcSummary"];
+            /** @description Sandboxes with processes running, of every tenant. */
+            live_sandboxes: number;
+            /** @description The runtime: its name and the boundary it keeps. */
+            runtime: string;
+            /** @description `sqlite` or `postgresql`. */
+            store: string;
+            /** @description sessionbox's version. */
+            version: string;
         };
         /** @description A directory listing. */
         LsView: {
@@ -1393,6 +1541,19 @@ export interface components {
         TemplateList: {
             templates: components["schemas"]["Template"][];
         };
+        /** @description A terminal ticket. */
+        TicketView: {
+            /**
+             * Format: date-time
+             * @description When it stops being accepted (60 s after it was issued).
+             */
+            expires_at: string;
+            /**
+             * @description Give it as `?ticket=` when opening the terminal's WebSocket; it opens one terminal of
+             *     this conversation, once, until `expires_at`.
+             */
+            ticket: string;
+        };
         /** @description The multipart body of an upload, for the schema. */
         UploadForm: {
             /** @description The files: parts with a filename. */
@@ -1488,6 +1649,23 @@ export interface components {
              */
             event: string;
         };
+        /** @description The caller's key. */
+        WhoamiView: {
+            /**
+             * Format: date-time
+             * @description When the key stops being accepted; `null` for never.
+             */
+            expires_at?: string | null;
+            /** @description The key's id (`keys list`); `null` on a server open without keys. */
+            key_id?: string | null;
+            /**
+             * @description What the key reaches: `conversations` (`{"kind": "all"}`, `{"kind": "one", "value":
+             *     ID}` or `{"kind": "prefix", "value": TEXT}`) and `read_only`.
+             */
+            scope: Record<string, never>;
+            /** @description The tenant the key acts in. */
+            tenant: string;
+        };
     };
     responses: never;
     parameters: never;
@@ -1566,6 +1744,66 @@ export interface operations {
             };
             /** @description not ready */
             503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    audit_log: {
+        parameters: {
+            query?: {
+                /** @description only this conversation's records */
+                conversation?: string;
+                /** @description 1-1000, default 100 */
+                limit?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AuditView"];
+                };
+            };
+            /** @description invalid input */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description no valid API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the key's scope does not reach it */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description a query parameter this route does not take */
+            422: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3800,6 +4038,8 @@ export interface operations {
             query?: {
                 /** @description the shell's working directory; default the workspace root */
                 cwd?: string;
+                /** @description a ticket from POST .../pty/tickets, in place of the key (browsers) */
+                ticket?: string;
             };
             header?: never;
             path: {
@@ -3891,6 +4131,109 @@ export interface operations {
             };
             /** @description the conversation's queue is full */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    create_terminal_ticket: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description conversation id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TicketView"];
+                };
+            };
+            /** @description invalid input */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description no valid API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description a path outside the workspace (`outside_workspace`), or a request the API key's scope does not allow (`forbidden`, naming the rule) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description no such conversation or file */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description body too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description JSON of the wrong shape */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the conversation's queue is full */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the server has no key to sign tickets with */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4384,6 +4727,34 @@ export interface operations {
             };
             /** @description an unknown query parameter */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    installation: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["InstallationView"];
+                };
+            };
+            /** @description no valid API key */
+            401: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5543,6 +5914,34 @@ export interface operations {
             };
             /** @description the conversation's queue is full */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    whoami: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WhoamiView"];
+                };
+            };
+            /** @description no valid API key */
+            401: {
                 headers: {
                     [name: string]: unknown;
                 };
