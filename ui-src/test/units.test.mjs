@@ -6,6 +6,7 @@ import { describe, test } from 'node:test';
 import { Ring, between, buckets, parseMetrics, quantile, reading, total } from '../../crates/sessionbox-server/ui/js/metrics.js';
 import { hashOf, parseRoute } from '../../crates/sessionbox-server/ui/js/route.js';
 import { asText, imageType, joinPath, languageOf, LANGUAGES } from '../../crates/sessionbox-server/ui/js/filetypes.js';
+import { configureBase, conv, pathSegments } from '../../crates/sessionbox-server/ui/js/api.js';
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { uiDir } from './harness.mjs';
@@ -114,7 +115,9 @@ describe('file types', () => {
     assert.equal(languageOf('pyproject.toml'), 'ini');
     assert.equal(languageOf('README'), null);
     assert.equal(imageType('x/y.PNG'), 'image/png');
-    assert.equal(imageType('logo.svg'), 'image/svg+xml');
+    // An SVG can hold script: never a blob: image, always XML text.
+    assert.equal(imageType('logo.svg'), null);
+    assert.equal(languageOf('logo.svg'), 'xml');
     assert.equal(imageType('notes.txt'), null);
     assert.equal(joinPath('', 'a'), 'a');
     assert.equal(joinPath('a/b/', '/c'), 'a/b/c');
@@ -135,5 +138,27 @@ describe('file types', () => {
     const cut = enc.encode('abcé').subarray(0, 4);
     assert.equal(asText(cut, true), 'abc');
     assert.equal(asText(cut, false), null);
+  });
+});
+
+describe('api', () => {
+  test('?api= is honoured only in development, between loopback addresses', () => {
+    const at = (pathname, hostname, search) => ({ pathname, hostname, search });
+    assert.equal(configureBase(at('/', '127.0.0.1', '?api=http://127.0.0.1:7070')), 'http://127.0.0.1:7070');
+    assert.equal(configureBase(at('/ui/', '127.0.0.1', '')), '');
+    // Served by sessionbox: its own server, whatever a link says.
+    assert.throws(() => configureBase(at('/ui/', '127.0.0.1', '?api=http://127.0.0.1:9')));
+    assert.throws(() => configureBase(at('/', 'dash.example', '?api=http://127.0.0.1:9')));
+    assert.throws(() => configureBase(at('/', '127.0.0.1', '?api=https://evil.example')));
+    configureBase(at('/ui/', '127.0.0.1', ''));
+  });
+
+  test('a dot segment never reaches a URL', () => {
+    assert.equal(pathSegments('a/b c/d'), 'a/b%20c/d');
+    for (const bad of ['..', 'a/../b', './x', 'a/%2e%2e/b', '%2E']) {
+      assert.throws(() => pathSegments(bad), bad);
+    }
+    assert.throws(() => conv('..'));
+    assert.equal(conv('c1', '/ls'), '/v1/conversations/c1/ls');
   });
 });

@@ -72,7 +72,7 @@ pub(crate) fn rule(template: &str, method: &Method) -> Rule {
             // A search: its pattern comes in a body.
             "/grep" => Access::Read,
             // A terminal runs commands; a preview's program may change anything.
-            "/pty" | "/previews" => Access::Write,
+            "/pty" | "/pty/tickets" | "/previews" => Access::Write,
             t if t.starts_with("/ports/") => Access::Write,
             // A network policy restrains the conversation: whoever the key was given to must
             // not be able to widen it (the MCP tools cannot either).
@@ -156,6 +156,21 @@ async fn ticket_principal(
     }
     let query = axum::extract::Query::<HashMap<String, String>>::try_from_uri(&parts.uri).ok()?;
     let ticket = query.0.get("ticket")?;
+    // Only a WebSocket upgrade spends a ticket: a plain request with one is refused before
+    // anything is looked at, so such requests cannot fill the set of used tickets.
+    let upgrade = parts
+        .headers
+        .get(axum::http::header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    if !upgrade {
+        return Some(Err(ApiError::new(
+            axum::http::StatusCode::UPGRADE_REQUIRED,
+            "upgrade_required",
+            "a terminal ticket opens only the terminal's WebSocket: send Connection: Upgrade \
+             and Upgrade: websocket",
+        )));
+    }
     let refused = |why: &str| {
         Some(Err(ApiError::unauthorized(format!(
             "the terminal ticket is not valid: {why}; ask for a new one \
@@ -176,6 +191,19 @@ async fn ticket_principal(
     };
     if in_path.as_str() != claims.conversation {
         return refused("it was issued for another conversation");
+    }
+    // The key it was issued to must still be accepted (not revoked, not expired).
+    if let Some(id) = claims.key_id.clone() {
+        let record = match state.manager.store().run(move |s| s.api_key(&id)).await {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e.into())),
+        };
+        let live = record.is_some_and(|k| {
+            k.revoked_at.is_none() && k.expires_at.is_none_or(|at| at > Utc::now())
+        });
+        if !live {
+            return refused("the key it was issued to was revoked or expired");
+        }
     }
     if !state.use_ticket(&claims.nonce, claims.expires, now) {
         return refused("it was used already");
@@ -298,6 +326,10 @@ mod tests {
         assert_eq!(rule(&c("/grep"), &post), Rule::Conversation(Access::Read));
         assert_eq!(rule(&c("/exec"), &post), Rule::Conversation(Access::Write));
         assert_eq!(rule(&c("/pty"), &get), Rule::Conversation(Access::Write));
+        assert_eq!(
+            rule(&c("/pty/tickets"), &post),
+            Rule::Conversation(Access::Write)
+        );
         assert_eq!(
             rule(&c("/ports/{port}/{*rest}"), &get),
             Rule::Conversation(Access::Write)

@@ -208,11 +208,12 @@ pub(crate) struct InstallationView {
     boundary: String,
     /// `sqlite` or `postgresql`.
     store: String,
-    /// Sandboxes with processes running, of every tenant.
+    /// This tenant's sandboxes with processes running.
     live_sandboxes: usize,
     /// This tenant's conversations.
     conversations: usize,
-    /// The last garbage collection; `null` before the first, or when it is off.
+    /// The last garbage collection (counts over the whole installation, no ids); `null`
+    /// before the first, or when it is off.
     gc: Option<GcSummary>,
     /// What was checked now: the store and the runtime answer.
     checks: Vec<CheckView>,
@@ -252,6 +253,13 @@ pub(crate) async fn installation(State(state): State<AppState>, principal: Princ
                 detail: e.to_string(),
             }),
         }
+        let mine: std::collections::HashSet<String> = state
+            .manager
+            .list(Some(&principal.tenant))
+            .await?
+            .into_iter()
+            .map(|r| r.key.as_str().to_owned())
+            .collect();
         let live = match runtime.list().await {
             Ok(list) => {
                 checks.push(CheckView {
@@ -259,7 +267,10 @@ pub(crate) async fn installation(State(state): State<AppState>, principal: Princ
                     ok: true,
                     detail: format!("{} answers", info.name),
                 });
-                list.iter().filter(|c| !c.processes.is_empty()).count()
+                // This tenant's: another tenant's activity is not this key's to see.
+                list.iter()
+                    .filter(|c| !c.processes.is_empty() && mine.contains(c.key.as_str()))
+                    .count()
             }
             Err(e) => {
                 checks.push(CheckView {
@@ -270,7 +281,7 @@ pub(crate) async fn installation(State(state): State<AppState>, principal: Princ
                 0
             }
         };
-        let conversations = state.manager.list(Some(&principal.tenant)).await?.len();
+        let conversations = mine.len();
         Ok(Json(InstallationView {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             runtime: info.name.clone(),

@@ -53,7 +53,9 @@ const NOT_PASSED: [&str; 8] = [
 
 /// Response headers never passed to the browser: state a page would set on the API's origin,
 /// which every other preview and the API share.
-const NOT_RETURNED: [&str; 2] = ["set-cookie", "clear-site-data"];
+/// (`service-worker-allowed` would let a worker script from a preview claim a scope beyond
+/// it, such as the dashboard's `/ui/`.)
+const NOT_RETURNED: [&str; 3] = ["set-cookie", "clear-site-data", "service-worker-allowed"];
 
 /// The policy every preview response carries: the page's scripts run, in an opaque origin.
 const PREVIEW_CSP: &str =
@@ -96,6 +98,13 @@ async fn relay_to(
     created_must_be: Option<i64>,
     mut request: Request,
 ) -> Result<Response, Error> {
+    // A preview is never a service worker's script: registered from a page of this origin, it
+    // would see every later request of that page, the API key included.
+    if request.headers().contains_key("service-worker") {
+        return Err(Error::Forbidden(
+            "a preview is never a service worker's script".into(),
+        ));
+    }
     let slot = state.relays.slot(&conv.key, created_must_be.is_some())?;
     let (link, created) = relay::agent_link_of(state, conv, Operation::Attach, "previews").await?;
     if created_must_be.is_some_and(|c| c != created) {

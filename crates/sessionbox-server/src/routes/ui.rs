@@ -19,8 +19,8 @@ static UI: Dir<'_> = include_dir!("$CARGO_MANIFEST_DIR/ui");
 /// of this same origin (WebSockets included), blob: and data: images (previews of workspace
 /// files); nothing inline, nothing from another address, never framed.
 pub(crate) const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
-     img-src 'self' blob: data:; font-src 'self'; connect-src 'self'; base-uri 'none'; \
-     form-action 'none'; frame-ancestors 'none'";
+     img-src 'self' blob: data:; font-src 'self'; connect-src 'self'; worker-src 'none'; \
+     base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /// The MIME type of a dashboard file, by extension.
 fn content_type(path: &str) -> &'static str {

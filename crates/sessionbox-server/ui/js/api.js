@@ -22,6 +22,10 @@ export function configureBase(location = globalThis.location) {
   } catch {
     throw new Error(`?api= is not a URL: ${asked}`);
   }
+  if (location.pathname.startsWith('/ui/')) {
+    // Served by sessionbox itself: always its own origin, whatever a link says.
+    throw new Error('?api= is for development only: a dashboard served by sessionbox talks to its own server');
+  }
   const pageLocal = LOOPBACK.has(location.hostname) || location.hostname === '::1';
   if (!pageLocal || !LOOPBACK.has(url.hostname) || !/^https?:$/.test(url.protocol)) {
     throw new Error('?api= is for development only: both the page and the API must be on a loopback address');
@@ -127,14 +131,29 @@ export function isMissing(error) {
   return error instanceof ApiError && (error.status === 404 || error.status === 405);
 }
 
+/** A segment `fetch` would resolve away (`.`, `..`, in any encoding): refused, so a name from
+ * the workspace can never turn a request into one for another route. */
+function dotSegment(segment) {
+  let decoded = segment;
+  try {
+    decoded = decodeURIComponent(segment);
+  } catch {
+    // not an escape: taken as it is
+  }
+  return decoded === '.' || decoded === '..';
+}
+
 /** `/v1/conversations/{id}` + rest. */
 export function conv(id, rest = '') {
+  if (dotSegment(id)) throw new Error(`${JSON.stringify(id)} is not a conversation id`);
   return `/v1/conversations/${encodeURIComponent(id)}${rest}`;
 }
 
 /** A workspace path for a URL path: each segment encoded, slashes kept. */
 export function pathSegments(path) {
-  return path.split('/').filter(Boolean).map(encodeURIComponent).join('/');
+  const segments = path.split('/').filter(Boolean);
+  if (segments.some(dotSegment)) throw new Error(`${JSON.stringify(path)} is not a workspace path`);
+  return segments.map(encodeURIComponent).join('/');
 }
 
 /** `query({a: 1, b: null})` → `?a=1` (null and undefined left out). */

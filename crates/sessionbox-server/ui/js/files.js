@@ -24,9 +24,13 @@ async function highlight(language) {
 /** Fetches a file with the key and saves it through a temporary blob: link. */
 export async function downloadFile(id, path) {
   const response = await request(`${conv(id, `/files/${pathSegments(path)}`)}?download=1`);
-  const blob = await response.blob();
+  // Bytes only: whatever the file is, the blob is never a document the browser would render.
+  const blob = new Blob([await response.arrayBuffer()], { type: 'application/octet-stream' });
   const url = URL.createObjectURL(blob);
-  const a = h('a', { href: url, download: baseName(path), class: 'visually-hidden' });
+  // The name is the workspace's: no control or bidirectional characters (a name such as
+  // "invoice\u202Efdp.exe" would pass for a PDF).
+  const name = baseName(path).replace(/[\u0000-\u001f\u007f\u200e\u200f\u202a-\u202e\u2066-\u2069]/g, '_');
+  const a = h('a', { href: url, download: name, class: 'visually-hidden' });
   document.body.append(a);
   a.click();
   a.remove();

@@ -1,8 +1,10 @@
 // What a file name says about how to preview it. Pure, so the unit tests run it in Node.
 
+// Raster formats only. An SVG is a document that can hold script: a blob: URL of one, opened
+// in a tab of its own, would run it in the dashboard's origin. SVG previews as XML text.
 const IMAGE_TYPES = {
   png: 'image/png', jpg: 'image/jpeg', jpeg: 'image/jpeg', gif: 'image/gif', webp: 'image/webp',
-  avif: 'image/avif', bmp: 'image/bmp', ico: 'image/x-icon', svg: 'image/svg+xml',
+  avif: 'image/avif', bmp: 'image/bmp', ico: 'image/x-icon',
 };
 
 // Only languages vendored under vendor/highlight/languages/ (see ui-src/vendor.mjs).

@@ -153,6 +153,22 @@ export function createTerminalPanel(id) {
       theme: THEME,
       scrollback: 5000,
       screenReaderMode: readerBox.checked,
+      // Links the sandbox prints (OSC 8) open only after the user confirms the address, in a
+      // window with no opener and no referrer (so no copy of this tab's session storage).
+      linkHandler: {
+        activate(_event, uri) {
+          let url;
+          try {
+            url = new URL(uri);
+          } catch {
+            return;
+          }
+          if (url.protocol !== 'https:' && url.protocol !== 'http:') return;
+          if (window.confirm(`Open a link the sandbox printed?\n\n${url.href}`)) {
+            window.open(url.href, '_blank', 'noopener,noreferrer');
+          }
+        },
+      },
     });
     fit = new FitAddon();
     term.loadAddon(fit);

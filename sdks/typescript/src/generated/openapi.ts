@@ -1283,7 +1283,7 @@ export interface components {
             /** @description This tenant's conversations. */
             conversations: number;
             gc?: null | components["schemas"]["GcSummary"];
-            /** @description Sandboxes with processes running, of every tenant. */
+            /** @description This tenant's sandboxes with processes running. */
             live_sandboxes: number;
             /** @description The runtime: its name and the boundary it keeps. */
             runtime: string;
