@@ -198,9 +198,7 @@ async fn ticket_principal(
             Ok(r) => r,
             Err(e) => return Some(Err(e.into())),
         };
-        let live = record.is_some_and(|k| {
-            k.revoked_at.is_none() && k.expires_at.is_none_or(|at| at > Utc::now())
-        });
+        let live = record.is_some_and(|k| k.is_accepted_at(Utc::now()));
         if !live {
             return refused("the key it was issued to was revoked or expired");
         }
@@ -223,7 +221,7 @@ async fn ticket_principal(
     }))
 }
 
-/// 16 random hex digits (a terminal ticket's nonce).
+/// 16 random hex digits (a terminal ticket's nonce, the tail of an id `/mcp/new` makes).
 ///
 /// # Errors
 /// [`Error::Backend`] when the kernel gives no random bytes.

@@ -67,6 +67,13 @@ pub enum KeyCheck {
     Invalid,
 }
 
+impl ApiKeyRecord {
+    /// True when the key is accepted at `now`: not revoked, not expired.
+    pub fn is_accepted_at(&self, now: DateTime<Utc>) -> bool {
+        self.revoked_at.is_none() && self.expires_at.is_none_or(|at| at > now)
+    }
+}
+
 /// A key just made by [`Store::create_api_key`]: the record and the secret, which is not kept.
 #[derive(Debug, Clone)]
 pub struct NewApiKey {

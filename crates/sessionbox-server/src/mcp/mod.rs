@@ -84,13 +84,7 @@ pub(super) fn percent_decoded(raw: &str) -> Option<String> {
 /// A new conversation id for an MCP session opened at [`NEW_PATH`]: `prefix` (the key's id
 /// prefix, or nothing), `mcp-` and 16 random hex digits.
 fn new_conversation_id(prefix: &str) -> sessionbox_core::Result<ConversationId> {
-    use std::io::Read;
-    let mut b = [0u8; 8];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .map_err(|e| Error::Backend(format!("cannot read random bytes: {e}")))?;
-    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    ConversationId::new(format!("{prefix}mcp-{hex}"))
+    ConversationId::new(format!("{prefix}mcp-{}", crate::scope::nonce()?))
 }
 
 /// Every tool's name (the audit log records no other).

@@ -229,9 +229,7 @@ pub(crate) async fn by_link(
         // The link works only while the key that made it does (not revoked, not expired).
         if let Some(id) = claims.key_id.clone() {
             let record = state.manager.store().run(move |s| s.api_key(&id)).await?;
-            let live = record.is_some_and(|k| {
-                k.revoked_at.is_none() && k.expires_at.is_none_or(|at| at > chrono::Utc::now())
-            });
+            let live = record.is_some_and(|k| k.is_accepted_at(chrono::Utc::now()));
             if !live {
                 return Err(ApiError::unauthorized(
                     "the preview link is not valid: the key that made it was revoked or expired",
