@@ -126,6 +126,8 @@ before(async () => {
   await rest(acme, '/v1/conversations/acme-demo/files/pic.png', { method: 'PUT', body: PNG });
   await exec(acme, 'acme-demo', 'echo started-bg; sleep 1; echo finished-bg; echo warn-bg >&2', { background: true });
   await exec(acme, 'acme-other', 'true');
+  // A conversation whose process holds 64 MiB (the host runtime measures its processes).
+  await exec(acme, 'acme-busy', 'python3 -c \'import time; b = b"x" * (64 << 20); time.sleep(120)\'', { background: true });
   await exec(globex, 'globex-secret', 'echo globex');
 
   browser = await chromium.launch({
@@ -182,6 +184,22 @@ describe('dashboard', () => {
     assert.ok(overflow <= 0, `the list scrolls sideways at 360px by ${overflow}px`);
     await screenshot('conversations-narrow');
     await page.setViewportSize(WIDE);
+  });
+
+  test('memory: a conversation\'s running processes show in the list and on its page', T, async () => {
+    const cell = page.locator('tr[data-key="acme-busy"] td[data-label="Memory"]');
+    await page.waitForFunction(() => /MiB/.test(document.querySelector('tr[data-key="acme-busy"] td[data-label="Memory"]')?.textContent ?? ''),
+      null, { timeout: 30_000 });
+    const text = await cell.innerText();
+    const mib = Number(/([\d.]+)\s*MiB/.exec(text)[1]);
+    assert.ok(mib >= 64, `64 MiB held, the list says ${text}`);
+    assert.match(text, /no limit/);
+    // A conversation with nothing running shows no memory.
+    assert.equal((await page.locator('tr[data-key="acme-other"] td[data-label="Memory"]').innerText()).trim(), '—');
+    await go('#/c/acme-busy/files');
+    await page.waitForSelector('dd:has-text("MiB")');
+    await go('#/');
+    await page.waitForSelector('tr[data-key="acme-demo"]');
   });
 
   test('search and the state filter narrow the list', T, async () => {
@@ -566,6 +584,16 @@ describe('dashboard with the server side of issue 24', { skip: devMode && 'UI_DE
     assert.match(await server.innerText(), /Runtime\s+host/);
     assert.match(await server.innerText(), /Store\s+(sqlite|postgres)/);
     await page.locator('section[aria-labelledby="inst-doctor"] ul.doctor li').first().waitFor();
+    // sessionbox doctor's report, as the CLI prints it, with its verdict.
+    const doctor = page.locator('section[aria-labelledby="inst-doctor-report"]');
+    await doctor.locator('details.doctor-report').waitFor({ timeout: 30_000 });
+    const api = await rest(d.keys.acme, '/v1/installation/doctor');
+    assert.equal(api.body.available, true);
+    assert.match(await doctor.innerText(), api.body.ok ? /can run here/ : /cannot run here/);
+    await doctor.locator('summary').click();
+    const shown = await doctor.locator('pre').innerText();
+    assert.match(shown, /^sandbox layers/);
+    assert.equal(shown.trim(), api.body.report.trim());
     await page.waitForSelector('#chart-rate canvas', { timeout: 30_000 });
     await screenshot('installation');
   });

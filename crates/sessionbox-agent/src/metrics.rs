@@ -85,3 +85,15 @@ pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     })
     .into_response()
 }
+
+/// `GET /sessionbox/v1/memory` ([`sessionbox_execd::memory_ext`]): the charge of the cgroup the
+/// agent runs in, seen at the root of the cgroup file system as a container sees its own
+/// (cgroup v2 at `/sys/fs/cgroup`, v1's memory hierarchy at `/sys/fs/cgroup/memory`); `null`
+/// when neither can be read.
+pub(crate) async fn memory() -> Response {
+    let own = [
+        std::path::PathBuf::from("/sys/fs/cgroup"),
+        std::path::PathBuf::from("/sys/fs/cgroup/memory"),
+    ];
+    axum::Json(sessionbox_process::memory_charge(&own)).into_response()
+}

@@ -374,6 +374,10 @@ fn api_routes() -> Router<Arc<AppState>> {
             post(files::make_dirs).delete(files::remove_dirs),
         )
         .route(wire::METRICS, get(metrics::metrics))
+        .route(
+            sessionbox_execd::memory_ext::MEMORY_PATH,
+            get(metrics::memory),
+        )
         .route(sessionbox_execd::pty::PTY, post(crate::pty::create))
         .route(
             "/pty/{id}",

@@ -52,8 +52,8 @@ pub use open::{OpenMode, Operation};
 pub use path::{MAX_PATH_BYTES, WorkspacePath};
 pub use patterns::{check_glob, check_grep};
 pub use runtime::{
-    DestroyReport, DiskUsage, PoolSizes, Runtime, RuntimeConversation, RuntimeInfo, Session,
-    WorkspaceClones,
+    DestroyReport, DiskUsage, MemoryMeasure, MemoryUsage, PoolSizes, Runtime, RuntimeConversation,
+    RuntimeInfo, Session, WorkspaceClones,
 };
 pub use scope::{ConversationScope, KeyScope, MAX_ID_PREFIX_BYTES};
 pub use snapshot::{

@@ -24,6 +24,30 @@ pub struct DiskUsage {
     pub inodes_limit: u64,
 }
 
+/// A conversation's memory use now, as its runtime measures it ([`Runtime::memory_usage`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryUsage {
+    /// Bytes in use by the conversation's processes together.
+    pub bytes_used: u64,
+    /// The most its sandbox may hold (a process that asks for more is killed by the kernel's
+    /// out-of-memory killer), `None` when no limit bounds the sandbox as a whole.
+    pub bytes_limit: Option<u64>,
+    /// How `bytes_used` was measured.
+    pub measured: MemoryMeasure,
+}
+
+/// How a [`MemoryUsage`] was measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryMeasure {
+    /// The sandbox's memory cgroup: what the kernel charges it against its limit, anonymous
+    /// memory and the page cache of the files it touched.
+    Cgroup,
+    /// The sum of its processes' resident memory (`VmRSS`): a page two of them share counts for
+    /// each.
+    Processes,
+}
+
 /// What a runtime says about itself, for reports and `doctor`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RuntimeInfo {
@@ -153,6 +177,19 @@ pub trait Runtime: Send + Sync {
     /// # Errors
     /// [`crate::Error::Backend`] when the backend cannot be asked.
     async fn disk_usage(&self, key: &ConversationKey) -> Result<Option<DiskUsage>> {
+        let _ = key;
+        Ok(None)
+    }
+
+    /// The conversation's memory use now, or `None` when it has no running sandbox to measure
+    /// (stopped, paused, never started) or the runtime cannot tell one conversation's memory
+    /// from another's (the default; `aio`, whose conversations share one container). Cheap (a
+    /// few files of `/proc` or the cgroup file system): front ends show it with the
+    /// conversation. It never starts or resumes a sandbox.
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`] when the backend cannot be asked.
+    async fn memory_usage(&self, key: &ConversationKey) -> Result<Option<MemoryUsage>> {
         let _ = key;
         Ok(None)
     }

@@ -47,6 +47,7 @@ pub mod commands_ext;
 mod error;
 pub mod fs_ext;
 pub mod hop;
+pub mod memory_ext;
 pub mod multipart;
 mod outcome;
 pub mod pty;

@@ -14,7 +14,8 @@ use sessionbox_core::{BackgroundCommand, CommandOutput, OutputRequest};
 use sessionbox_core::{
     CappedSink, ConversationKey, ConversationRef, DestroyReport, DirEntry, EditRequest, EditResult,
     Error, ExecRequest, ExecResult, ExecSink, FileStat, GrepMatch, GrepRequest, Limits,
-    OutputStream, Result, Runtime, RuntimeConversation, RuntimeInfo, Session,
+    MemoryMeasure, MemoryUsage, OutputStream, Result, Runtime, RuntimeConversation, RuntimeInfo,
+    Session,
 };
 use sessionbox_fs::Workspace;
 
@@ -226,6 +227,23 @@ impl Runtime for HostRuntime {
         })
         .await
         .map_err(Error::backend)?
+    }
+
+    /// The resident memory of the processes working in the conversation's workspace (their
+    /// working or root directory is in it: see [`process::processes_under`]); no limit bounds
+    /// them. `None` when none runs.
+    async fn memory_usage(&self, key: &ConversationKey) -> Result<Option<MemoryUsage>> {
+        let dir = self.workspaces.join(key.as_str());
+        tokio::task::spawn_blocking(move || {
+            let pids = process::processes_under(&dir);
+            (!pids.is_empty()).then(|| MemoryUsage {
+                bytes_used: process::resident_bytes(&pids),
+                bytes_limit: None,
+                measured: MemoryMeasure::Processes,
+            })
+        })
+        .await
+        .map_err(Error::backend)
     }
 
     async fn list(&self) -> Result<Vec<RuntimeConversation>> {

@@ -358,3 +358,58 @@ async fn an_idle_sandbox_is_paused_by_gc_and_resumed_with_its_files_by_the_next_
     assert!(m.list(None).await.unwrap().is_empty());
     assert_nothing_left(&rt).await;
 }
+
+/// Memory on `opensandbox`: the agent reads its container's cgroup, so a conversation's
+/// memory is its own container's charge against the `memory` resource limit (256Mi here), not
+/// the host's; another conversation's container is charged none of it; a paused sandbox is
+/// reported as not measured and stays paused (measuring never resumes it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn memory_use_is_the_containers_cgroup_charge_and_a_paused_sandbox_is_not_woken() {
+    let Some((domain, key)) = server() else {
+        return;
+    };
+    const MIB: u64 = 1 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("sessionbox.db")).unwrap();
+    let rt = runtime_in(&domain, key, "memory", store.clone());
+    let (a, b) = (conv("mem-held"), conv("mem-quiet"));
+    for (c, command) in [
+        // /dev/shm is a tmpfs: its pages stay charged to the container until removed.
+        (
+            &a,
+            "dd if=/dev/zero of=/dev/shm/held bs=1048576 count=48 2>/dev/null && echo held",
+        ),
+        (&b, "echo quiet"),
+    ] {
+        let s = rt.open(c).await.unwrap();
+        let r = s.exec(ExecRequest::new(command)).await.unwrap();
+        assert_eq!(r.shell_exit_code(), 0, "{r:?}");
+        Box::new(s).close().await.unwrap();
+    }
+    let held = rt.memory_usage(&a.key).await.unwrap().expect("measured");
+    assert_eq!(
+        held.measured,
+        sessionbox_core::MemoryMeasure::Cgroup,
+        "{held:?}"
+    );
+    assert_eq!(held.bytes_limit, Some(256 * MIB), "{held:?}");
+    assert!(
+        held.bytes_used >= 48 * MIB && held.bytes_used < 256 * MIB,
+        "{held:?}"
+    );
+    let quiet = rt.memory_usage(&b.key).await.unwrap().expect("measured");
+    assert!(quiet.bytes_used < 48 * MIB, "{quiet:?} beside {held:?}");
+
+    assert!(rt.stop_idle(&b.key).await.unwrap(), "paused");
+    assert_eq!(
+        wait_for_state(&rt, &b, SandboxState::Paused).await,
+        SandboxState::Paused
+    );
+    assert_eq!(rt.memory_usage(&b.key).await.unwrap(), None);
+    assert_eq!(server_state(&rt, &b).await, SandboxState::Paused);
+
+    for c in [&a, &b] {
+        rt.destroy(&c.key).await.unwrap();
+    }
+    assert_nothing_left(&rt).await;
+}

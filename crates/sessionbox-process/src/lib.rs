@@ -40,7 +40,9 @@ use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+pub mod memory;
 mod stdin;
+pub use memory::{memory_charge, resident_bytes};
 pub use stdin::LiveStdin;
 
 use rustix::process::{Pid, Signal};

@@ -73,6 +73,7 @@ pub use commands::{MAX_WAITERS, MAX_WAITERS_PER_CONVERSATION};
 pub use error::{ApiError, status_of};
 pub use mcp::serve_stdio;
 pub use openapi::openapi;
+pub use routes::doctor::{DOCTOR_MAX_AGE, DoctorProbe, DoctorReport};
 pub use routes::router;
 
 /// Settings of the server.
@@ -220,6 +221,8 @@ pub struct SharedState {
     tickets: std::sync::Mutex<std::collections::HashMap<String, u64>>,
     /// The last garbage collection `serve` ran.
     last_gc: std::sync::Mutex<Option<routes::account::GcSummary>>,
+    /// `sessionbox doctor`, when the front end gave a way to run it.
+    doctor: routes::doctor::Doctor,
 }
 
 impl std::fmt::Debug for SharedState {
@@ -259,9 +262,17 @@ impl AppState {
             metrics: metrics::Metrics::new(),
             tickets: std::sync::Mutex::default(),
             last_gc: std::sync::Mutex::default(),
+            doctor: routes::doctor::Doctor::default(),
             manager,
             config,
         }))
+    }
+
+    /// Gives the server a way to run `sessionbox doctor`'s checks, for
+    /// `GET /v1/installation/doctor` (which answers `available: false` without one). Returns
+    /// false, changing nothing, when one was given already.
+    pub fn set_doctor(&self, probe: DoctorProbe) -> bool {
+        self.doctor.set(probe)
     }
 
     /// Records the result of a garbage collection `serve` ran, for `GET /v1/installation`.

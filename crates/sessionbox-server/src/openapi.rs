@@ -196,6 +196,7 @@ impl Modify for Security {
         account::whoami,
         account::audit,
         account::installation,
+        crate::routes::doctor::doctor,
         pty::ticket,
     ),
     components(schemas(

@@ -1337,6 +1337,7 @@ async fn the_openapi_document_lists_every_route_and_matches_the_responses() {
             ("/v1/whoami".into(), "get"),
             ("/v1/audit".into(), "get"),
             ("/v1/installation".into(), "get"),
+            ("/v1/installation/doctor".into(), "get"),
             (format!("{c}/pty/tickets"), "post"),
         ];
         let mut count = 0;
@@ -1413,9 +1414,10 @@ async fn the_openapi_document_lists_every_route_and_matches_the_responses() {
         .await;
         assert_eq!(keys(&v), properties(&doc, "EditResult"));
         let (_, v) = body(s.req(Method::GET, base).send().await.unwrap()).await;
-        // `disk` only for a conversation with a disk quota (isolated as root): not this runtime's.
+        // `disk` only for a conversation with a disk quota (isolated as root): not this runtime's;
+        // `memory` only while processes run (none does here).
         let mut conversation_props = properties(&doc, "Conversation");
-        conversation_props.retain(|p| p != "disk");
+        conversation_props.retain(|p| p != "disk" && p != "memory");
         assert_eq!(keys(&v), conversation_props);
         let (_, v) = body(s.req(Method::POST, base).send().await.unwrap()).await;
         let mut opened_props = properties(&doc, "OpenedConversation");

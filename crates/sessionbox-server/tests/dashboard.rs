@@ -122,6 +122,7 @@ async fn whoami_audit_and_installation_answer_for_the_key_and_its_tenant_only() 
         "/v1/audit?conversation=bob",
         "/v1/audit",
         "/v1/installation",
+        "/v1/installation/doctor",
     ] {
         let (status, body) = json_of(s.req(&alice, Method::GET, path).send().await.unwrap()).await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {body}");
@@ -174,6 +175,62 @@ async fn whoami_audit_and_installation_answer_for_the_key_and_its_tenant_only() 
     )
     .await;
     assert_eq!(inst["conversations"], 0, "{inst}");
+}
+
+/// `GET /v1/installation/doctor` answers `available: false` on a server given no probe; with
+/// one, runs it once for two requests (the report is kept), at once for concurrent ones, and
+/// shows its problems and text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_doctor_report_runs_on_demand_once_per_period() {
+    let s = Server::start().await;
+    let get = || async {
+        json_of(
+            s.req(&s.admin, Method::GET, "/v1/installation/doctor")
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
+    };
+    let (status, none) = get().await;
+    assert_eq!(status, StatusCode::OK, "{none}");
+    assert_eq!(none["available"], false, "{none}");
+    assert!(none["checked_at"].is_null(), "{none}");
+
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = runs.clone();
+    assert!(s.state.set_doctor(std::sync::Arc::new(move || {
+        let counted = counted.clone();
+        Box::pin(async move {
+            let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            // Slow enough for the concurrent requests below to meet it running.
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            sessionbox_server::DoctorReport {
+                ok: false,
+                problems: vec!["cgroup memory  MISSING".into()],
+                text: format!("sandbox layers\n  cgroup memory  MISSING\nrun {n}"),
+            }
+        })
+    })));
+    // A second probe is refused: the first stays.
+    assert!(!s.state.set_doctor(std::sync::Arc::new(|| Box::pin(async {
+        unreachable!("never run")
+    }))));
+    let (a, b) = tokio::join!(get(), get());
+    let (c_status, c) = get().await;
+    for (status, v) in [&a, &b, &(c_status, c.clone())] {
+        assert_eq!(*status, StatusCode::OK, "{v}");
+        assert_eq!(v["available"], true, "{v}");
+        assert_eq!(v["ok"], false, "{v}");
+        assert_eq!(
+            v["problems"],
+            serde_json::json!(["cgroup memory  MISSING"]),
+            "{v}"
+        );
+        assert!(v["report"].as_str().unwrap().ends_with("run 1"), "{v}");
+        assert_eq!(v["checked_at"], a.1["checked_at"], "{v}");
+    }
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

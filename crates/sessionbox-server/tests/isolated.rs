@@ -99,12 +99,18 @@ fn main() -> ExitCode {
     }
 }
 
+#[path = "isolated/memory.rs"]
+mod memory;
 #[path = "isolated/pty.rs"]
 mod pty;
 
 type TestFn = fn() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
 const TESTS: &[(&str, TestFn)] = &[
+    (
+        "memory_use_is_the_sandboxs_cgroup_charge_against_its_limit",
+        || Box::pin(memory::memory_use_is_the_sandboxs_cgroup_charge_against_its_limit()),
+    ),
     (
         "a_terminal_over_rest_runs_in_the_conversations_sandbox",
         || Box::pin(pty::a_terminal_over_rest_runs_in_the_conversations_sandbox()),

@@ -142,7 +142,7 @@ async fn run(globals: Globals, command: RunCommand) -> anyhow::Result<ExitCode> 
                 None => (settings.kind, None),
             };
             let app = App::build(&globals, &settings, lifecycle, kind, store)?;
-            manager_command(&app, &settings, command).await
+            manager_command(&app, &globals, &settings, command).await
         }
         RunCommand::Conversation(command) => {
             let settings = Settings::load(&globals)?;
@@ -176,22 +176,9 @@ async fn run(globals: Globals, command: RunCommand) -> anyhow::Result<ExitCode> 
     }
 }
 
-/// `sessionbox doctor`. `--endpoint` names the server of the runtime asked for: aio's with
-/// `--runtime aio`, else OpenSandbox's.
+/// `sessionbox doctor`.
 async fn doctor(globals: &Globals, settings: &Settings) -> anyhow::Result<ExitCode> {
-    let (kind, file) = (settings.kind, &settings.file);
-    let endpoint = globals.endpoint.as_deref();
-    let wants_osb = kind == RuntimeKind::Opensandbox
-        || (endpoint.is_some() && kind != RuntimeKind::Aio)
-        || std::env::var_os(runtime::DOMAIN_ENV).is_some()
-        || file.opensandbox.endpoint.is_some();
-    let osb_endpoint = endpoint.filter(|_| kind != RuntimeKind::Aio);
-    let osb = wants_osb.then(|| runtime::opensandbox_client(osb_endpoint, &file.opensandbox));
-    let wants_aio = kind == RuntimeKind::Aio
-        || std::env::var_os(runtime::AIO_URL_ENV).is_some_and(|v| !v.is_empty())
-        || file.aio.endpoint.is_some();
-    let aio = wants_aio.then(|| runtime::aio_runtime(endpoint, file));
-    Ok(doctor::run(kind, osb, aio, file, &settings.data_dir).await)
+    Ok(doctor::Probe::new(globals, settings).print().await)
 }
 
 /// The commands on the store alone.
@@ -226,6 +213,7 @@ async fn store_command(globals: &Globals, command: StoreCommand) -> anyhow::Resu
 /// The commands on the manager.
 async fn manager_command(
     app: &App,
+    globals: &Globals,
     settings: &Settings,
     command: ManagerCommand,
 ) -> anyhow::Result<ExitCode> {
@@ -237,7 +225,8 @@ async fn manager_command(
             verify::run(&verify::Target::Local(app), &app.tenant, args).await
         }
         ManagerCommand::Serve(args) => {
-            serve::run(app, *args, &settings.file.serve, &settings.data_dir).await
+            let probe = doctor::Probe::new(globals, settings);
+            serve::run(app, *args, &settings.file.serve, &settings.data_dir, probe).await
         }
         ManagerCommand::Skills { name } => skills::run(app, name).await,
         ManagerCommand::Snapshot { command } => snapshots::snapshot(app, command).await,

@@ -144,6 +144,7 @@ pub(crate) async fn run(
     args: ServeArgs,
     file: &ServeSection,
     data_dir: &Path,
+    doctor: crate::doctor::Probe,
 ) -> anyhow::Result<ExitCode> {
     // Held (shared) while this server runs, so that `restore` can refuse to replace the store
     // under it.
@@ -241,6 +242,7 @@ pub(crate) async fn run(
     let manager = ctx.manager.clone().with_pool_refill();
     spawn_pool_maintenance(&manager, ctx.warm_tenants.clone());
     let state = AppState::new(manager, config);
+    state.set_doctor(doctor.for_server());
     if args.gc_interval_secs > 0 {
         let manager = ctx.manager.clone();
         let gc_state = state.clone();

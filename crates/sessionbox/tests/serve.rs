@@ -340,6 +340,63 @@ async fn serve_runs_conversations_in_sandboxes_per_tenant_over_http() {
     );
 }
 
+/// `GET /v1/installation/doctor` of a real `serve` is `sessionbox doctor`'s report on the same
+/// data directory: the same lines (but the OpenSandbox server's count of sandboxes, which other
+/// tests change), `ok` as its exit status, the problems among its lines; a key limited to one
+/// conversation is refused it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_shows_the_doctor_report_the_cli_prints() {
+    let d = tempfile::tempdir().unwrap();
+    let key = create_key(d.path(), "default");
+    let out = sessionbox(
+        d.path(),
+        &[
+            "--tenant",
+            "default",
+            "keys",
+            "create",
+            "--label",
+            "one",
+            "--conversation",
+            "one",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let narrow = text(&out.stdout).trim().to_owned();
+    let served = Served::start(d.path());
+    let client = Client::new();
+    let get = |k: &str| {
+        client
+            .get(format!("{}/v1/installation/doctor", served.base))
+            .bearer_auth(k)
+            .send()
+    };
+    let (status, v) = json_of(get(&key).await.unwrap()).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let cli = sessionbox(d.path(), &["doctor"]);
+    let stable = |t: &str| -> Vec<String> {
+        t.lines()
+            .filter(|l| !l.starts_with("opensandbox runtime:"))
+            .map(str::to_owned)
+            .collect()
+    };
+    let report = v["report"].as_str().unwrap();
+    assert!(report.starts_with("sandbox layers"), "{v}");
+    assert_eq!(stable(report), stable(&text(&cli.stdout)), "{v}");
+    assert_eq!(v["available"], true, "{v}");
+    assert_eq!(v["ok"], cli.status.success(), "{v}");
+    for problem in v["problems"].as_array().unwrap() {
+        let problem = problem.as_str().unwrap();
+        assert!(
+            report.lines().any(|l| l.trim() == problem),
+            "{problem} in {v}"
+        );
+    }
+    let (status, refused) = json_of(get(&narrow).await.unwrap()).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{refused}");
+    served.stop();
+}
+
 fn verify_via(base: &str, key: Option<&str>, report: &Path) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sessionbox"));
     cmd.args([

@@ -360,6 +360,11 @@ def test_background_commands(client: Client, cid: str) -> None:
 def test_background_kill_and_binary_logs(client: Client, cid: str) -> None:
     cmd = client.spawn(cid, "printf '\\377\\376'; sleep 30", stdin=b"")
     time.sleep(0.3)
+    # While it runs, the conversation's memory is measured (host: its processes' resident sets).
+    memory = client.get_conversation(cid).memory
+    assert memory is not None and memory.bytes_used > 0, memory
+    if os.environ.get("SESSIONBOX_TEST_RUNTIME", "host") == "host":
+        assert memory.measured == "processes" and memory.bytes_limit is None
     killed = client.kill_command(cid, cmd.id)
     assert killed.killed and not killed.running
     assert killed.status is not None and killed.status.signal == 9

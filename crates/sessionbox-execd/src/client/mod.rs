@@ -267,6 +267,22 @@ impl ExecdClient {
         self.json(OP, r).await
     }
 
+    /// `GET /sessionbox/v1/memory`: the memory charge of the cgroup the agent runs in, `None`
+    /// when it runs in none it can read (see [`crate::memory_ext`]).
+    ///
+    /// # Errors
+    /// A transport failure or the agent's error (404 `not_found` from an agent that predates
+    /// the route, or upstream's execd).
+    pub async fn memory_usage(&self) -> Result<Option<sessionbox_core::MemoryUsage>, ExecdError> {
+        const OP: &str = "memory use";
+        let r = self
+            .call(OP, Method::GET, crate::memory_ext::MEMORY_PATH, &[], |rb| {
+                rb
+            })
+            .await?;
+        self.json(OP, r).await
+    }
+
     // ----- plumbing -----
 
     fn url(&self, path: &str, q: &[(&str, &str)]) -> Url {

@@ -40,8 +40,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use sessionbox_core::{
-    ConversationKey, ConversationRef, DestroyReport, Directory, DiskUsage, Error, Result, Runtime,
-    RuntimeConversation, RuntimeInfo, Session,
+    ConversationKey, ConversationRef, DestroyReport, Directory, DiskUsage, Error, MemoryMeasure,
+    MemoryUsage, Result, Runtime, RuntimeConversation, RuntimeInfo, Session,
 };
 use sessionbox_execd::ExecdClient;
 use sessionbox_sandbox as sandbox;
@@ -402,6 +402,28 @@ impl Runtime for IsolatedRuntime {
         }
         let workspace = self.workspace_dir(key);
         blocking(move || Ok(disk::usage(&workspace))).await
+    }
+
+    /// The sandbox's memory cgroup charge against its limit; with rlimit-only limits (no
+    /// cgroup) the resident memory of its processes, unbounded as a whole. `None` when no
+    /// sandbox runs (its record is gone, or lists no live process).
+    async fn memory_usage(&self, key: &ConversationKey) -> Result<Option<MemoryUsage>> {
+        let run = self.run_dir(key);
+        blocking(move || {
+            let Some(info) = read_record(&run) else {
+                return Ok(None);
+            };
+            if let Some(charge) = sessionbox_process::memory_charge(&info.cgroups) {
+                return Ok(Some(charge));
+            }
+            let pids = info.processes();
+            Ok((!pids.is_empty()).then(|| MemoryUsage {
+                bytes_used: sessionbox_process::resident_bytes(&pids),
+                bytes_limit: None,
+                measured: MemoryMeasure::Processes,
+            }))
+        })
+        .await
     }
 
     async fn list(&self) -> Result<Vec<RuntimeConversation>> {

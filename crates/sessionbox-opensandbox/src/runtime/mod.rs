@@ -359,6 +359,27 @@ impl Runtime for OpenSandboxRuntime {
         Ok(self.config.volumes.as_ref().and_then(|v| v.usage(key)))
     }
 
+    /// The charge of the sandbox's container cgroup against its memory limit, as its agent
+    /// reads it (`GET /sessionbox/v1/memory`); `None` when the sandbox is not running (a
+    /// paused one is not resumed to be measured) or its agent cannot read its cgroup.
+    ///
+    /// # Errors
+    /// Lifecycle failures; [`Error::Backend`] when the agent cannot be reached.
+    async fn memory_usage(
+        &self,
+        key: &ConversationKey,
+    ) -> Result<Option<sessionbox_core::MemoryUsage>> {
+        let Some((id, subject)) = self.running_sandbox(key).await? else {
+            return Ok(None);
+        };
+        let client = self.connect(&id, &subject).await?;
+        client.memory_usage().await.map_err(|e| {
+            Error::Backend(format!(
+                "cannot ask the agent of sandbox {id} for its memory use: {e}"
+            ))
+        })
+    }
+
     async fn list(&self) -> Result<Vec<RuntimeConversation>> {
         let records = self.directory.remote_sandboxes(RUNTIME_NAME).await?;
         Ok(records

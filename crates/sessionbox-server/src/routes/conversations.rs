@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sessionbox_core::{Operation, Session};
+use sessionbox_core::{MemoryMeasure, Operation, Session};
 use sessionbox_store::ConversationRecord;
 
 use super::{audited, on_conversation};
@@ -43,6 +43,37 @@ pub(crate) struct ConversationView {
     /// turned off, or a workspace not made yet).
     #[serde(skip_serializing_if = "Option::is_none")]
     disk: Option<DiskView>,
+    /// The sandbox's memory use now (`GET /v1/conversations/{id}` only; absent in lists, for
+    /// a conversation whose sandbox is not running (stopped or paused: it is not started to be
+    /// measured), and on the `aio` runtime, whose conversations share one container).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory: Option<MemoryView>,
+}
+
+/// A sandbox's memory use now.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = MemoryUsage)]
+pub(crate) struct MemoryView {
+    /// Bytes in use.
+    bytes_used: u64,
+    /// The most the sandbox may hold (past it the kernel's out-of-memory killer ends a
+    /// process); `null` when nothing bounds the sandbox as a whole (the `host` runtime, or
+    /// `isolated` with rlimit-only limits).
+    bytes_limit: Option<u64>,
+    /// How `bytes_used` was measured.
+    measured: MeasureView,
+}
+
+/// How a memory use was measured.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[schema(as = MemoryMeasure)]
+pub(crate) enum MeasureView {
+    /// What the kernel charges the sandbox's memory cgroup against its limit: anonymous
+    /// memory and the page cache of the files it touched.
+    Cgroup,
+    /// The sum of its processes' resident memory (`VmRSS`), where no cgroup bounds them.
+    Processes,
 }
 
 /// A workspace's disk usage against its quota.
@@ -83,6 +114,7 @@ impl From<ConversationRecord> for ConversationView {
             expires_at: record.expires_at,
             usage: None,
             disk: None,
+            memory: None,
         }
     }
 }
@@ -171,9 +203,17 @@ pub(crate) async fn get(
         };
         let (key, since) = (conv.key.clone(), record.created_at);
         let runtime = state.manager.runtime();
-        let disk = match record.runtime == runtime.info().name {
-            true => runtime.disk_usage(&key).await?,
-            false => None,
+        let (disk, memory) = match record.runtime == runtime.info().name {
+            // Memory is shown when it can be read: a sandbox that cannot be asked (its server
+            // restarting, its agent busy) still has its other facts shown.
+            true => (
+                runtime.disk_usage(&key).await?,
+                runtime.memory_usage(&key).await.unwrap_or_else(|e| {
+                    tracing::debug!(error = %e, "memory use not read");
+                    None
+                }),
+            ),
+            false => (None, None),
         };
         let counts = state
             .manager
@@ -197,6 +237,14 @@ pub(crate) async fn get(
             bytes_limit: d.bytes_limit,
             inodes_used: d.inodes_used,
             inodes_limit: d.inodes_limit,
+        });
+        view.memory = memory.map(|m| MemoryView {
+            bytes_used: m.bytes_used,
+            bytes_limit: m.bytes_limit,
+            measured: match m.measured {
+                MemoryMeasure::Cgroup => MeasureView::Cgroup,
+                MemoryMeasure::Processes => MeasureView::Processes,
+            },
         });
         Ok(Json(view).into_response())
     })

@@ -9,6 +9,7 @@
 pub(crate) mod account;
 pub(crate) mod commands;
 pub(crate) mod conversations;
+pub(crate) mod doctor;
 pub(crate) mod exec;
 pub(crate) mod files;
 pub(crate) mod fs;
@@ -52,6 +53,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/whoami", get(account::whoami))
         .route("/v1/audit", get(account::audit))
         .route("/v1/installation", get(account::installation))
+        .route("/v1/installation/doctor", get(doctor::doctor))
         .route("/v1/conversations", get(conversations::list))
         .route(
             conversation,

@@ -4,7 +4,7 @@
 
 import { ApiError, conv, getJson, postJson } from './api.js';
 import { destroyConversation } from './dialogs.js';
-import { diskCell, stateBadge } from './conversations.js';
+import { diskCell, memoryCell, stateBadge } from './conversations.js';
 import { facts, fmtTime, h, inlineError, poll, showError, timeEl } from './dom.js';
 import { TABS, hashOf } from './route.js';
 import { createFilesPanel } from './files.js';
@@ -94,6 +94,7 @@ export class ConversationView {
       ['Last used', timeEl(c.last_used_at)],
       ['Expires', c.expires_at ? timeEl(c.expires_at) : 'never'],
       ['Disk', diskCell(c.disk, c.runtime)],
+      ['Memory', memoryCell(c.memory, c.runtime)],
       ['Usage', usage],
     ]));
     this.note.replaceChildren(c.state === 'expired'

@@ -1,4 +1,5 @@
-// The conversations of the tenant: a live list (polled), search and filters, disk use, destroy.
+// The conversations of the tenant: a live list (polled), search and filters, disk and memory
+// use, destroy.
 
 import { conv, getJson, query } from './api.js';
 import { destroyConversation } from './dialogs.js';
@@ -6,12 +7,13 @@ import { announce, dataTable, fmtBytes, h, inlineError, poll, setText, syncRows,
 import { hashOf } from './route.js';
 
 const LIST_EVERY_MS = 5000;
-const DISK_EVERY_MS = 30_000;
-const DISK_PER_ROUND = 20;
+// Disk and memory come from each conversation's own GET, at most USAGE_PER_ROUND a round.
+const USAGE_EVERY_MS = 15_000;
+const USAGE_PER_ROUND = 20;
 const PAGE = 1000;
 const MAX_PAGES = 10;
 
-const COLUMNS = ['Conversation', 'State', 'Runtime', 'Last used', 'Expires', 'Disk', 'Actions'];
+const COLUMNS = ['Conversation', 'State', 'Runtime', 'Last used', 'Expires', 'Disk', 'Memory', 'Actions'];
 
 /** Every conversation of the tenant (following cursors, up to MAX_PAGES pages). */
 export async function listAll() {
@@ -52,6 +54,31 @@ export function diskCell(disk, runtime) {
     share >= 0.9 ? h('strong', { class: 'warn', text: ' (nearly full)' }) : null);
 }
 
+export function memoryCell(memory, runtime) {
+  if (!memory) {
+    return h('span', {
+      class: 'muted',
+      title: runtime === 'aio' ? 'conversations share one container on the aio runtime'
+        : 'no sandbox running (stopped, paused or not started), or not measured yet',
+      text: '—',
+    });
+  }
+  const how = memory.measured === 'cgroup' ? 'charged to its memory cgroup' : 'resident memory of its processes';
+  if (!memory.bytes_limit) {
+    return h('span', { class: 'memory', title: `${how}; no limit for the sandbox as a whole` },
+      `${fmtBytes(memory.bytes_used)}`, h('span', { class: 'muted', text: ' (no limit)' }));
+  }
+  const share = memory.bytes_used / memory.bytes_limit;
+  return h('span', { class: 'memory', title: how },
+    h('meter', {
+      min: '0', max: String(memory.bytes_limit), value: String(memory.bytes_used),
+      high: String(Math.round(memory.bytes_limit * 0.8)),
+      'aria-label': 'Memory use',
+    }),
+    ` ${fmtBytes(memory.bytes_used)} of ${fmtBytes(memory.bytes_limit)}`,
+    share >= 0.9 ? h('strong', { class: 'warn', text: ' (near its limit)' }) : null);
+}
+
 export function stateBadge(state) {
   return h('span', { class: `badge state-${state}`, text: state });
 }
@@ -82,8 +109,8 @@ export function renderConversations(main, session) {
   let all = [];
   let complete = true;
   let updatedAt = null;
-  const disks = new Map(); // id → {disk, at}
-  let diskRound = false;
+  const usages = new Map(); // id → {disk, memory, at}
+  let usageRound = false;
   let stop = () => {};
 
   const criteria = () => ({ text: search.value.trim(), state: stateSel.value, runtime: runtimeSel.value });
@@ -94,28 +121,30 @@ export function renderConversations(main, session) {
       type: 'button', class: 'danger small', text: 'Destroy', 'aria-label': `Destroy ${c.id}`,
       onclick: async () => {
         if (await destroyConversation(c.id)) {
-          disks.delete(c.id);
+          usages.delete(c.id);
           stop.now?.();
         }
       },
     });
-    const cells = [link, h('span'), h('span'), h('span'), h('span'), h('span'), destroy];
+    const cells = [link, h('span'), h('span'), h('span'), h('span'), h('span'), h('span'), destroy];
     const tr = h('tr', {}, cells.map((cell, i) =>
       h(i === 0 ? 'th' : 'td', { scope: i === 0 ? 'row' : undefined, 'data-label': COLUMNS[i] }, cell)));
     tr.cellsOf = cells;
     return tr;
   };
   const update = (tr, c) => {
-    const [, state, runtime, used, expires, disk] = tr.cellsOf;
-    const stamp = JSON.stringify([c.state, c.runtime, c.last_used_at, c.expires_at, disks.get(c.id)?.disk ?? null,
-      Math.floor(Date.now() / 30_000)]);
+    const [, state, runtime, used, expires, disk, memory] = tr.cellsOf;
+    const usage = usages.get(c.id);
+    const stamp = JSON.stringify([c.state, c.runtime, c.last_used_at, c.expires_at, usage?.disk ?? null,
+      usage?.memory ?? null, Math.floor(Date.now() / 30_000)]);
     if (tr.dataset.stamp === stamp) return;
     tr.dataset.stamp = stamp;
     state.replaceChildren(stateBadge(c.state));
     setText(runtime, c.runtime);
     used.replaceChildren(timeEl(c.last_used_at));
     expires.replaceChildren(c.expires_at ? timeEl(c.expires_at) : h('span', { class: 'muted', text: 'never' }));
-    disk.replaceChildren(diskCell(disks.get(c.id)?.disk, c.runtime));
+    disk.replaceChildren(diskCell(usage?.disk, c.runtime));
+    memory.replaceChildren(memoryCell(usage?.memory, c.runtime));
   };
 
   const render = () => {
@@ -133,26 +162,27 @@ export function renderConversations(main, session) {
     return shown;
   };
 
-  const refreshDisks = async (shown) => {
-    if (diskRound) return;
-    diskRound = true;
+  // aio reports neither (one shared container); the others report memory, isolated disk too.
+  const refreshUsages = async (shown) => {
+    if (usageRound) return;
+    usageRound = true;
     try {
       const now = Date.now();
       const due = shown
-        .filter((c) => c.runtime === 'isolated' && c.state === 'active')
-        .filter((c) => !disks.has(c.id) || now - disks.get(c.id).at > DISK_EVERY_MS)
-        .slice(0, DISK_PER_ROUND);
+        .filter((c) => c.runtime !== 'aio' && c.state === 'active')
+        .filter((c) => !usages.has(c.id) || now - usages.get(c.id).at > USAGE_EVERY_MS)
+        .slice(0, USAGE_PER_ROUND);
       for (const c of due) {
         try {
           const one = await getJson(conv(c.id));
-          disks.set(c.id, { disk: one.disk ?? null, at: Date.now() });
+          usages.set(c.id, { disk: one.disk ?? null, memory: one.memory ?? null, at: Date.now() });
         } catch {
-          disks.set(c.id, { disk: null, at: Date.now() });
+          usages.set(c.id, { disk: null, memory: null, at: Date.now() });
         }
       }
       if (due.length) render();
     } finally {
-      diskRound = false;
+      usageRound = false;
     }
   };
 
@@ -164,7 +194,7 @@ export function renderConversations(main, session) {
       updatedAt = new Date();
       problem.replaceChildren();
       const shown = render();
-      refreshDisks(shown);
+      refreshUsages(shown);
     } catch (error) {
       problem.replaceChildren(inlineError(error, 'Could not load the conversations'));
     }

@@ -120,10 +120,32 @@ function doctorList(checks) {
       c.detail ? h('span', { class: 'muted', text: ` — ${c.detail}` }) : null)));
 }
 
+// `sessionbox doctor` on the server's machine (GET /v1/installation/doctor; the server runs it
+// at most every 10 minutes).
+export function doctorReport(d) {
+  if (!d.available) {
+    return h('p', { class: 'muted', text: 'This server cannot run sessionbox doctor (it was not started by sessionbox serve).' });
+  }
+  const verdict = d.ok
+    ? h('span', { class: 'badge outcome-ok', text: 'can run' })
+    : h('span', { class: 'badge outcome-failed', text: 'cannot run' });
+  return h('div', {},
+    h('p', {}, verdict, ' The default runtime ', d.ok ? 'can run here' : 'cannot run here',
+      d.checked_at ? h('span', { class: 'muted' }, ' · checked ', timeEl(d.checked_at)) : null, '.'),
+    d.problems.length
+      ? h('ul', { class: 'doctor', 'aria-label': 'Problems doctor found' }, d.problems.map((p) =>
+        h('li', { class: 'failed' }, h('span', { class: 'badge outcome-failed', text: 'problem' }), ' ', h('code', { text: p }))))
+      : h('p', { class: 'muted', text: 'No problem found.' }),
+    h('details', { class: 'doctor-report' },
+      h('summary', { text: 'The whole report (as sessionbox doctor prints it)' }),
+      h('pre', { class: 'log', tabindex: '0', 'aria-label': 'sessionbox doctor report', text: d.report })));
+}
+
 export function renderInstallation(main, session) {
   const serverBox = h('div', {}, h('p', { class: 'muted', text: 'Loading…' }));
   const doctorBox = h('div', {}, h('p', { class: 'muted', text: 'Loading…' }));
   const gcBox = h('div', {}, h('p', { class: 'muted', text: 'Loading…' }));
+  const reportBox = h('div', {}, h('p', { class: 'muted', text: 'Running the checks…' }));
   const metricsProblem = h('div', { class: 'problem' });
   const charts = CHARTS.map(makeChart);
   const egressProblem = h('div', { class: 'problem' });
@@ -137,6 +159,7 @@ export function renderInstallation(main, session) {
     section('inst-activity', 'Activity', h('p', { class: 'muted', text: 'Sampled from /metrics every 5 seconds while this page is open; the last 15 minutes are kept for this browser tab.' }),
       metricsProblem, h('div', { class: 'charts' }, charts.map((c) => c.figure))),
     section('inst-doctor', 'Checks', doctorBox),
+    section('inst-doctor-report', 'Doctor', reportBox),
     section('inst-gc', 'Garbage collection', gcBox),
     section('inst-egress', session.tenant ? `Egress verdicts of tenant ${session.tenant}` : 'Egress verdicts of the tenant',
       egressProblem, egress.el));
@@ -218,6 +241,21 @@ export function renderInstallation(main, session) {
     }
   };
 
+  let doctorMissing = false;
+  const loadDoctor = async () => {
+    if (doctorMissing) return;
+    try {
+      reportBox.replaceChildren(doctorReport(await getJson('/v1/installation/doctor')));
+    } catch (error) {
+      if (isMissing(error)) {
+        doctorMissing = true;
+        reportBox.replaceChildren(notAvailable('The doctor report (GET /v1/installation/doctor)', error));
+      } else {
+        reportBox.replaceChildren(inlineError(error, 'Could not read the doctor report'));
+      }
+    }
+  };
+
   const loadEgress = async () => {
     try {
       const answer = await getJson(`/v1/egress-log${query({ limit: 100 })}`);
@@ -232,6 +270,7 @@ export function renderInstallation(main, session) {
   const stops = [
     poll(loadMetrics, METRICS_EVERY_MS),
     poll(loadInstallation, INSTALLATION_EVERY_MS),
+    poll(loadDoctor, INSTALLATION_EVERY_MS),
     poll(loadEgress, EGRESS_EVERY_MS),
   ];
   return () => {

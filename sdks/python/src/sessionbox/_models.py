@@ -15,6 +15,7 @@ __all__ = [
     "ExitStatus",
     "Usage",
     "DiskUsage",
+    "MemoryUsage",
     "Conversation",
     "OpenedConversation",
     "ConversationPage",
@@ -109,11 +110,35 @@ class DiskUsage:
 
 
 @dataclass(frozen=True)
+class MemoryUsage:
+    """A sandbox's memory use now.
+
+    ``measured`` is ``cgroup`` (its memory cgroup's charge against ``bytes_limit``) or
+    ``processes`` (the sum of its processes' resident memory; ``bytes_limit`` is then ``None``).
+    """
+
+    bytes_used: int
+    bytes_limit: int | None
+    measured: str
+
+    @classmethod
+    def from_json(cls, d: Json) -> MemoryUsage:
+        """Parse the API's JSON object."""
+        limit = d.get("bytes_limit")
+        return cls(
+            bytes_used=int(d["bytes_used"]),
+            bytes_limit=int(limit) if limit is not None else None,
+            measured=str(d["measured"]),
+        )
+
+
+@dataclass(frozen=True)
 class Conversation:
     """A conversation's record.
 
-    ``state`` is ``active``, ``expired`` or ``destroying``. ``usage`` and ``disk`` are set only by
-    :meth:`Client.get_conversation` (``disk`` only where the runtime keeps a disk quota).
+    ``state`` is ``active``, ``expired`` or ``destroying``. ``usage``, ``disk`` and ``memory`` are
+    set only by :meth:`Client.get_conversation` (``disk`` only where the runtime keeps a disk
+    quota, ``memory`` only while its sandbox runs, and never on ``aio``).
     """
 
     id: str
@@ -124,6 +149,7 @@ class Conversation:
     expires_at: str | None = None
     usage: Usage | None = None
     disk: DiskUsage | None = None
+    memory: MemoryUsage | None = None
 
     @classmethod
     def from_json(cls, d: Json) -> Conversation:
@@ -137,6 +163,7 @@ class Conversation:
             expires_at=_opt_str(d.get("expires_at")),
             usage=Usage.from_json(d["usage"]) if d.get("usage") is not None else None,
             disk=DiskUsage.from_json(d["disk"]) if d.get("disk") is not None else None,
+            memory=MemoryUsage.from_json(d["memory"]) if d.get("memory") is not None else None,
         )
 
 

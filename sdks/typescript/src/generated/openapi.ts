@@ -649,6 +649,29 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/installation/doctor": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * `sessionbox doctor`'s report on this machine: the sandbox layers the `isolated` runtime
+         *     needs, its limits and disk quota, and whether each configured runtime can run. Run on the
+         *     first request and again on one 10 minutes after the last (the checks make and remove a
+         *     probe cgroup and, with a disk quota, a small volume). Tenant-wide: a key limited to
+         *     conversations is refused.
+         */
+        get: operations["installation_doctor"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/policy": {
         parameters: {
             query?: never;
@@ -990,6 +1013,7 @@ export interface components {
             id: string;
             /** Format: date-time */
             last_used_at: string;
+            memory?: null | components["schemas"]["MemoryUsage"];
             runtime: string;
             /**
              * @description `active`, `expired` (past its expiry: its files are gone at its next use or garbage
@@ -1037,6 +1061,25 @@ export interface components {
              * @description Files, directories and links in use.
              */
             inodes_used: number;
+        };
+        /** @description `sessionbox doctor` on the machine the server runs on. */
+        Doctor: {
+            /**
+             * @description False when this server cannot run the checks (it was started as a library, not by
+             *     `sessionbox serve`); the other fields are then empty.
+             */
+            available: boolean;
+            /**
+             * Format: date-time
+             * @description When the checks ran (they run again on a request after 10 minutes).
+             */
+            checked_at?: string | null;
+            /** @description True when the default runtime can run here. */
+            ok: boolean;
+            /** @description The lines of the report that name a problem. */
+            problems: string[];
+            /** @description The whole report, as `sessionbox doctor` prints it. */
+            report: string;
         };
         /** @description `POST /v1/conversations/{id}/edit`. */
         EditBody: {
@@ -1295,6 +1338,28 @@ export interface components {
         /** @description A directory listing. */
         LsView: {
             entries: components["schemas"]["DirEntry"][];
+        };
+        /**
+         * @description How a memory use was measured.
+         * @enum {string}
+         */
+        MemoryMeasure: "cgroup" | "processes";
+        /** @description A sandbox's memory use now. */
+        MemoryUsage: {
+            /**
+             * Format: int64
+             * @description The most the sandbox may hold (past it the kernel's out-of-memory killer ends a
+             *     process); `null` when nothing bounds the sandbox as a whole (the `host` runtime, or
+             *     `isolated` with rlimit-only limits).
+             */
+            bytes_limit?: number | null;
+            /**
+             * Format: int64
+             * @description Bytes in use.
+             */
+            bytes_used: number;
+            /** @description How `bytes_used` was measured. */
+            measured: components["schemas"]["MemoryMeasure"];
         };
         /** @description A network policy as the API shows it. */
         NetworkPolicy: {
@@ -4751,6 +4816,34 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["InstallationView"];
+                };
+            };
+            /** @description no valid API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    installation_doctor: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Doctor"];
                 };
             };
             /** @description no valid API key */
