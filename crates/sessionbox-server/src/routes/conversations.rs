@@ -50,6 +50,10 @@ pub(crate) struct ConversationView {
     memory: Option<MemoryView>,
 }
 
+/// How long `GET /v1/conversations/{id}` waits for a runtime to tell a sandbox's memory use
+/// (an OpenSandbox sandbox is asked through its server) before answering without it.
+const MEMORY_READ_LIMIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// A sandbox's memory use now.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[schema(as = MemoryUsage)]
@@ -204,14 +208,19 @@ pub(crate) async fn get(
         let (key, since) = (conv.key.clone(), record.created_at);
         let runtime = state.manager.runtime();
         let (disk, memory) = match record.runtime == runtime.info().name {
-            // Memory is shown when it can be read: a sandbox that cannot be asked (its server
-            // restarting, its agent busy) still has its other facts shown.
+            // Memory is shown when it can be read within MEMORY_READ_LIMIT: a sandbox that
+            // cannot be asked (its server restarting, its agent busy) still has its other facts
+            // shown, without waiting for it.
             true => (
                 runtime.disk_usage(&key).await?,
-                runtime.memory_usage(&key).await.unwrap_or_else(|e| {
-                    tracing::debug!(error = %e, "memory use not read");
-                    None
-                }),
+                match tokio::time::timeout(MEMORY_READ_LIMIT, runtime.memory_usage(&key)).await {
+                    Ok(Ok(m)) => m,
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "memory use not read");
+                        None
+                    }
+                    Err(_) => None,
+                },
             ),
             false => (None, None),
         };
