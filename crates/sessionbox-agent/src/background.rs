@@ -153,7 +153,13 @@ fn find(state: &AppState, id: &str) -> Result<Arc<Command>, Error> {
         .commands
         .get(id)
         .filter(|c| c.background)
-        .ok_or_else(|| Error::NotFound(format!("no background command {id:?}")))
+        .ok_or_else(|| {
+            Error::NotFound(format!(
+                "no background command {id:?} (a sandbox's background commands end with its \
+                 agent: one that stopped, idle or killed, took them with it; finished ones are \
+                 forgotten past a bound)"
+            ))
+        })
 }
 
 /// Waits until `done` holds for the command's state, or `deadline`; returns what `answer`

@@ -61,8 +61,33 @@ pub(crate) async fn run(listener: tokio::net::TcpListener, socket: PathBuf) {
                     )
                     .await;
                 }
-                Err(e) => tracing::warn!("the egress gateway is unreachable: {e}"),
+                Err(e) => {
+                    tracing::warn!("the egress gateway is unreachable: {e}");
+                    refuse(client).await;
+                }
             }
         });
     }
+}
+
+/// What a client of the relay reads when the gateway cannot be reached (it ended; the runtime
+/// starts it again before the conversation's next command): a proxy's `502`, saying so,
+/// rather than a connection closed without a word. Nothing is relayed anywhere.
+const UNREACHABLE: &str = "sessionbox egress: the conversation's egress gateway is not running, \
+     so no connection leaves the sandbox; it is started again before the conversation's next \
+     command\n";
+
+/// Answers `client` with [`UNREACHABLE`] after reading (and dropping) the start of its request,
+/// so that closing does not reset the connection under the answer.
+async fn refuse(mut client: tokio::net::TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut head = [0u8; 8192];
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), client.read(&mut head)).await;
+    let answer = format!(
+        "HTTP/1.1 502 Bad Gateway\r\ncontent-type: text/plain; charset=utf-8\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{UNREACHABLE}",
+        UNREACHABLE.len()
+    );
+    let _ = client.write_all(answer.as_bytes()).await;
+    let _ = client.shutdown().await;
 }

@@ -257,9 +257,11 @@ impl Workspace {
         Ok(buf)
     }
 
-    /// Writes a whole file atomically: a temporary file `.NAME.sbx-tmp-<random>` in the same
-    /// directory, `fsync`, then `renameat` over the target; on failure the temporary file is
-    /// removed and the target is untouched. Missing parent directories are created (mode
+    /// Writes a whole file atomically: an unnamed temporary file (`O_TMPFILE`) in the same
+    /// directory, `fsync`, then named `.NAME.sbx-tmp-<random>` and renamed over the target with
+    /// `renameat` (where the file system has no unnamed files, the temporary file is named
+    /// from the start); on failure the temporary file is removed and the target is untouched,
+    /// and a writer killed before the last two calls leaves no file behind. Missing parent directories are created (mode
     /// `0o755` before umask), each beneath the root.
     ///
     /// Permission bits (`0o777`) of an existing file are kept; a new file gets `0o644`. Owner,

@@ -1,10 +1,17 @@
 //! Atomic writes and edits.
 //!
-//! A write goes to a temporary file created with `O_CREAT | O_EXCL` in the target's own
-//! directory descriptor, is synced, and is renamed over the target with `renameat`, so readers
-//! see the old or the new content, never a mix. `renameat` replaces the directory entry itself:
-//! even if the target is swapped for a link or a hard link after the checks below, the new
-//! content lands in the workspace directory and nothing outside is modified.
+//! A write goes to an unnamed temporary file (`O_TMPFILE`) made in the target's own directory
+//! descriptor, is synced, and only then gets a name: it is linked under a temporary name
+//! `.NAME.sbx-tmp-<random>` (`linkat` through `/proc/self/fd`) and renamed over the target with
+//! `renameat` (so a watcher of the directory sees a file moved into place, as for any atomic
+//! write). Readers see the old or the new content, never a mix, and a writer killed while it
+//! writes (an agent ended with `SIGKILL` mid-upload) leaves nothing behind: until the last two
+//! calls the file has no name, and the kernel frees it with the writer's descriptor. Where the
+//! file system cannot make an unnamed file, or `/proc` is not there to link one, the temporary
+//! file is named from the start (`O_CREAT | O_EXCL`), as before: then a writer killed mid-write
+//! leaves it. `renameat` replaces the directory entry itself: even if the target is swapped for a
+//! link or a hard link after the checks below, the new content lands in the workspace
+//! directory and nothing outside is modified.
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
@@ -191,14 +198,17 @@ fn strip_components(root: &[u8], path: &[u8]) -> Option<Vec<u8>> {
     Some(path[root.len()..].join(&b'/'))
 }
 
-/// Replaces the target's content with `data` atomically, with permission bits `mode`. On any
-/// failure the temporary file is removed and the target is unchanged.
+/// Replaces the target's content with `data` atomically, with permission bits `mode`: through
+/// an unnamed temporary file where the file system makes one, else a named one (module
+/// documentation). On any failure the temporary file is gone and the target is unchanged.
 pub(crate) fn replace_contents(target: &Target, data: &[u8], mode: u32) -> Result<()> {
-    let (tmp_name, fd) = create_temp(target)?;
-    let result = fill_and_rename(target, &tmp_name, fd, data, mode);
-    if result.is_err() {
-        let _ = rustix::fs::unlinkat(&target.dir, &tmp_name, AtFlags::empty());
-        return result;
+    if let Unnamed::Unsupported = write_unnamed(target, data, mode)? {
+        let (tmp_name, fd) = create_temp(target)?;
+        let result = fill_and_rename(target, &tmp_name, fd, data, mode);
+        if result.is_err() {
+            let _ = rustix::fs::unlinkat(&target.dir, &tmp_name, AtFlags::empty());
+            return result;
+        }
     }
     // Make the rename durable; a failure here does not undo the write.
     if let Ok(d) = open_beneath(
@@ -212,6 +222,103 @@ pub(crate) fn replace_contents(target: &Target, data: &[u8], mode: u32) -> Resul
     Ok(())
 }
 
+/// What [`write_unnamed`] did.
+enum Unnamed {
+    /// The new content is in place.
+    Written,
+    /// Nothing was changed: this file system (or a process without `/proc`) cannot write
+    /// through an unnamed file; write through a named one.
+    Unsupported,
+}
+
+/// Errors of `O_TMPFILE` and of a link through `/proc/self/fd` that mean "not here" rather than
+/// a failure of this write: no unnamed files on this file system (`EOPNOTSUPP`; `EISDIR` or
+/// `EINVAL` from kernels that predate them), no `/proc` (`ENOENT`), a link refused by a
+/// security policy (`EPERM`, `EACCES`) or across mounts (`EXDEV`).
+fn unsupported(e: Errno) -> bool {
+    matches!(
+        e,
+        Errno::OPNOTSUPP
+            | Errno::ISDIR
+            | Errno::INVAL
+            | Errno::NOENT
+            | Errno::PERM
+            | Errno::ACCESS
+            | Errno::XDEV
+    )
+}
+
+/// Writes `data` (mode `mode`) to an unnamed file in the target's directory, then gives it the
+/// target's name (module documentation).
+fn write_unnamed(target: &Target, data: &[u8], mode: u32) -> Result<Unnamed> {
+    use std::os::fd::AsRawFd as _;
+    let shown = target.shown.as_str();
+    #[cfg(test)]
+    if tests::named_only() {
+        return Ok(Unnamed::Unsupported);
+    }
+    let fd = match open_beneath_mode(
+        target.dir.as_fd(),
+        ".",
+        OFlags::WRONLY | OFlags::TMPFILE | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+        RESOLVE_NO_LINKS,
+    ) {
+        Ok(fd) => fd,
+        Err(e) if unsupported(e) => return Ok(Unnamed::Unsupported),
+        Err(e) => return Err(io_error(e, "create a temporary file for", shown)),
+    };
+    let file = fill(fd, data, mode, shown)?;
+    #[cfg(test)]
+    tests::maybe_fail()?;
+    // The file's own descriptor, named through this process's `/proc`: linking it needs no
+    // capability (`AT_EMPTY_PATH` would need `CAP_DAC_READ_SEARCH`).
+    let source = format!("/proc/self/fd/{}", file.as_raw_fd());
+    let link = |name: &OsStr| {
+        rustix::fs::linkat(
+            rustix::fs::CWD,
+            source.as_str(),
+            &target.dir,
+            name,
+            AtFlags::SYMLINK_FOLLOW,
+        )
+    };
+    let mut linked = None;
+    for _ in 0..16 {
+        let tmp = temp_name(target);
+        match link(&tmp) {
+            Ok(()) => {
+                linked = Some(tmp);
+                break;
+            }
+            Err(Errno::EXIST) => continue,
+            Err(e) if unsupported(e) => return Ok(Unnamed::Unsupported),
+            Err(e) => return Err(io_error(e, "create a temporary file for", shown)),
+        }
+    }
+    let Some(tmp) = linked else {
+        return Err(colliding(shown));
+    };
+    drop(file);
+    if let Err(e) = rustix::fs::renameat(&target.dir, &tmp, &target.dir, &target.name) {
+        let _ = rustix::fs::unlinkat(&target.dir, &tmp, AtFlags::empty());
+        return Err(io_error(e, "replace", shown));
+    }
+    Ok(Unnamed::Written)
+}
+
+/// Writes `data` to the new file `fd`, sets its permission bits and syncs it.
+fn fill(fd: OwnedFd, data: &[u8], mode: u32, shown: &str) -> Result<File> {
+    let mut file = File::from(fd);
+    file.write_all(data)
+        .map_err(|e| io_error(errno_of(&e), "write", shown))?;
+    rustix::fs::fchmod(&file, Mode::from_raw_mode(mode))
+        .map_err(|e| io_error(e, "set permissions of", shown))?;
+    file.sync_all()
+        .map_err(|e| io_error(errno_of(&e), "sync", shown))?;
+    Ok(file)
+}
+
 fn fill_and_rename(
     target: &Target,
     tmp_name: &OsStr,
@@ -220,33 +327,37 @@ fn fill_and_rename(
     mode: u32,
 ) -> Result<()> {
     let shown = target.shown.as_str();
-    let mut file = File::from(fd);
-    file.write_all(data)
-        .map_err(|e| io_error(errno_of(&e), "write", shown))?;
-    rustix::fs::fchmod(&file, Mode::from_raw_mode(mode))
-        .map_err(|e| io_error(e, "set permissions of", shown))?;
-    file.sync_all()
-        .map_err(|e| io_error(errno_of(&e), "sync", shown))?;
-    drop(file);
+    drop(fill(fd, data, mode, shown)?);
     #[cfg(test)]
     tests::maybe_fail()?;
     rustix::fs::renameat(&target.dir, tmp_name, &target.dir, &target.name)
         .map_err(|e| io_error(e, "replace", shown))
 }
 
-/// Creates `.NAME.sbx-tmp-<random>` (mode `0o600`) next to the target.
-fn create_temp(target: &Target) -> Result<(OsString, OwnedFd)> {
+/// A fresh temporary name next to the target: `.NAME.sbx-tmp-<random>`, within `NAME_MAX`.
+fn temp_name(target: &Target) -> OsString {
     const SUFFIX: &[u8] = b".sbx-tmp-";
     // Keep the whole name within NAME_MAX (255 bytes): 1 + name + suffix + 16 hex digits.
     let name = target.name.as_bytes();
     let name = &name[..name.len().min(255 - 1 - SUFFIX.len() - 16)];
+    let mut tmp = Vec::with_capacity(255);
+    tmp.push(b'.');
+    tmp.extend_from_slice(name);
+    tmp.extend_from_slice(SUFFIX);
+    tmp.extend_from_slice(format!("{:016x}", random_u64()).as_bytes());
+    OsString::from_vec(tmp)
+}
+
+fn colliding(shown: &str) -> Error {
+    Error::Backend(format!(
+        "cannot create a temporary file for {shown}: names kept colliding"
+    ))
+}
+
+/// Creates a temporary file named as [`temp_name`] (mode `0o600`) next to the target.
+fn create_temp(target: &Target) -> Result<(OsString, OwnedFd)> {
     for _ in 0..16 {
-        let mut tmp = Vec::with_capacity(255);
-        tmp.push(b'.');
-        tmp.extend_from_slice(name);
-        tmp.extend_from_slice(SUFFIX);
-        tmp.extend_from_slice(format!("{:016x}", random_u64()).as_bytes());
-        let tmp = OsString::from_vec(tmp);
+        let tmp = temp_name(target);
         match open_beneath_mode(
             target.dir.as_fd(),
             tmp.as_os_str(),
@@ -261,10 +372,7 @@ fn create_temp(target: &Target) -> Result<(OsString, OwnedFd)> {
             }
         }
     }
-    Err(Error::Backend(format!(
-        "cannot create a temporary file for {}: names kept colliding",
-        target.shown
-    )))
+    Err(colliding(&target.shown))
 }
 
 /// A fresh random-enough number for temporary names (`O_EXCL` guarantees uniqueness; this only
@@ -394,14 +502,29 @@ pub(crate) mod tests {
 
     thread_local! {
         static FAIL_BEFORE_RENAME: Cell<bool> = const { Cell::new(false) };
+        static NAMED_ONLY: Cell<bool> = const { Cell::new(false) };
+        static LISTED_BEFORE_NAMING: std::cell::RefCell<Option<(std::path::PathBuf, Vec<String>)>> =
+            const { std::cell::RefCell::new(None) };
     }
 
-    /// Fault injection: fails the write between the sync of the temporary file and the rename.
+    /// Fault injection: fails the write between the sync of the temporary file and the rename
+    /// (or, for an unnamed one, the link). When a directory is being watched
+    /// ([`LISTED_BEFORE_NAMING`]), lists it at that moment: what a writer killed there leaves.
     pub(crate) fn maybe_fail() -> Result<()> {
+        LISTED_BEFORE_NAMING.with(|l| {
+            if let Some((dir, seen)) = &mut *l.borrow_mut() {
+                *seen = names(dir);
+            }
+        });
         if FAIL_BEFORE_RENAME.with(Cell::get) {
             return Err(Error::Backend("injected failure".into()));
         }
         Ok(())
+    }
+
+    /// Whether the write path through an unnamed file is turned off, to test the other one.
+    pub(crate) fn named_only() -> bool {
+        NAMED_ONLY.with(Cell::get)
     }
 
     fn names(dir: &std::path::Path) -> Vec<String> {
@@ -415,6 +538,48 @@ pub(crate) mod tests {
 
     #[test]
     fn a_failed_write_leaves_no_temporary_file_and_the_old_content() {
+        a_failed_write_leaves_the_old_content(false);
+    }
+
+    #[test]
+    fn a_failed_write_through_a_named_temporary_leaves_no_temporary_file_either() {
+        NAMED_ONLY.with(|f| f.set(true));
+        a_failed_write_leaves_the_old_content(true);
+        NAMED_ONLY.with(|f| f.set(false));
+    }
+
+    /// A writer killed once the data is written and synced, before the file is named, leaves
+    /// nothing in the directory: the temporary file has no name yet (the kernel frees it with
+    /// the writer). Then the write completes: the new content in place, nothing else beside it.
+    #[test]
+    fn until_it_is_complete_a_write_leaves_no_name_in_the_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(tmp.path(), "/workspace", Limits::default()).unwrap();
+        ws.write("d/a.txt", b"old").unwrap();
+        let dir = tmp.path().join("d");
+        for (path, content) in [("d/a.txt", &b"replaced"[..]), ("d/new.txt", b"created")] {
+            LISTED_BEFORE_NAMING.with(|l| *l.borrow_mut() = Some((dir.clone(), Vec::new())));
+            ws.write(path, content).unwrap();
+            let seen = LISTED_BEFORE_NAMING
+                .with(|l| l.borrow_mut().take())
+                .unwrap()
+                .1;
+            assert_eq!(seen, ["a.txt"], "{path}");
+            assert_eq!(ws.read(path).unwrap(), content);
+        }
+        assert_eq!(names(&dir), ["a.txt", "new.txt"]);
+        let mode = |p: &str| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(tmp.path().join(p))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o7777
+        };
+        assert_eq!((mode("d/a.txt"), mode("d/new.txt")), (0o644, 0o644));
+    }
+
+    fn a_failed_write_leaves_the_old_content(named: bool) {
         let tmp = tempfile::tempdir().unwrap();
         let ws = Workspace::open(tmp.path(), "/workspace", Limits::default()).unwrap();
         ws.write("d/a.txt", b"old").unwrap();
@@ -433,8 +598,13 @@ pub(crate) mod tests {
         assert_eq!(r.unwrap_err().code(), "backend_error");
         assert_eq!(r2.unwrap_err().code(), "backend_error");
         assert_eq!(r3.unwrap_err().code(), "backend_error");
-        assert_eq!(names(&tmp.path().join("d")), ["a.txt"]);
+        assert_eq!(names(&tmp.path().join("d")), ["a.txt"], "named: {named}");
         assert_eq!(std::fs::read(tmp.path().join("d/a.txt")).unwrap(), b"old");
+        // And without the fault, both paths write.
+        ws.write("d/a.txt", b"new").unwrap();
+        ws.write("d/b.txt", b"new").unwrap();
+        assert_eq!(names(&tmp.path().join("d")), ["a.txt", "b.txt"]);
+        assert_eq!(ws.read("d/a.txt").unwrap(), b"new");
     }
 
     #[test]
@@ -444,6 +614,9 @@ pub(crate) mod tests {
         let long = "n".repeat(255);
         ws.write(&long, b"x").unwrap();
         assert_eq!(ws.read(&long).unwrap(), b"x");
+        // Replaced, through a temporary name.
+        ws.write(&long, b"y").unwrap();
+        assert_eq!(ws.read(&long).unwrap(), b"y");
         assert_eq!(names(tmp.path()), [long]);
     }
 

@@ -57,7 +57,9 @@ async fn under_none_a_sandbox_with_the_sidecar_reaches_nothing() {
         c.egress.network_policy = true;
     });
     let conv = conv("netpol-none");
+    let sidecars = SIDECARS.lock().await;
     let s = rt.open(&conv).await.unwrap();
+    drop(sidecars);
     let id = rt.sandbox_id(&conv.key).await.unwrap().unwrap();
     let sandbox = rt.client().get(&id).await.unwrap();
     assert_eq!(

@@ -423,6 +423,8 @@ async fn with_network_policy_only_conversations_under_none_take_a_slot() {
         tenants: Default::default(),
     };
     let rt = OpenSandboxRuntime::new(config, directory(store.clone())).unwrap();
+    // Slots and sandboxes with a sidecar are made here (see `SIDECARS`).
+    let sidecars = SIDECARS.lock().await;
     assert_eq!(rt.refill_pool(&tenant()).await.unwrap(), 1);
     let slot = store.pool_slots("opensandbox").unwrap().remove(0);
     let on_server = rt.client().get(&slot.sandbox_id).await.unwrap();
@@ -445,6 +447,7 @@ async fn with_network_policy_only_conversations_under_none_take_a_slot() {
         )
         .unwrap();
     let sa = rt.open(&allowed).await.unwrap();
+    drop(sidecars);
     assert_ne!(
         rt.sandbox_id(&allowed.key).await.unwrap().unwrap(),
         slot.sandbox_id

@@ -26,6 +26,8 @@ mod cli_containment;
 mod cli_manners;
 mod egress;
 mod egress_sidecar;
+mod faults_agent;
+mod faults_gateway;
 mod isolated_gc;
 mod isolated_lifecycle;
 mod isolated_pool;

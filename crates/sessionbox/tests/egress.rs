@@ -35,7 +35,7 @@ fn ip(args: &[&str]) {
 pub(crate) struct TestNet {
     name: String,
     pub(crate) peer: Ipv4Addr,
-    cidr: String,
+    pub(crate) cidr: String,
 }
 
 impl TestNet {
@@ -140,7 +140,7 @@ pub(crate) fn http_on(l: tokio::net::TcpListener) -> Arc<AtomicUsize> {
 /// A tiny DNS server on 127.0.0.1 (UDP): A questions for names in its table get their address,
 /// everything else an empty answer; every question is counted by name.
 pub(crate) struct Dns {
-    addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
     pub(crate) asked: Arc<Mutex<Vec<String>>>,
 }
 
@@ -159,7 +159,7 @@ fn dns_name(msg: &[u8]) -> Option<(String, usize)> {
     Some((labels.join("."), i))
 }
 
-async fn dns(table: HashMap<String, Ipv4Addr>) -> Dns {
+pub(crate) async fn dns(table: HashMap<String, Ipv4Addr>) -> Dns {
     dns_on(SocketAddr::from(([127, 0, 0, 1], 0)), table).await
 }
 
@@ -264,7 +264,7 @@ impl Data {
     }
 
     /// Runs `cmd` in the conversation's sandbox; returns (exit code, stdout + stderr).
-    async fn sh(self: &Arc<Self>, conv: &str, cmd: &str) -> (i32, String) {
+    pub(crate) async fn sh(self: &Arc<Self>, conv: &str, cmd: &str) -> (i32, String) {
         let (this, conv, cmd) = (self.clone(), conv.to_owned(), cmd.to_owned());
         tokio::task::spawn_blocking(move || {
             let out = this.cli(&["exec", "-c", &conv, "--timeout", "30", "--", &cmd]);
@@ -297,7 +297,7 @@ impl Data {
         }
     }
 
-    fn gateways(&self) -> usize {
+    pub(crate) fn gateways(&self) -> usize {
         let needle = self.path.to_string_lossy().into_owned();
         std::fs::read_dir("/proc")
             .unwrap()
@@ -652,20 +652,20 @@ fn invalid_policies_exit_2_naming_the_rule_and_store_nothing() {
     assert_eq!(log.trim(), "[]");
 }
 
-async fn json_of(r: reqwest::Response) -> serde_json::Value {
+pub(crate) async fn json_of(r: reqwest::Response) -> serde_json::Value {
     let b = r.bytes().await.unwrap();
     serde_json::from_slice(&b)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&b)))
 }
 
 /// A running `sessionbox serve` on the data directory, killed when dropped.
-struct Served {
+pub(crate) struct Served {
     child: std::process::Child,
-    base: String,
+    pub(crate) base: String,
 }
 
 impl Served {
-    fn start(data: &Data) -> Served {
+    pub(crate) fn start(data: &Data) -> Served {
         let (child, base) = spawn_serve(&mut serve_command(EXE, &data.path, &[]));
         Served { child, base }
     }
@@ -1166,8 +1166,8 @@ fn db_bytes(data: &Data) -> u64 {
 /// conversation's exec stays under 2 s (each, the worst of them) while it runs. `gc` then cuts
 /// the tenant's log to `log_max_rows`, and destroy removes the rest.
 ///
-/// Attack on the host's disk: with its gateway gone (killed), the same flood makes the agent log
-/// one warning per connection on the host. `agent.log` stays under `log_max_bytes` (64 KiB
+/// Attack on the host's disk: with its gateway gone (killed while the command waits), the same
+/// flood makes the agent log one warning per connection on the host. `agent.log` stays under `log_max_bytes` (64 KiB
 /// here), rotated to `agent.log.1`, whatever the conversation makes it write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_flood_of_refused_connects_is_a_few_counted_rows_and_host_logs_stay_capped() {
@@ -1291,24 +1291,50 @@ async fn a_flood_of_refused_connects_is_a_few_counted_rows_and_host_logs_stay_ca
         "verdicts lost when the gateway stopped"
     );
 
-    // The agent's host log: with the gateway gone (the open after a stopped gateway may start
-    // another: that one is killed), flood again; every connection is a warning.
-    assert_eq!(data.sh(flood, "true").await.0, 0);
+    // The agent's host log: with the gateway gone, flood again; every connection is a warning
+    // (and gets the relay's 502). The runtime starts a gateway that ended again before the
+    // conversation's next command, so this one is killed while the command waits for the word
+    // to flood (a file the host makes in the workspace).
+    let cmd = format!(
+        "while [ ! -e gateway-gone ]; do sleep 0.02; done; {}",
+        connect_flood(N)
+    );
+    let waiting = {
+        let data = data.clone();
+        tokio::spawn(async move { data.sh(flood, &cmd).await })
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while data.gateways() == 0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the gateway was not started again"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let record: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run.join("sandbox.json")).unwrap()).unwrap();
-    if let Some(pid) = record["gateway_pid"]
-        .as_i64()
-        .filter(|_| data.gateways() > 0)
-    {
-        let _ = Command::new("kill")
-            .args(["-KILL", &pid.to_string()])
-            .status();
-    }
+    let again = record["gateway_pid"].as_i64().unwrap();
+    assert_ne!(again, gateway, "the stopped gateway's pid is recorded");
+    assert!(
+        Command::new("kill")
+            .args(["-KILL", &again.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
     while data.gateways() > 0 {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    let (code, out) = data.sh(flood, &connect_flood(N)).await;
-    assert_eq!((code, out.trim()), (0, format!("[('none', {N})]").as_str()));
+    std::fs::write(
+        data.path
+            .join("workspaces")
+            .join(key.as_str())
+            .join("gateway-gone"),
+        b"",
+    )
+    .unwrap();
+    let (code, out) = waiting.await.unwrap();
+    assert_eq!((code, out.trim()), (0, format!("[('502', {N})]").as_str()));
     // The relay writes what the agent wrote; give it a moment.
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     let log = std::fs::read_to_string(run.join("agent.log")).unwrap();

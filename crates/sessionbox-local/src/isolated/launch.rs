@@ -1,12 +1,11 @@
 //! Finding a conversation's running agent or launching its sandbox, under the conversation's
-//! lock: the run directory, the agent's and the gateway's command lines, the record
-//! (`sandbox.json`), and ending what an earlier sandbox left.
+//! lock: the run directory, the agent's command line, the record (`sandbox.json`), and ending
+//! what an earlier sandbox left. The gateway beside it is `gateway`'s.
 //!
 //! The directory is asked from async code only: the network policy before the lock is taken,
 //! the uid, idle timeout and skills only when nothing answers and a sandbox is to be launched;
 //! the file work runs on blocking threads in between.
 
-use std::ffi::OsString;
 use std::fs::{self, File};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixListener;
@@ -16,10 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sessionbox_core::{ConversationKey, ConversationRef, Error, Result};
-use sessionbox_egress::GatewayArgs;
 use sessionbox_execd::agent_args::AgentArgs;
 use sessionbox_sandbox::{self as sandbox, SandboxSpec, SandboxStdio};
 
+use super::gateway::{bind_gateway_socket, kill_gateway, spawn_gateway};
 use super::{
     AGENT_EXE, EGRESS_DIR, EGRESS_PROXY, IsolatedRuntime, SandboxInfo, WORKSPACE, blocking,
 };
@@ -160,7 +159,13 @@ impl IsolatedRuntime {
             return Err(destroyed());
         }
         Ok(match find_running(&run, &run_dir, network, replace) {
-            Some(starting) => Found::Running(run_dir, starting),
+            Some(starting) => {
+                // Its gateway may have ended while it ran: started again under the lock.
+                if network && let Some(mut record) = read_record(&run) {
+                    self.restart_gateway(key, &run, &run_dir, &mut record)?;
+                }
+                Found::Running(run_dir, starting)
+            }
             None => Found::Vacant(run_dir, lock),
         })
     }
@@ -438,155 +443,6 @@ pub(super) fn agent_answers(socket: &Path) -> bool {
 pub(super) fn read_record(run: &Path) -> Option<SandboxInfo> {
     let data = fs::read(run.join("sandbox.json")).ok()?;
     serde_json::from_slice(&data).ok()
-}
-
-/// Binds the conversation's gateway socket: `dir` (root's, 0711, bound read-only into the
-/// sandbox) holds `gateway.sock`, owned by the sandbox's uid with mode 0600, so only that uid
-/// (and root) can connect. The host never connects to anything in it.
-fn bind_gateway_socket(dir: &Path, run_dir: &RunDir, uid: u32) -> Result<UnixListener> {
-    use std::os::unix::fs::PermissionsExt;
-    create_private_dir_all(dir)?;
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o711))
-        .map_err(|e| Error::Backend(format!("cannot set up the egress directory: {e}")))?;
-    let path = run_dir
-        .socket()
-        .with_file_name("egress")
-        .join("gateway.sock");
-    let _ = fs::remove_file(&path);
-    let listener = UnixListener::bind(&path)
-        .map_err(|e| Error::Backend(format!("cannot bind the egress gateway socket: {e}")))?;
-    fs::set_permissions(&path, fs::Permissions::from_mode(0o600))
-        .map_err(|e| Error::Backend(format!("cannot set up the egress gateway socket: {e}")))?;
-    if rustix::process::geteuid().is_root() {
-        let id = rustix::process::Uid::from_raw(uid);
-        let gid = rustix::process::Gid::from_raw(uid);
-        rustix::fs::chown(&path, Some(id), Some(gid)).map_err(|e| {
-            Error::Backend(format!("cannot give the egress socket to uid {uid}: {e}"))
-        })?;
-    }
-    Ok(listener)
-}
-
-/// The file that moves the writing process into the cgroup `dir` when `0` is written to it:
-/// `tasks` in cgroup v1 (the process is single-threaded then, as the monitor is when it joins),
-/// `cgroup.procs` in v2 (which has no `tasks`).
-fn cgroup_join_file(dir: &Path) -> std::ffi::CString {
-    use std::os::unix::ffi::OsStrExt;
-    let tasks = dir.join("tasks");
-    let file = if tasks.exists() {
-        tasks
-    } else {
-        dir.join("cgroup.procs")
-    };
-    // A path from the kernel's cgroup mounts and our cgroup name: no NUL byte.
-    std::ffi::CString::new(file.as_os_str().as_bytes()).unwrap_or_default()
-}
-
-/// Starts the conversation's gateway outside the sandbox's namespaces, in a session of its
-/// own, with the listening socket as descriptor 3; it exits when the sandbox's monitor does.
-/// Its stderr goes to `log`: the [`log_relay`] of `run/<key>/egress.log`, which rotates it at
-/// its cap.
-///
-/// It runs in the sandbox's own `cgroups` (joined before it executes, so everything it ever
-/// allocates is charged there): its memory counts against the sandbox's `memory_bytes`, its
-/// threads against `pids`, its CPU against the sandbox's quota, and it ends with the sandbox's
-/// cgroups (destroy kills every process in them). With rlimit-only limits there are no cgroups
-/// and its own connection cap and descriptor limit are what bound it.
-#[allow(clippy::too_many_arguments)]
-fn spawn_gateway(
-    exe: &Path,
-    args: &[String],
-    env: &[(OsString, OsString)],
-    listener: UnixListener,
-    key: &ConversationKey,
-    monitor_pid: u32,
-    log: Stdio,
-    cgroups: &[PathBuf],
-) -> Result<u32> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::process::CommandExt;
-    let join: Vec<std::ffi::CString> = cgroups.iter().map(|d| cgroup_join_file(d)).collect();
-    if join.iter().any(|f| f.as_bytes().is_empty()) {
-        return Err(Error::Backend(format!(
-            "cannot place the egress gateway in the sandbox cgroups {cgroups:?}"
-        )));
-    }
-    // Above 3, so that the dup2 below never replaces its own source.
-    let fd = rustix::io::fcntl_dupfd_cloexec(&listener, 10)
-        .map_err(|e| Error::Backend(format!("cannot pass the egress socket: {e}")))?;
-    let raw = fd.as_raw_fd();
-    let gateway = GatewayArgs::conversation(3, key.as_str(), i32::try_from(monitor_pid).ok());
-    let mut cmd = std::process::Command::new(exe);
-    cmd.args(args)
-        .args(gateway.to_argv())
-        .env_clear()
-        .env(
-            "SESSIONBOX_LOG",
-            std::env::var("SESSIONBOX_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log);
-    cmd.envs(env.iter().map(|(k, v)| (k, v)));
-    // SAFETY: runs in the forked child before exec: only async-signal-safe calls (setsid,
-    // dup2, open, write, close) on integers and on C strings built before the fork, read
-    // through a reference and never freed in the child; `fd` stays open in the parent until
-    // spawn returns. dup2 clears close-on-exec on descriptor 3. Writing `0` to a cgroup's
-    // `tasks` or `cgroup.procs` moves the writer (this child, single-threaded) into it.
-    unsafe {
-        cmd.pre_exec(move || {
-            libc::setsid();
-            if libc::dup2(raw, 3) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            for file in &join {
-                let f = libc::open(file.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if f < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let n = libc::write(f, b"0".as_ptr().cast(), 1);
-                let e = std::io::Error::last_os_error();
-                libc::close(f);
-                if n != 1 {
-                    return Err(e);
-                }
-            }
-            Ok(())
-        });
-    }
-    let child = cmd.spawn().map_err(|e| {
-        Error::Backend(format!(
-            "cannot start the egress gateway in the sandbox's cgroups: {e}"
-        ))
-    })?;
-    drop(fd);
-    drop(listener);
-    let pid = child.id();
-    // Collect it when it exits, so that a long-lived manager keeps no zombie.
-    let _ = std::thread::Builder::new()
-        .name("gateway-reaper".into())
-        .stack_size(64 * 1024)
-        .spawn(move || {
-            let mut child = child;
-            let _ = child.wait();
-        });
-    Ok(pid)
-}
-
-/// Kills the recorded gateway, if it is still the process recorded (its command line names
-/// the conversation's key: a recycled pid is left alone).
-fn kill_gateway(record: &SandboxInfo, run: &Path) {
-    let Some(pid) = record.gateway_pid else {
-        return;
-    };
-    let Some(key) = run.file_name().and_then(|k| k.to_str()) else {
-        return;
-    };
-    let ours = fs::read(format!("/proc/{pid}/cmdline"))
-        .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == key.as_bytes()));
-    if ours && let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
-        let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
-    }
 }
 
 /// Kills every process of the recorded sandbox and removes its cgroups; returns how many

@@ -21,12 +21,14 @@
 //! goes to a blocking thread, and at most once per open.
 //!
 //! The code: `config` (settings, egress wiring, [`SandboxInfo`]), `launch` (finding a running
-//! agent or launching one, the run directory, the gateway), `session` (an open conversation
-//! over execd).
+//! agent or launching one, the run directory), `gateway` (the egress gateway: its socket, its
+//! start, and its start again when it ended while the sandbox runs), `session` (an open
+//! conversation over execd).
 
 mod clone;
 mod config;
 pub(crate) mod disk;
+mod gateway;
 mod launch;
 mod pool;
 mod session;
@@ -330,6 +332,7 @@ impl Runtime for IsolatedRuntime {
                     client,
                     runtime: self.clone(),
                     run_dir,
+                    gateway: std::sync::Mutex::default(),
                 }));
             }
             if (launched && !refused) || replace {

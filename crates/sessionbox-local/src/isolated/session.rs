@@ -1,8 +1,10 @@
 //! An open `isolated` conversation: an execd client of its agent, which launches the agent
 //! again when it stopped while the session was held.
 
+use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use sessionbox_core::{BackgroundCommand, CommandOutput, OutputRequest, validate_command_id};
@@ -14,6 +16,7 @@ use sessionbox_core::{
 use sessionbox_execd::fs_ext::{FsRequest, FsResponse, FsSession};
 use sessionbox_execd::{EventType, ExecdClient, ExecdError, RunCommandRequest};
 
+use super::gateway::GatewaySeen;
 use super::launch::{RunDir, agent_answers};
 use super::{IsolatedRuntime, WORKSPACE};
 
@@ -27,6 +30,9 @@ pub(super) struct IsolatedSession {
     pub(super) runtime: IsolatedRuntime,
     /// Keeps the socket's short path valid.
     pub(super) run_dir: RunDir,
+    /// The conversation's egress gateway as last seen, started again before a command when it
+    /// ended (see `gateway`).
+    pub(super) gateway: Mutex<GatewaySeen>,
 }
 
 impl IsolatedSession {
@@ -35,6 +41,7 @@ impl IsolatedSession {
     async fn run(&self, request: ExecRequest, sink: Option<ExecSink<'_>>) -> Result<ExecResult> {
         request.validate()?;
         let cwd = checked(request.cwd.as_deref().unwrap_or("."))?;
+        self.keep_gateway().await?;
         let run = RunCommandRequest::for_exec(&request, cwd);
         let taken = AtomicBool::new(false);
         // `relaunching` may build the call twice (the first never reached an agent, so nothing
@@ -73,6 +80,27 @@ impl IsolatedSession {
         out.into_exec_result(request.output_limit, "")
     }
 
+    /// Starts the conversation's egress gateway again when it ended while the sandbox runs,
+    /// before a command that may need it (see `gateway`): while it runs, one `poll` of a pidfd.
+    async fn keep_gateway(&self) -> Result<()> {
+        if self
+            .gateway
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .holds()
+        {
+            return Ok(());
+        }
+        let (runtime, key, run_dir) = (
+            self.runtime.clone(),
+            self.conversation.key.clone(),
+            self.run_dir.clone(),
+        );
+        let seen = super::blocking(move || runtime.keep_gateway(&key, &run_dir)).await?;
+        *self.gateway.lock().unwrap_or_else(|e| e.into_inner()) = seen;
+        Ok(())
+    }
+
     async fn send_fs(&self, request: FsRequest) -> Result<FsResponse> {
         self.relaunching(|| self.client.fs(&request), || false)
             .await
@@ -82,33 +110,75 @@ impl IsolatedSession {
     /// stopped while this session was held): launch it again, unless the conversation was
     /// destroyed meanwhile, and retry once.
     ///
-    /// `taken` says whether the agent is known to have taken the request (a command whose
-    /// first event arrived): then a broken connection means the agent died while serving it,
-    /// and it is not sent again.
+    /// When the connection broke under the request, the agent either failed it (it still
+    /// answers: the error stands) or died (killed, crashed) and its sandbox with it. `taken`
+    /// says whether the agent is known to have taken the request (a command whose first event
+    /// arrived): then the command was ended with the sandbox, which is said as such, and it is
+    /// not sent again. Otherwise the request is sent again to a new sandbox: whatever the dead
+    /// agent had begun of it ended with it (a file write is never left half done: see
+    /// `sessionbox_fs`); a background command whose start went unanswered runs again from its
+    /// start.
     async fn relaunching<T, F>(&self, call: impl Fn() -> F, taken: impl Fn() -> bool) -> Result<T>
     where
         F: std::future::Future<Output = std::result::Result<T, ExecdError>>,
     {
         match call().await {
-            // Nothing accepted the connection, or a pooled connection was closed under the
-            // request because the agent exited (idle stop) just then: in both cases the agent
-            // never took the request.
+            // A command's event stream cut short: the agent ended under it, or it is broken.
+            Err(e @ ExecdError::Stream(_)) => Err(match agent_gone(&self.run_dir.socket()).await {
+                true => ended_during_command(&self.conversation),
+                false => Error::from(e),
+            }),
+            // Nothing accepted the connection, or a connection was closed under the request.
             Err(e @ (ExecdError::Connect { .. } | ExecdError::Transport { .. }))
                 if self.runtime.workspace_dir(&self.conversation.key).is_dir() =>
             {
-                let socket = self.run_dir.socket();
-                if matches!(e, ExecdError::Transport { .. }) && (taken() || agent_answers(&socket))
-                {
-                    return Err(Error::from(e));
+                if matches!(e, ExecdError::Transport { .. }) {
+                    if !agent_gone(&self.run_dir.socket()).await {
+                        return Err(Error::from(e));
+                    }
+                    if taken() {
+                        return Err(ended_during_command(&self.conversation));
+                    }
                 }
                 self.runtime
                     .ensure_agent(&self.conversation, false, true)
                     .await?;
+                // A new sandbox, with a gateway of its own when it has network.
+                *self.gateway.lock().unwrap_or_else(|e| e.into_inner()) = GatewaySeen::Unknown;
                 call().await.map_err(Error::from)
             }
             r => r.map_err(Error::from),
         }
     }
+}
+
+/// How long an agent that broke a connection is given to be seen gone: killed, it closes its
+/// connections moments before its listening socket (the kernel releases them one by one).
+const GONE_WITHIN: Duration = Duration::from_millis(250);
+
+/// True when the agent at `socket` no longer accepts connections, or stops within
+/// [`GONE_WITHIN`]: it ended (an agent that answers still serves).
+async fn agent_gone(socket: &Path) -> bool {
+    let until = Instant::now() + GONE_WITHIN;
+    loop {
+        if !agent_answers(socket) {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The error of a command whose agent ended while it ran.
+fn ended_during_command(conversation: &ConversationRef) -> Error {
+    Error::Backend(format!(
+        "the sandbox agent of conversation {} ended while the command ran (it was killed or \
+         crashed): the command was stopped with the sandbox, and its output past what was \
+         received is lost; the workspace is kept, and the next call starts a new sandbox",
+        conversation.id
+    ))
 }
 
 /// Asks the agent to kill a command when dropped while armed (see `IsolatedSession::run`).
@@ -157,8 +227,10 @@ impl FsSession for IsolatedSession {
 impl Session for IsolatedSession {
     async fn agent(&self) -> Result<Option<sessionbox_core::AgentAccess>> {
         // The agent stops when idle: a ping through the relaunching path starts it again
-        // before its address is handed out.
+        // before its address is handed out (a terminal's shell reaches the network as
+        // commands do: through the gateway).
         self.relaunching(|| self.client.ping(), || false).await?;
+        self.keep_gateway().await?;
         Ok(Some(self.client.access()))
     }
 
@@ -220,6 +292,7 @@ impl Session for IsolatedSession {
     async fn spawn(&self, request: ExecRequest) -> Result<BackgroundCommand> {
         request.validate()?;
         let cwd = checked(request.cwd.as_deref().unwrap_or("."))?;
+        self.keep_gateway().await?;
         let run = sessionbox_execd::commands_ext::run_request(&request, cwd);
         self.relaunching(|| self.client.spawn_background(&run), || false)
             .await

@@ -67,7 +67,7 @@ use sessionbox_core::{
 use sessionbox_egress::Policy;
 pub use sessionbox_egress::token::GatewayAccess;
 use sessionbox_execd::fs_ext::{FsRequest, FsResponse, FsSession};
-use sessionbox_execd::{Endpoint, ExecdClient, RunCommandRequest};
+use sessionbox_execd::{Endpoint, ExecdClient, ExecdError, RunCommandRequest};
 
 use crate::error::OpenSandboxError;
 use crate::lifecycle::{

@@ -95,9 +95,11 @@ impl OpenSandboxSession {
             }
         }
         let sink = sink.map(|s| std::sync::Mutex::new(CappedSink::new(s, request.output_limit)));
+        let started = std::sync::atomic::AtomicBool::new(false);
         let out = self
             .client
             .run_command_with(&run, |event| {
+                started.store(true, std::sync::atomic::Ordering::Relaxed);
                 if let (Some(sink), Some((stream, bytes))) = (&sink, event.output_stream()) {
                     sink.lock()
                         .unwrap_or_else(|e| e.into_inner())
@@ -105,15 +107,55 @@ impl OpenSandboxSession {
                 }
             })
             .await
-            .map_err(Error::from)?;
+            .map_err(|e| self.command_error(e, started.into_inner()))?;
         out.into_exec_result(
             request.output_limit,
             &format!(" in sandbox {}", self.sandbox_id),
         )
     }
 
+    /// The error of a command whose call failed: when its connection broke (the server or a
+    /// proxy between went away, or the agent's container stopped), said as such; `started`
+    /// says whether the agent had sent the command's first event.
+    fn command_error(&self, e: ExecdError, started: bool) -> Error {
+        let broken = matches!(
+            e,
+            ExecdError::Transport { .. }
+                | ExecdError::Stream(sessionbox_execd::StreamError::MissingTerminal { .. })
+        );
+        if !broken {
+            return Error::from(e);
+        }
+        let id = &self.sandbox_id;
+        Error::Backend(if started {
+            format!(
+                "the connection to the agent of sandbox {id} broke while the command ran ({e}): \
+                 its result is lost, and the agent stops a command once its output stream is \
+                 closed; the sandbox and its files are kept. Run it again, or run a long command \
+                 in the background, whose output outlives a broken connection"
+            )
+        } else {
+            format!(
+                "the connection to the agent of sandbox {id} broke before the command was known \
+                 to start ({e}): it may not have run, or have been stopped as its output stream \
+                 closed; the sandbox and its files are kept. Run it again"
+            )
+        })
+    }
+
     async fn send_fs(&self, request: FsRequest) -> Result<FsResponse> {
         let _in_use = self.in_use.enter(&self.key);
+        let reads = matches!(
+            request,
+            FsRequest::Read { .. }
+                | FsRequest::List { .. }
+                | FsRequest::Glob { .. }
+                | FsRequest::Grep { .. }
+                | FsRequest::Stat { .. }
+        );
+        if reads {
+            return again_if_cut(|| self.client.fs(&request)).await;
+        }
         self.client.fs(&request).await.map_err(Error::from)
     }
 
@@ -142,6 +184,27 @@ impl OpenSandboxSession {
             .spawn_background(&run)
             .await
             .map_err(Error::from)
+    }
+}
+
+/// How many times a request that changes nothing is sent when connections keep breaking under
+/// it (see [`again_if_cut`]).
+const ATTEMPTS_WHEN_CUT: usize = 3;
+
+/// Runs `call`, a request that changes nothing, and sends it again (up to
+/// [`ATTEMPTS_WHEN_CUT`] times in all) when the connection broke under it: after the server
+/// restarted, or a proxy between let go of its connections, the pool's idle connections are
+/// dead, and one taken just as it closed fails the request that used it.
+async fn again_if_cut<T, F>(call: impl Fn() -> F) -> Result<T>
+where
+    F: std::future::Future<Output = std::result::Result<T, ExecdError>>,
+{
+    let mut attempt = 1;
+    loop {
+        match call().await {
+            Err(ExecdError::Transport { .. }) if attempt < ATTEMPTS_WHEN_CUT => attempt += 1,
+            r => return r.map_err(Error::from),
+        }
     }
 }
 
@@ -229,16 +292,13 @@ impl Session for OpenSandboxSession {
 
     async fn commands(&self) -> Result<Vec<sessionbox_core::BackgroundCommand>> {
         let _in_use = self.in_use.enter(&self.key);
-        self.client.background_commands().await.map_err(Error::from)
+        again_if_cut(|| self.client.background_commands()).await
     }
 
     async fn command(&self, id: &str) -> Result<sessionbox_core::BackgroundCommand> {
         sessionbox_core::validate_command_id(id)?;
         let _in_use = self.in_use.enter(&self.key);
-        self.client
-            .background_command(id)
-            .await
-            .map_err(Error::from)
+        again_if_cut(|| self.client.background_command(id)).await
     }
 
     async fn command_output(
@@ -249,10 +309,7 @@ impl Session for OpenSandboxSession {
         sessionbox_core::validate_command_id(id)?;
         read.validate()?;
         let _in_use = self.in_use.enter(&self.key);
-        self.client
-            .background_output(id, read)
-            .await
-            .map_err(Error::from)
+        again_if_cut(|| self.client.background_output(id, read)).await
     }
 
     async fn kill_command(&self, id: &str) -> Result<sessionbox_core::BackgroundCommand> {
