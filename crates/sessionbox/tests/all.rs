@@ -26,6 +26,7 @@ mod cli_containment;
 mod cli_manners;
 mod egress;
 mod egress_sidecar;
+mod faults;
 mod isolated_gc;
 mod isolated_lifecycle;
 mod isolated_pool;

@@ -43,6 +43,7 @@ from ._errors import (
     TooLarge,
     TransportError,
     Unauthorized,
+    Unavailable,
     UpgradeRequired,
 )
 from ._models import (
@@ -104,6 +105,7 @@ __all__ = [
     "BadGateway",
     "RuntimeUnavailable",
     "NotReady",
+    "Unavailable",
     "TimedOut",
     # models
     "BackgroundCommand",
