@@ -43,6 +43,9 @@ pub(crate) struct Command {
     pub(crate) content: String,
     pub(crate) background: bool,
     pub(crate) started_at: DateTime<Utc>,
+    /// When it started on the monotonic clock: its end is `started_at` plus the time it ran,
+    /// so a wall-clock jump while it runs does not change its reported duration.
+    started: std::time::Instant,
     cancel: CancellationToken,
     state: Mutex<CommandState>,
     /// Its stdin, when it was started with `keep_stdin_open`.
@@ -66,6 +69,14 @@ pub(crate) struct CommandState {
 }
 
 impl Command {
+    /// The time it ends if it ends now: its start plus the monotonic time it ran.
+    fn finished_at_now(&self) -> DateTime<Utc> {
+        chrono::Duration::from_std(self.started.elapsed())
+            .ok()
+            .and_then(|d| self.started_at.checked_add_signed(d))
+            .unwrap_or(self.started_at)
+    }
+
     /// A command that starts now, running.
     pub(crate) fn new(content: &str, background: bool) -> Arc<Command> {
         Arc::new(Command {
@@ -73,6 +84,7 @@ impl Command {
             content: content.to_owned(),
             background,
             started_at: Utc::now(),
+            started: std::time::Instant::now(),
             cancel: CancellationToken::new(),
             state: Mutex::new(CommandState {
                 running: true,
@@ -353,6 +365,7 @@ async fn start(state: Arc<AppState>, req: Request) -> Result<Response, ApiError>
         content: exec.command.clone(),
         background: request.background,
         started_at: Utc::now(),
+        started: std::time::Instant::now(),
         cancel: CancellationToken::new(),
         state: Mutex::new(CommandState {
             running: true,
@@ -642,7 +655,7 @@ async fn execute(
         st.running = false;
         st.exit_code = exit_code;
         st.error = error;
-        st.finished_at = Some(Utc::now());
+        st.finished_at = Some(cmd.finished_at_now());
         st.end = Some(ext);
     }
     state.commands.finished(&cmd.id);

@@ -89,6 +89,12 @@ pub enum Error {
     /// A backend (file system, process, store, remote server) failed.
     #[error("backend error: {0}")]
     Backend(String),
+    /// A service the operation needs cannot serve it now and nothing was done: the store cannot
+    /// be reached (a PostgreSQL server restarting, a network outage) or cannot take a write (the
+    /// disk holding it is full). The same request may succeed once the service is back; the
+    /// message says what is out of service.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
 }
 
 impl Error {
@@ -114,6 +120,7 @@ impl Error {
             Error::Forbidden(_) => "forbidden",
             Error::Busy(_) => "busy",
             Error::Backend(_) => "backend_error",
+            Error::Unavailable(_) => "unavailable",
         }
     }
 
@@ -140,6 +147,7 @@ impl Error {
             "forbidden: ",
             "busy: ",
             "backend error: ",
+            "unavailable: ",
         ]
         .iter()
         .find_map(|p| message.strip_prefix(p))
@@ -163,6 +171,7 @@ impl Error {
             "unauthorized" => Error::Unauthorized(m),
             "forbidden" => Error::Forbidden(m),
             "busy" => Error::Busy(m),
+            "unavailable" => Error::Unavailable(m),
             _ => Error::Backend(m),
         }
     }
@@ -262,6 +271,7 @@ impl Error {
             Error::AlreadyExists(m) => Error::AlreadyExists(add(m)),
             Error::Conflict(m) => Error::Conflict(add(m)),
             Error::Busy(m) => Error::Busy(add(m)),
+            Error::Unavailable(m) => Error::Unavailable(add(m)),
             e => e,
         }
     }
@@ -317,5 +327,17 @@ mod tests {
         let s = e.to_string();
         assert!(s.contains("a\\nb"), "{s}");
         assert!(s.len() < 200, "{s}");
+    }
+
+    #[test]
+    fn unavailable_crosses_a_wire_as_itself() {
+        let e = Error::Unavailable("the store cannot be reached".into());
+        assert_eq!(e.code(), "unavailable");
+        let back = Error::from_code(e.code(), &e.to_string());
+        assert_eq!(back, e);
+        assert_eq!(
+            back.with_advice("retry").to_string(),
+            "unavailable: the store cannot be reached; retry"
+        );
     }
 }

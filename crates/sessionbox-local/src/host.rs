@@ -128,7 +128,24 @@ pub(crate) fn create_private_dir_all(dir: &Path) -> Result<()> {
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|e| Error::Backend(format!("cannot create {}: {e}", dir.display())))
+        .map_err(|e| data_dir_error(&format!("cannot create {}", dir.display()), &e))
+}
+
+/// An I/O error `e` of the runtime's own files in the data directory (`what`: what could not be
+/// done). A full disk there is [`Error::Unavailable`], saying so without the host path (the
+/// caller may be a remote client); anything else is [`Error::Backend`] with `what`.
+pub(crate) fn data_dir_error(what: &str, e: &std::io::Error) -> Error {
+    match e.raw_os_error() {
+        Some(c)
+            if c == rustix::io::Errno::NOSPC.raw_os_error()
+                || c == rustix::io::Errno::DQUOT.raw_os_error() =>
+        {
+            Error::Unavailable(
+                "the disk holding sessionbox's data directory is full; free space on it".into(),
+            )
+        }
+        _ => Error::Backend(format!("{what}: {e}")),
+    }
 }
 
 #[async_trait]

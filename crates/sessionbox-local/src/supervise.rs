@@ -94,16 +94,23 @@ fn backend(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Backend(format!("{what}: {e}"))
 }
 
-/// Writes `value` as JSON to `path` atomically.
+/// Writes `value` as JSON to `path` atomically. Errors name the record's file, not its host
+/// path; a full disk is [`Error::Unavailable`].
 fn write_atomic<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let tmp = path.with_extension("tmp");
     let data = serde_json::to_vec(value).map_err(|e| backend("cannot encode a record", e))?;
-    let mut f = std::fs::File::create(&tmp)
-        .map_err(|e| backend(&format!("cannot write {}", tmp.display()), e))?;
+    let name = path
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let failed = |e: std::io::Error| {
+        let _ = std::fs::remove_file(&tmp);
+        crate::host::data_dir_error(&format!("cannot write the command's {name}"), &e)
+    };
+    let mut f = std::fs::File::create(&tmp).map_err(failed)?;
     f.write_all(&data)
         .and_then(|()| f.sync_data())
-        .map_err(|e| backend(&format!("cannot write {}", tmp.display()), e))?;
-    std::fs::rename(&tmp, path).map_err(|e| backend(&format!("cannot write {}", path.display()), e))
+        .map_err(failed)?;
+    std::fs::rename(&tmp, path).map_err(failed)
 }
 
 fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> {
@@ -283,6 +290,22 @@ impl CommandDir {
         let id = new_id()?;
         let dir = self.dir.join(&id);
         crate::host::create_private_dir_all(&dir)?;
+        // A command that could not be started leaves nothing: not listed, not counted.
+        self.start(request, cwd, home, kill_grace, id, &dir)
+            .inspect_err(|_| {
+                let _ = std::fs::remove_dir_all(&dir);
+            })
+    }
+
+    fn start(
+        &self,
+        request: &ExecRequest,
+        cwd: OwnedFd,
+        home: &str,
+        kill_grace: Duration,
+        id: String,
+        dir: &Path,
+    ) -> Result<BackgroundCommand> {
         let spec = Spec {
             id: id.clone(),
             request: request.clone(),
@@ -291,15 +314,23 @@ impl CommandDir {
             started_at_ms: now_ms(),
         };
         write_atomic(&dir.join("spec.json"), &spec)?;
-        let pid = self.launch(&dir, &cwd)?;
+        let pid = self.launch(dir, &cwd)?;
         let ticks = start_ticks(pid).unwrap_or(0);
-        write_atomic(
+        let recorded = write_atomic(
             &dir.join("supervisor.json"),
             &Supervisor {
                 pid,
                 start_ticks: ticks,
             },
-        )?;
+        );
+        if let Err(e) = recorded {
+            // Running but unrecorded: stopped (on SIGTERM the supervisor kills the command's
+            // process group), since nothing could follow or kill it later.
+            if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+                let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
+            }
+            return Err(e);
+        }
         Ok(BackgroundCommand::started(
             id,
             request.command.clone(),
@@ -310,7 +341,7 @@ impl CommandDir {
     fn launch(&self, dir: &Path, cwd: &OwnedFd) -> Result<u32> {
         use std::os::unix::process::CommandExt;
         let log = std::fs::File::create(dir.join("supervisor.log"))
-            .map_err(|e| backend("cannot create the supervisor's log", e))?;
+            .map_err(|e| crate::host::data_dir_error("cannot create the supervisor's log", &e))?;
         // Above 3, so that the dup2 below never replaces its own source.
         let fd = rustix::io::fcntl_dupfd_cloexec(cwd, 10)
             .map_err(|e| backend("cannot pass the working directory", e))?;

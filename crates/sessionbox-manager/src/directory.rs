@@ -139,7 +139,7 @@ impl Directory for StoreDirectory {
     async fn reserve_pool_uid(&self, holder: &str, range: Range<u32>) -> Result<u32> {
         let holder = holder.to_owned();
         self.store
-            .run(move |s| s.reserve_uid(&holder, range, chrono::Utc::now()))
+            .run(move |s| s.reserve_uid(&holder, range, s.now()))
             .await
     }
 
@@ -204,7 +204,7 @@ impl Directory for StoreDirectory {
     ) -> Result<(RemoteSandbox, bool)> {
         let (key, runtime, id) = (key.clone(), runtime.to_owned(), sandbox_id.to_owned());
         self.store
-            .run(move |s| s.insert_remote_sandbox(&key, &runtime, &id, expires_at, Utc::now()))
+            .run(move |s| s.insert_remote_sandbox(&key, &runtime, &id, expires_at, s.now()))
             .await
     }
 
@@ -217,7 +217,7 @@ impl Directory for StoreDirectory {
     ) -> Result<bool> {
         let (key, old, new) = (key.clone(), old.to_owned(), new.to_owned());
         self.store
-            .run(move |s| s.replace_remote_sandbox(&key, &old, &new, expires_at, Utc::now()))
+            .run(move |s| s.replace_remote_sandbox(&key, &old, &new, expires_at, s.now()))
             .await
     }
 
@@ -253,7 +253,7 @@ impl Directory for StoreDirectory {
     ) -> Result<Option<RemotePoolSlot>> {
         let (runtime, tenant, key) = (runtime.to_owned(), tenant.to_owned(), key.clone());
         self.store
-            .run(move |s| s.bind_pool_slot(&runtime, &tenant, &key, Utc::now()))
+            .run(move |s| s.bind_pool_slot(&runtime, &tenant, &key, s.now()))
             .await
     }
 

@@ -198,7 +198,7 @@ impl Manager {
             .map(|c| (c.key.clone(), c))
             .collect();
         let records = self.store.run(move |s| s.list(None)).await?;
-        let now = Utc::now();
+        let now = self.store.now();
         let grace = chrono::Duration::from_std(options.grace).unwrap_or(chrono::Duration::MAX);
         let recorded: BTreeSet<&ConversationKey> = records.iter().map(|r| &r.key).collect();
         let procs = |k: &ConversationKey| inventory.get(k).map_or(0, |c| c.processes.len());
@@ -322,7 +322,7 @@ impl Manager {
                 let k = key.clone();
                 if !self
                     .store
-                    .run(move |s| s.claim_expired(&k, Utc::now()))
+                    .run(move |s| s.claim_expired(&k, s.now()))
                     .await?
                 {
                     return Ok(Some("renewed before it could be claimed".into()));
@@ -377,10 +377,7 @@ impl Manager {
             }
             Kind::Orphan => {
                 let k = key.clone();
-                if self
-                    .store
-                    .run(move |s| s.claim_orphan(&k, Utc::now()))
-                    .await?
+                if self.store.run(move |s| s.claim_orphan(&k, s.now())).await?
                     == OrphanClaim::HasRecord
                 {
                     return Ok(Some("a record was made for it meanwhile".into()));
@@ -392,7 +389,7 @@ impl Manager {
             Kind::Idle => {
                 // The second look, under the lock: a request that came in since the first
                 // look moved the last use, and keeps its sandbox.
-                let now = Utc::now();
+                let now = self.store.now();
                 let Some(r) = now_record
                     .filter(same)
                     .filter(|r| r.state == ConversationState::Active && !r.is_expired(now))

@@ -27,12 +27,12 @@
 mod directory;
 pub mod gc;
 mod open;
+mod recover;
 mod snapshots;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use chrono::Utc;
 use sessionbox_core::{
     ArchiveStats, BackgroundCommand, CommandOutput, ConversationKey, ConversationRef,
     DestroyReport, DirEntry, EditRequest, EditResult, Error, ExecRequest, ExecResult, ExecSink,
@@ -58,6 +58,9 @@ const SNAPSHOT_SLOTS: usize = 4;
 /// claimed again.
 const BOOTSTRAP_STALE_MINUTES: i64 = 15;
 
+/// At most one warning per this long says that audit records could not be written.
+const AUDIT_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Store plus runtime: opens, lists and destroys conversations, and audits what is done to them.
 ///
 /// Cheap to clone; share one per process.
@@ -79,6 +82,10 @@ pub struct Manager {
     /// `max_archive_bytes` of scratch disk, so this bounds what many conversations at once
     /// can make the host spend.
     snapshot_slots: Arc<tokio::sync::Semaphore>,
+    /// Records made by a first open that failed and that could not be removed then (the
+    /// store was unavailable), by key, with their generation: removed by the next open of the
+    /// key in this process or by a retry in the background (see `Manager::undo_later`).
+    pending_undo: Arc<std::sync::Mutex<std::collections::BTreeMap<ConversationKey, i64>>>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -123,6 +130,7 @@ impl Manager {
             warm: None,
             snapshots: None,
             snapshot_slots: Arc::new(tokio::sync::Semaphore::new(SNAPSHOT_SLOTS)),
+            pending_undo: Arc::default(),
         }
     }
 
@@ -293,7 +301,7 @@ impl Manager {
         let key = conversation.key.clone();
         let claimed = self
             .store
-            .run(move |s| s.claim_expired(&key, Utc::now()))
+            .run(move |s| s.claim_expired(&key, s.now()))
             .await?;
         if !claimed {
             return Ok(());
@@ -321,13 +329,16 @@ impl Manager {
     async fn undo_create(&self, key: &ConversationKey, generation: i64) {
         let k = key.clone();
         match self
-            .store
-            .run(move |s| s.claim_for_destroy(&k, generation))
+            .finishing(move |s| s.claim_for_destroy(&k, generation))
             .await
         {
             Ok(true) => {}
             // Another call holds it now (a destroy, or a later record of the key).
             Ok(false) => return,
+            Err(Error::Unavailable(_)) => {
+                self.undo_later(key, generation);
+                return;
+            }
             Err(e) => {
                 tracing::warn!("cannot remove the record of a failed first open: {e}");
                 return;
@@ -337,12 +348,13 @@ impl Manager {
             tracing::warn!("after a failed first open, the runtime could not clean up: {e}");
         }
         let k = key.clone();
-        if let Err(e) = self
-            .store
-            .run(move |s| s.delete_generation(&k, generation))
+        match self
+            .finishing(move |s| s.delete_generation(&k, generation))
             .await
         {
-            tracing::warn!("cannot remove the record of a failed first open: {e}");
+            Ok(_) => {}
+            Err(Error::Unavailable(_)) => self.delete_later(key, generation, None),
+            Err(e) => tracing::warn!("cannot remove the record of a failed first open: {e}"),
         }
     }
 
@@ -358,10 +370,17 @@ impl Manager {
         let key = &conversation.key;
         let runtime = self.runtime.destroy(key).await?;
         let k = key.clone();
-        let record_removed = self
-            .store
-            .run(move |s| s.delete_generation(&k, generation))
-            .await?;
+        let record_removed = match self
+            .finishing(move |s| s.delete_generation(&k, generation))
+            .await
+        {
+            Ok(removed) => removed,
+            Err(e @ Error::Unavailable(_)) => {
+                self.delete_later(key, generation, Some(conversation.clone()));
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
         if record_removed {
             self.forget_egress(conversation).await?;
         }
@@ -374,8 +393,7 @@ impl Manager {
     /// Removes the conversation's own network policy and egress verdicts.
     async fn forget_egress(&self, conversation: &ConversationRef) -> Result<()> {
         let c = conversation.clone();
-        self.store
-            .run(move |s| s.forget_conversation_egress(&c).map(drop))
+        self.finishing(move |s| s.forget_conversation_egress(&c).map(drop))
             .await
     }
 
@@ -383,11 +401,7 @@ impl Manager {
     /// failure is logged (the destroy goes on).
     pub(crate) async fn note_expired(&self, record: &ConversationRecord) {
         let r = record.clone();
-        if let Err(e) = self
-            .store
-            .run(move |s| s.note_expired(&r, Utc::now()))
-            .await
-        {
+        if let Err(e) = self.store.run(move |s| s.note_expired(&r, s.now())).await {
             tracing::warn!(error = %e, "cannot keep the notice of an expired conversation");
         }
     }
@@ -433,7 +447,7 @@ impl Manager {
                         &key,
                         &name,
                         &digest,
-                        Utc::now(),
+                        s.now(),
                         chrono::Duration::minutes(BOOTSTRAP_STALE_MINUTES),
                     )
                 })
@@ -449,7 +463,7 @@ impl Manager {
             let key = conversation.key.clone();
             let name = skill.doc.name.clone();
             self.store
-                .run(move |s| s.finish_bootstrap(&key, &name, code, Utc::now()))
+                .run(move |s| s.finish_bootstrap(&key, &name, code, s.now()))
                 .await?;
             let outcome = match &run {
                 Ok(r) if r.success() => Ok(()),
@@ -502,11 +516,7 @@ impl Manager {
             // No record: remove whatever the runtime holds for the key, with the key claimed
             // so that no record is made meanwhile.
             let k = key.clone();
-            if self
-                .store
-                .run(move |s| s.claim_orphan(&k, Utc::now()))
-                .await?
-                == OrphanClaim::HasRecord
+            if self.store.run(move |s| s.claim_orphan(&k, s.now())).await? == OrphanClaim::HasRecord
             {
                 return Err(Error::Busy(
                     "the conversation was created while it was being destroyed; retry".into(),
@@ -614,7 +624,7 @@ async fn audit_entry<T>(
     detail: Option<String>,
 ) {
     let entry = AuditEntry {
-        at: Utc::now(),
+        at: store.now(),
         tenant: tenant.clone(),
         conversation_key: key.cloned(),
         operation: operation.to_owned(),
@@ -625,7 +635,17 @@ async fn audit_entry<T>(
         detail,
     };
     if let Err(e) = store.run(move |s| s.audit(&entry)).await {
-        tracing::warn!(error = %e, "audit record not written");
+        // While the store is down or full every operation fails to audit: one line per
+        // `AUDIT_WARN_EVERY` says so, with how many went unwritten since the last.
+        static LAST: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+        static LOST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let lost = LOST.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_none_or(|t| t.elapsed() >= AUDIT_WARN_EVERY) {
+            *last = Some(std::time::Instant::now());
+            LOST.store(0, std::sync::atomic::Ordering::Relaxed);
+            tracing::warn!(error = %e, records = lost, "audit records not written");
+        }
     }
 }
 

@@ -6,7 +6,6 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
 use sessionbox_core::{ConversationRef, Error, OpenMode, Result};
 use sessionbox_store::{
     ConversationLock, ConversationRecord, ConversationState, ExpiredNotice, OrphanClaim,
@@ -137,6 +136,8 @@ impl Manager {
         conversation: &ConversationRef,
         mode: OpenMode,
     ) -> Result<Conversation> {
+        // What a failed first open of this key left, when the store could not take its removal.
+        self.finish_pending_undo(&conversation.key).await?;
         let known = match mode {
             // Read (and made when absent) by `get_or_create_with`, in one transaction.
             OpenMode::CreateIfAbsent => None,
@@ -144,7 +145,9 @@ impl Manager {
                 let key = conversation.key.clone();
                 match self.store.run(move |s| s.get(&key)).await? {
                     None => return Err(absent(conversation)),
-                    Some(r) if r.is_expired(Utc::now()) => return Err(expired(conversation, &r)),
+                    Some(r) if r.is_expired(self.store.now()) => {
+                        return Err(expired(conversation, &r));
+                    }
                     Some(r) => Some(Some(r)),
                 }
             }
@@ -175,7 +178,7 @@ impl Manager {
         let valid = self
             .store
             .run(move |s| {
-                let now = Utc::now();
+                let now = s.now();
                 let valid = s.get(&conv.key)?.is_some_and(|r| {
                     r.generation == generation
                         && r.state == ConversationState::Active
@@ -204,6 +207,7 @@ impl Manager {
     /// - [`Error::NotFound`] when it was destroyed while this call opened it.
     /// - The runtime's errors.
     pub async fn open(&self, conversation: &ConversationRef) -> Result<Conversation> {
+        self.finish_pending_undo(&conversation.key).await?;
         self.open_known(conversation, None, Start::DefaultTemplate)
             .await
     }
@@ -307,7 +311,7 @@ impl Manager {
                     let conv = conversation.clone();
                     let name = runtime_name.clone();
                     self.store
-                        .run(move |s| s.get_or_create_with(&conv, &name, Utc::now(), &lifecycle))
+                        .run(move |s| s.get_or_create_with(&conv, &name, s.now(), &lifecycle))
                         .await?
                 }
             };
@@ -317,7 +321,7 @@ impl Manager {
                     conversation.id
                 )));
             }
-            if !record.is_expired(Utc::now()) {
+            if !record.is_expired(self.store.now()) {
                 break (record, created);
             }
             if expired_once {
@@ -342,29 +346,40 @@ impl Manager {
         // session opened under another policy); an existing record is renewed. All in one trip
         // off the async runtime.
         let (key, conv) = (conversation.key.clone(), conversation.clone());
-        let (taken, policy_hash) = self
+        let read = self
             .store
             .run(move |s| {
                 let taken = match created {
                     true if s.expired_notice(&key)?.is_some() => s.take_expired_notice(&key)?,
                     true => None,
                     false => {
-                        s.touch(&key, Utc::now())?;
+                        s.touch(&key, s.now())?;
                         None
                     }
                 };
                 let policy_hash = s.effective_egress_policy(&conv)?.map(|p| p.hash);
                 Ok((taken, policy_hash))
             })
-            .await?;
+            .await;
+        let (taken, policy_hash) = match read {
+            Ok(read) => read,
+            Err(e) => {
+                // A record this open made, then could not go on with (the store failed): it
+                // goes, or it would stay without its workspace and its starting state.
+                if created {
+                    self.undo_create(&conversation.key, record.generation).await;
+                }
+                return Err(e);
+            }
+        };
         let previous_expired = if created {
             taken.or_else(|| {
                 expired_here.map(|r| ExpiredNotice {
                     key: r.key.clone(),
                     tenant: r.tenant.clone(),
                     conversation_id: r.conversation_id.clone(),
-                    expired_at: r.expires_at.unwrap_or_else(Utc::now),
-                    destroyed_at: Utc::now(),
+                    expired_at: r.expires_at.unwrap_or_else(|| self.store.now()),
+                    destroyed_at: self.store.now(),
                 })
             })
         } else {
@@ -398,7 +413,19 @@ impl Manager {
         // renew racing expiry, a destroy from another process): then what the runtime just
         // made may have no owner.
         let key = conversation.key.clone();
-        let now = self.store.run(move |s| s.get(&key)).await?;
+        let now = match self.store.run(move |s| s.get(&key)).await {
+            Ok(now) => now,
+            Err(e) => {
+                // Opened, but whether its record still stands is unknown (the store failed): a
+                // conversation this open made is undone (it would otherwise miss its starting
+                // state); an existing one is left as it is.
+                let _ = session.close().await;
+                if created {
+                    self.undo_create(&conversation.key, record.generation).await;
+                }
+                return Err(e);
+            }
+        };
         match now {
             Some(r)
                 if r.generation == record.generation && r.state == ConversationState::Active =>
@@ -428,7 +455,7 @@ impl Manager {
                     None => {
                         let key = conversation.key.clone();
                         self.store
-                            .run(move |s| s.claim_orphan(&key, Utc::now()))
+                            .run(move |s| s.claim_orphan(&key, s.now()))
                             .await?
                             == OrphanClaim::Claimed
                     }

@@ -209,6 +209,7 @@ impl Manager {
         .await?;
         drop(tar);
         let record = new_record(
+            self.store.now(),
             &tenant,
             name,
             Some(conv.id.clone()),
@@ -599,6 +600,7 @@ impl Manager {
         .await?;
         drop(plain);
         let record = new_record(
+            self.store.now(),
             tenant,
             name,
             None,
@@ -621,7 +623,7 @@ impl Manager {
         let Some(config) = self.snapshots.clone() else {
             return Ok((Vec::new(), 0));
         };
-        let now = Utc::now();
+        let now = self.store.now();
         let expired = self.store.run(move |s| s.expired_snapshots(now)).await?;
         let mut names = Vec::new();
         for record in expired {
@@ -703,7 +705,9 @@ impl Manager {
 
 /// The record of a snapshot made now: its id, counts and expiry (`keep` from now; a zero
 /// `keep` never expires, as a zero retention).
+#[allow(clippy::too_many_arguments)]
 fn new_record(
+    now: chrono::DateTime<Utc>,
     tenant: &TenantId,
     name: &str,
     origin: Option<ConversationId>,
@@ -714,8 +718,7 @@ fn new_record(
 ) -> SnapshotRecord {
     // To the millisecond, as the store keeps it: the record returned now and the one read
     // back later show the same time.
-    let now = chrono::DateTime::from_timestamp_millis(Utc::now().timestamp_millis())
-        .unwrap_or_else(Utc::now);
+    let now = chrono::DateTime::from_timestamp_millis(now.timestamp_millis()).unwrap_or(now);
     SnapshotRecord {
         id: new_id(tenant, name),
         tenant: tenant.clone(),

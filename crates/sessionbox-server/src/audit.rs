@@ -18,7 +18,6 @@ use std::time::Instant;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use chrono::Utc;
 use sessionbox_core::ConversationKey;
 use sessionbox_store::{AuditEntry, Store};
 use tokio::sync::{mpsc, oneshot};
@@ -77,7 +76,7 @@ pub(crate) async fn track(State(state): State<AppState>, request: Request, next:
             .map_or_else(|| status.as_u16().to_string(), |code| code.0.to_owned())
     };
     state.audit.record(AuditEntry {
-        at: Utc::now(),
+        at: state.manager.store().now(),
         tenant: audited.principal.tenant,
         conversation_key: audited.key,
         operation: format!("http.{}", audited.operation),
@@ -113,6 +112,7 @@ impl AuditWriter {
         tokio::spawn(async move {
             let mut batch = Vec::new();
             let mut acks = Vec::new();
+            let (mut lost, mut warned) = (0usize, None);
             while let Some(first) = rx.recv().await {
                 let mut next = Some(first);
                 while let Some(m) = next {
@@ -138,7 +138,16 @@ impl AuditWriter {
                         })
                         .await;
                     if let Err(e) = written {
-                        tracing::warn!(error = %e, records = n, "audit records not written");
+                        // While the store is down or full every batch fails: one line per
+                        // 10 s says so, counting the records lost since the last one.
+                        lost += n;
+                        if warned.is_none_or(|t: std::time::Instant| {
+                            t.elapsed() >= std::time::Duration::from_secs(10)
+                        }) {
+                            warned = Some(std::time::Instant::now());
+                            tracing::warn!(error = %e, records = lost, "audit records not written");
+                            lost = 0;
+                        }
                     }
                 }
                 for ack in acks.drain(..) {

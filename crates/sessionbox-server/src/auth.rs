@@ -78,9 +78,7 @@ pub(crate) async fn authenticate(parts: &Parts, state: &AppState) -> Result<Prin
     let store = state.manager.store().clone();
     match presented_key(&parts.headers)? {
         Some(key) => {
-            let found = store
-                .run(move |s| s.verify_api_key(&key, chrono::Utc::now()))
-                .await?;
+            let found = store.run(move |s| s.verify_api_key(&key, s.now())).await?;
             match found {
                 KeyCheck::Valid(record) => Ok(Principal {
                     tenant: record.tenant,

@@ -39,6 +39,9 @@ impl ApiError {
     }
 }
 
+/// The `Retry-After` of a 503 `unavailable` answer, in seconds.
+const RETRY_AFTER_SECS: &str = "1";
+
 /// The HTTP status of each [`Error::code`]. Caller faults are 4xx; only a failing backend is 5xx.
 pub fn status_of(e: &Error) -> StatusCode {
     match e.code() {
@@ -48,7 +51,7 @@ pub fn status_of(e: &Error) -> StatusCode {
         "already_exists" | "conflict" => StatusCode::CONFLICT,
         "too_large" => StatusCode::PAYLOAD_TOO_LARGE,
         "timed_out" => StatusCode::GATEWAY_TIMEOUT,
-        "runtime_unavailable" => StatusCode::SERVICE_UNAVAILABLE,
+        "runtime_unavailable" | "unavailable" => StatusCode::SERVICE_UNAVAILABLE,
         "unauthorized" => StatusCode::UNAUTHORIZED,
         "busy" => StatusCode::TOO_MANY_REQUESTS,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
@@ -73,6 +76,14 @@ impl IntoResponse for ApiError {
             message: self.message,
         };
         let mut response = (self.status, Json(body)).into_response();
+        if self.code == "unavailable" {
+            // RFC 9110, 10.2.3: when to try again. The store is usually back within seconds
+            // (a PostgreSQL restart), or once an operator frees space.
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static(RETRY_AFTER_SECS),
+            );
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             // RFC 9110, 15.5.2: a 401 names the scheme the server takes.
             response.headers_mut().insert(

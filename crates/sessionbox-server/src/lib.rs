@@ -279,7 +279,7 @@ impl AppState {
     pub fn record_gc(&self, result: &Result<sessionbox_manager::GcReport>) {
         let summary = match result {
             Ok(r) => routes::account::GcSummary {
-                at: chrono::Utc::now(),
+                at: self.manager.store().now(),
                 expired: r.expired.len(),
                 stuck: r.stuck.len(),
                 orphans: r.orphans.len(),
@@ -289,7 +289,7 @@ impl AppState {
                 error: None,
             },
             Err(e) => routes::account::GcSummary {
-                at: chrono::Utc::now(),
+                at: self.manager.store().now(),
                 expired: 0,
                 stuck: 0,
                 orphans: 0,

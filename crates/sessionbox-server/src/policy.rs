@@ -342,7 +342,7 @@ async fn store_policy(s: &AppState, scope: PolicyScope, policy: &Policy) -> Resu
     let (text, hash) = (policy.to_json(), policy.hash());
     s.manager
         .store()
-        .run(move |store| store.set_egress_policy(&scope, &text, &hash, Utc::now()))
+        .run(move |store| store.set_egress_policy(&scope, &text, &hash, store.now()))
         .await
 }
 

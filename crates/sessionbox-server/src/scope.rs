@@ -25,7 +25,6 @@ use axum::http::Method;
 use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use chrono::Utc;
 use sessionbox_core::{ConversationId, ConversationRef, Error, KeyScope};
 use sessionbox_store::AuditEntry;
 
@@ -180,7 +179,7 @@ async fn ticket_principal(
     let Some(key) = &state.config.preview_key else {
         return refused("this server issues none");
     };
-    let now = crate::routes::preview::now_secs();
+    let now = crate::routes::preview::now_secs(state);
     let claims = match key.verify_terminal(ticket, now) {
         Ok(c) => c,
         Err(e) => return refused(&e.to_string()),
@@ -198,7 +197,7 @@ async fn ticket_principal(
             Ok(r) => r,
             Err(e) => return Some(Err(e.into())),
         };
-        let live = record.is_some_and(|k| k.is_accepted_at(Utc::now()));
+        let live = record.is_some_and(|k| k.is_accepted_at(state.manager.store().now()));
         if !live {
             return refused("the key it was issued to was revoked or expired");
         }
@@ -290,7 +289,7 @@ pub(crate) fn refused(
     route: &str,
 ) {
     state.audit.record(AuditEntry {
-        at: Utc::now(),
+        at: state.manager.store().now(),
         tenant: principal.tenant.clone(),
         conversation_key: key,
         operation: "http.refused".to_owned(),

@@ -136,8 +136,9 @@ impl Store {
     }
 
     /// Records a use at `now` and renews the conversation: `last_used_at` moves to `now` (never
-    /// back), and `expires_at` to `now + ttl` (never past `created_at + max_lifetime`) when the
-    /// conversation has a time to live.
+    /// back), and `expires_at` to `now + ttl` (never past `created_at + max_lifetime`, and never
+    /// back either) when the conversation has a time to live. Neither moves back: a `now` from
+    /// a clock that jumped backwards cannot shorten a life an earlier renewal gave.
     ///
     /// A conversation that has expired, or is being destroyed, is not renewed: renewing and
     /// expiring decide in one statement each, so exactly one of a racing renew and a garbage
@@ -158,6 +159,8 @@ impl Store {
                          WHEN max_lifetime_ms IS NOT NULL
                               AND created_at + max_lifetime_ms < $2 + ttl_ms
                              THEN created_at + max_lifetime_ms
+                         WHEN expires_at IS NOT NULL AND expires_at > $2 + ttl_ms
+                             THEN expires_at
                          ELSE $2 + ttl_ms END
                  WHERE key = $1 AND state = 'active' AND (expires_at IS NULL OR expires_at > $2)",
                 &[key.as_str().into(), now_ms.into()],
@@ -210,7 +213,7 @@ impl Store {
     /// # Errors
     /// [`Error::Backend`].
     pub fn claim_for_destroy(&self, key: &ConversationKey, generation: i64) -> Result<bool> {
-        let now = Utc::now().timestamp_millis();
+        let now = self.now().timestamp_millis();
         self.write("claim the conversation", TxLock::Record(key), |db| {
             Ok(db.execute(
                 "claim the conversation",
@@ -294,7 +297,7 @@ impl Store {
             key,
             &format!(
                 "state = $2, state_since = CASE WHEN state = $2 THEN state_since ELSE {} END",
-                Utc::now().timestamp_millis()
+                self.now().timestamp_millis()
             ),
             state.as_str().into(),
         )
@@ -363,7 +366,7 @@ impl Store {
             db.execute(
                 "update the conversation record",
                 &format!("UPDATE conversations SET {set} WHERE key = $1"),
-                &[key.as_str().into(), value],
+                &[key.as_str().into(), value.clone()],
             )
         })?;
         if n == 0 {

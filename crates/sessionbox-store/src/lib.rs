@@ -39,6 +39,7 @@
 mod audit;
 mod backup;
 mod bootstraps;
+pub mod clock;
 mod conversations;
 mod db;
 mod egress;
@@ -70,6 +71,7 @@ use crate::pg::PgBackend;
 pub(crate) use conversations::not_found_key;
 
 pub use bootstraps::{BootstrapRecord, BootstrapState};
+pub use clock::{Clock, SystemClock};
 pub use conversations::OrphanClaim;
 pub use egress::{EgressLogEntry, EgressLogFilter, EgressLogRecord, PolicyScope, StoredPolicy};
 pub use expired::ExpiredNotice;
@@ -101,6 +103,8 @@ pub const STORE_URL_ENV: &str = "SESSIONBOX_STORE_URL";
 #[derive(Debug, Clone)]
 pub struct Store {
     backend: Backend,
+    /// The store's clock (see [`clock`]), shared by every clone.
+    clock: clock::SharedClock,
 }
 
 #[derive(Debug, Clone)]
@@ -170,8 +174,10 @@ impl Store {
     pub fn connect(url: &str) -> Result<Store> {
         let backend = Arc::new(PgBackend::connect(url)?);
         backend.with_client(schema::migrate_pg)?;
+        let clock = clock::ServerClock::new(backend.clone())?;
         Ok(Store {
             backend: Backend::Postgres(backend),
+            clock: clock::SharedClock::new(Arc::new(clock)),
         })
     }
 
@@ -245,6 +251,7 @@ impl Store {
                 conn: Arc::new(Mutex::new(conn)),
                 path,
             },
+            clock: clock::SharedClock::new(Arc::new(SystemClock)),
         })
     }
 
@@ -273,15 +280,17 @@ impl Store {
             Backend::Sqlite { conn, .. } => lock(conn)
                 .query_row("PRAGMA user_version", [], |r| r.get(0))
                 .map_err(sql_error("read the schema version")),
-            Backend::Postgres(pg) => pg.with_client(schema::version_pg),
+            Backend::Postgres(pg) => pg.with_client_again(schema::version_pg),
         }
     }
 
-    /// Runs `f` outside a transaction.
-    fn read<T>(&self, f: impl FnOnce(&mut dyn Db) -> Result<T>) -> Result<T> {
+    /// Runs `f` outside a transaction. `f` may run twice with PostgreSQL (once more on a new
+    /// connection when one from the pool turned out dead, see `pg`): it reads, or makes a
+    /// change that is the same when made again.
+    fn read<T>(&self, f: impl Fn(&mut dyn Db) -> Result<T>) -> Result<T> {
         match &self.backend {
             Backend::Sqlite { conn, .. } => f(&mut Lite(&lock(conn))),
-            Backend::Postgres(pg) => pg.with_client(|c| f(&mut Pg(c))),
+            Backend::Postgres(pg) => pg.with_client_again(|c| f(&mut Pg(c))),
         }
     }
 
@@ -303,10 +312,7 @@ impl Store {
                 tx.commit().map_err(sql_error(doing))?;
                 Ok(out)
             }
-            Backend::Postgres(pg) => pg.with_client(|c| {
-                let mut tx = c
-                    .transaction()
-                    .map_err(pg::pg_error("start a transaction"))?;
+            Backend::Postgres(pg) => pg.with_transaction(|mut tx| {
                 let (class, id) = match tx_lock {
                     TxLock::None => (0, 0),
                     TxLock::Record(key) => (pg::CLASS_RECORD, pg::key_id(key)),
@@ -439,8 +445,15 @@ fn is_busy(e: &rusqlite::Error) -> bool {
 
 /// Maps a SQLite error to [`Error::Backend`] saying what could not be done. The message holds
 /// SQLite's own text (never parameter values); a lock held past [`BUSY_TIMEOUT`] gets a hint.
+/// A full disk is [`Error::Unavailable`]: the transaction was rolled back, nothing changed, and
+/// the same call succeeds once space is freed.
 pub(crate) fn sql_error(doing: &str) -> impl FnOnce(rusqlite::Error) -> Error + '_ {
     move |e| {
+        if e.sqlite_error_code() == Some(ErrorCode::DiskFull) {
+            return Error::Unavailable(format!(
+                "could not {doing}: the disk holding the store is full; free space on it"
+            ));
+        }
         if is_busy(&e) {
             Error::Backend(format!(
                 "could not {doing}: the store stayed locked by another connection for more than \
@@ -467,5 +480,16 @@ mod tests {
         );
         let other = rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(11), None);
         assert!(!sql_error("commit")(other).to_string().contains("stuck"));
+    }
+
+    #[test]
+    fn a_full_disk_is_unavailable_not_a_backend_failure() {
+        let full = rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(13), None);
+        let e = sql_error("commit")(full);
+        assert_eq!(e.code(), "unavailable", "{e}");
+        assert!(
+            e.to_string().contains("disk holding the store is full"),
+            "{e}"
+        );
     }
 }

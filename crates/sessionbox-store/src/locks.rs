@@ -102,5 +102,17 @@ fn stripe_file(path: &Path, key: &ConversationKey) -> Result<File> {
         .truncate(false)
         .write(true)
         .open(&file)
-        .map_err(|e| Error::Backend(format!("cannot open the lock {}: {e}", file.display())))
+        .map_err(|e| {
+            let message = format!("cannot open the lock {}: {e}", file.display());
+            // A stripe is made on first use: on a full disk, the store cannot take the call.
+            match e.raw_os_error() {
+                Some(c)
+                    if c == rustix::io::Errno::NOSPC.raw_os_error()
+                        || c == rustix::io::Errno::DQUOT.raw_os_error() =>
+                {
+                    Error::Unavailable(format!("{message}; free space on the store's disk"))
+                }
+                _ => Error::Backend(message),
+            }
+        })
 }

@@ -4,6 +4,23 @@
 //! synchronous client fits: it blocks that thread, never an async worker. Connections are made
 //! on demand and kept idle for reuse (at most [`MAX_IDLE`]); a connection that broke is dropped.
 //!
+//! **Outages** (the server restarting, a network cut): a failure that is the connection's, not
+//! the statement's, is [`Error::Unavailable`] (503 at the HTTP API), never a hang or a panic,
+//! and it empties the pool, whose connections died with the one that failed. A call that meets
+//! such a failure on a connection taken from the pool (idle, so its session ended before the
+//! call began: the server was restarted meanwhile) is run again once on a new connection when
+//! that is safe: a read (`read`), or a transaction whose `BEGIN` failed (nothing of it ran). So
+//! the first calls after a restart do not fail on dead connections. A connection that cannot be
+//! made is tried again for up to [`CONNECT_PATIENCE`] (a restart takes about a second), so a
+//! call that arrives while the server restarts is mostly delayed, not refused. Nothing else is
+//! tried again once a statement was sent: whether it took effect is unknown, and the caller is
+//! told.
+//!
+//! An operation's advisory lock ([`crate::Store::lock_conversation`]) lives on its connection:
+//! a server restart ends that session and releases the lock while the operation still runs.
+//! Within one `serve` the server's own per-conversation queue still orders operations; across
+//! replicas two operations of one conversation may then overlap once, during the restart.
+//!
 //! Locks that span an operation ([`crate::Store::lock_conversation`]) hold a session-level
 //! advisory lock on a connection of their own for as long as the guard lives; PostgreSQL drops
 //! it with the session if the process dies. The guard's `Drop` may run on an async worker, where
@@ -22,6 +39,14 @@ use sessionbox_core::{Error, Result};
 
 /// Idle connections kept for reuse.
 const MAX_IDLE: usize = 16;
+
+/// How long a connection that cannot be made (the server down or starting up) is tried again
+/// before the call fails with [`Error::Unavailable`].
+pub(crate) const CONNECT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// The limit on one connection attempt when the URL sets none (`connect_timeout`): an
+/// unreachable host fails the call instead of holding it for the kernel's TCP timeout.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Advisory lock classes (the first key of PostgreSQL's two-key advisory locks). Classes keep
 /// the store's locks apart from each other and from anything else in the database.
@@ -43,6 +68,40 @@ pub(crate) struct PgBackend {
     pub(crate) label: String,
     idle: Arc<Mutex<Vec<Client>>>,
     unlocker: Mutex<Option<mpsc::Sender<Unlock>>>,
+}
+
+/// True when `e` is the connection's failure (closed, reset, refused, the server shutting down
+/// or starting up, out of connections), not the statement's: the server may well take the
+/// same statement on a new connection.
+pub(crate) fn is_outage(e: &postgres::Error) -> bool {
+    use postgres::error::SqlState;
+    if let Some(db) = e.as_db_error() {
+        let code = db.code();
+        // Class 08: connection exception; 57P01-57P03: admin shutdown, crash shutdown,
+        // cannot connect now; class 53: insufficient resources (disk full, out of memory, too
+        // many connections).
+        return code.code().starts_with("08")
+            || code.code().starts_with("53")
+            || [
+                SqlState::ADMIN_SHUTDOWN,
+                SqlState::CRASH_SHUTDOWN,
+                SqlState::CANNOT_CONNECT_NOW,
+            ]
+            .contains(code);
+    }
+    if e.is_closed() {
+        return true;
+    }
+    // An I/O error anywhere in its causes: reset, refused, broken pipe, timed out.
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if c.is::<std::io::Error>() {
+            return true;
+        }
+        cause = c.source();
+    }
+    let text = e.to_string();
+    text.starts_with("error connecting to server") || text.starts_with("timeout waiting")
 }
 
 impl std::fmt::Debug for PgBackend {
@@ -72,11 +131,20 @@ struct Unlock {
 
 /// Maps a PostgreSQL error to [`Error::Backend`] saying what could not be done. The server's
 /// message is kept (it never holds the password); parameter values are not in it.
+///
+/// A failure of the connection ([`is_outage`]) is [`Error::Unavailable`] instead: nothing of the
+/// call is known to have happened, and the same call may succeed once the server is back.
 pub(crate) fn pg_error(doing: &str) -> impl FnOnce(postgres::Error) -> Error + '_ {
     move |e| {
         let detail = e
             .as_db_error()
             .map_or_else(|| e.to_string(), |d| d.message().to_owned());
+        if is_outage(&e) {
+            return Error::Unavailable(format!(
+                "could not {doing}: the PostgreSQL store cannot be reached ({detail}); retry \
+                 when it is back"
+            ));
+        }
         Error::Backend(format!("could not {doing}: {detail}"))
     }
 }
@@ -110,6 +178,9 @@ impl PgBackend {
             hosts.first().map_or("localhost", String::as_str),
             config.get_dbname().unwrap_or("")
         );
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
         let tls = pg_tls::client_config(&tls)?.map(pg_tls::MakeRustls);
         config.ssl_mode(match tls_mode {
             pg_tls::SslMode::Absent | pg_tls::SslMode::Prefer => postgres::config::SslMode::Prefer,
@@ -128,7 +199,26 @@ impl PgBackend {
         Ok(backend)
     }
 
+    /// A new connection, tried again for up to [`CONNECT_PATIENCE`] while the server cannot be
+    /// reached (an attempt that failed sent nothing, so trying again is safe).
     fn new_client(&self) -> Result<Client> {
+        let deadline = std::time::Instant::now() + CONNECT_PATIENCE;
+        let mut pause = std::time::Duration::from_millis(50);
+        loop {
+            match self.connect_once() {
+                Err(e @ Error::Unavailable(_)) if std::time::Instant::now() + pause > deadline => {
+                    return Err(e);
+                }
+                Err(Error::Unavailable(_)) => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(500));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn connect_once(&self) -> Result<Client> {
         let connected = match &self.tls {
             Some(tls) => self.config.connect(tls.clone()),
             None => self.config.connect(NoTls),
@@ -145,33 +235,112 @@ impl PgBackend {
                 }
                 cause = c.source();
             }
-            Error::Backend(format!(
+            let message = format!(
                 "could not connect to the PostgreSQL store at {}: {detail}",
                 self.label
-            ))
+            );
+            if is_outage(&e) {
+                Error::Unavailable(format!("{message}; retry when it is back"))
+            } else {
+                Error::Backend(message)
+            }
         })
     }
 
+    /// An idle connection, else a new one.
     fn take(&self) -> Result<Client> {
+        self.take_marked().map(|(c, _)| c)
+    }
+
+    /// [`PgBackend::take`], saying whether the connection came from the pool (`true`) or is new.
+    fn take_marked(&self) -> Result<(Client, bool)> {
         let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
         match idle {
-            Some(c) if !c.is_closed() => Ok(c),
-            _ => self.new_client(),
+            Some(c) if !c.is_closed() => Ok((c, true)),
+            _ => self.new_client().map(|c| (c, false)),
         }
+    }
+
+    /// Forgets every idle connection: one failed for the connection's sake, so the others,
+    /// made before the same outage, are most likely dead too.
+    fn flush_idle(&self) {
+        let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|e| e.into_inner()));
+        drop(idle);
     }
 
     fn give_back(&self, client: Client) {
         give_back(&self.idle, client);
     }
 
-    /// Runs `f` on a pooled connection.
+    /// Runs `f` on a pooled connection. An outage ([`Error::Unavailable`]) empties the pool.
     pub(crate) fn with_client<T>(&self, f: impl FnOnce(&mut Client) -> Result<T>) -> Result<T> {
         off_async(|| {
             let mut client = self.take()?;
             let out = f(&mut client);
-            self.give_back(client);
+            self.after(client, &out);
             out
         })
+    }
+
+    /// [`PgBackend::with_client`] for a call that may run twice (a read, or a statement whose
+    /// effect is the same when repeated): when a connection from the pool turns out dead (an
+    /// outage error), `f` runs once more on a new connection.
+    pub(crate) fn with_client_again<T>(&self, f: impl Fn(&mut Client) -> Result<T>) -> Result<T> {
+        off_async(|| {
+            let (mut client, pooled) = self.take_marked()?;
+            let out = f(&mut client);
+            self.after(client, &out);
+            if !(pooled && matches!(out, Err(Error::Unavailable(_)))) {
+                return out;
+            }
+            let mut client = self.new_client()?;
+            let out = f(&mut client);
+            self.after(client, &out);
+            out
+        })
+    }
+
+    /// Runs `f` with a transaction begun on a pooled connection (`f` commits it, or drops it
+    /// to roll back). When `BEGIN` fails for the connection's sake on a connection from the
+    /// pool, nothing has run: it is begun again on a new connection.
+    pub(crate) fn with_transaction<T>(
+        &self,
+        f: impl FnOnce(postgres::Transaction<'_>) -> Result<T>,
+    ) -> Result<T> {
+        off_async(|| {
+            let (mut client, mut again) = self.take_marked()?;
+            let mut f = Some(f);
+            let out = loop {
+                match client.transaction() {
+                    Ok(tx) => match f.take() {
+                        Some(f) => break f(tx),
+                        None => break Err(Error::Backend("a transaction ran twice".into())),
+                    },
+                    Err(e) => {
+                        let e = pg_error("start a transaction")(e);
+                        if !(again && matches!(e, Error::Unavailable(_))) {
+                            break Err(e);
+                        }
+                    }
+                }
+                // BEGIN failed on a dead connection from the pool: a new one.
+                self.flush_idle();
+                again = false;
+                client = self.new_client()?;
+            };
+            self.after(client, &out);
+            out
+        })
+    }
+
+    /// Gives `client` back to the pool, unless `out` is an outage: then the pool is emptied
+    /// and `client` dropped.
+    fn after<T>(&self, client: Client, out: &Result<T>) {
+        if matches!(out, Err(Error::Unavailable(_))) {
+            self.flush_idle();
+        } else {
+            self.give_back(client);
+        }
     }
 
     /// [`PgBackend::lock`] without waiting: `None` when another session holds it.
@@ -180,16 +349,39 @@ impl PgBackend {
     }
 
     fn try_lock_now(self: &Arc<Self>, class: i32, id: i32) -> Result<Option<PgLock>> {
-        let mut client = self.take()?;
-        let got: bool = client
-            .query_one("SELECT pg_try_advisory_lock($1, $2)", &[&class, &id])
-            .map_err(pg_error("try the conversation's lock"))?
-            .get(0);
+        let (client, got) = self.lock_on_live_client(|c| {
+            c.query_one("SELECT pg_try_advisory_lock($1, $2)", &[&class, &id])
+                .map(|row| row.get::<_, bool>(0))
+                .map_err(pg_error("try the conversation's lock"))
+        })?;
         if !got {
             self.give_back(client);
             return Ok(None);
         }
         Ok(Some(self.guard(client, class, id)))
+    }
+
+    /// Runs `lock` (which takes a session-level lock, or tries to) on a pooled connection, and
+    /// once more on a new connection when the pooled one turned out dead: a lock taken on a
+    /// dead session was released with it, so taking it again is safe.
+    fn lock_on_live_client<T>(
+        &self,
+        lock: impl Fn(&mut Client) -> Result<T>,
+    ) -> Result<(Client, T)> {
+        let (mut client, pooled) = self.take_marked()?;
+        match lock(&mut client) {
+            Ok(v) => Ok((client, v)),
+            Err(Error::Unavailable(_)) if pooled => {
+                self.flush_idle();
+                let mut client = self.new_client()?;
+                let v = lock(&mut client).inspect_err(|e| self.after_error(e))?;
+                Ok((client, v))
+            }
+            Err(e) => {
+                self.after_error(&e);
+                Err(e)
+            }
+        }
     }
 
     fn guard(self: &Arc<Self>, client: Client, class: i32, id: i32) -> PgLock {
@@ -213,11 +405,19 @@ impl PgBackend {
     }
 
     fn lock_now(self: &Arc<Self>, class: i32, id: i32) -> Result<PgLock> {
-        let mut client = self.take()?;
-        client
-            .execute("SELECT pg_advisory_lock($1, $2)", &[&class, &id])
-            .map_err(pg_error("take the conversation's lock"))?;
+        let (client, ()) = self.lock_on_live_client(|c| {
+            c.execute("SELECT pg_advisory_lock($1, $2)", &[&class, &id])
+                .map(drop)
+                .map_err(pg_error("take the conversation's lock"))
+        })?;
         Ok(self.guard(client, class, id))
+    }
+
+    /// Empties the pool after an outage.
+    fn after_error(&self, e: &Error) {
+        if matches!(e, Error::Unavailable(_)) {
+            self.flush_idle();
+        }
     }
 }
 
@@ -277,6 +477,18 @@ impl Drop for PgLock {
             });
         }
     }
+}
+
+/// The server's clock now (`clock_timestamp()`, not the transaction's start).
+pub(crate) fn server_time(client: &mut Client) -> Result<chrono::DateTime<chrono::Utc>> {
+    let ms: i64 = client
+        .query_one(
+            "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
+            &[],
+        )
+        .map_err(pg_error("read the server's clock"))?
+        .get(0);
+    crate::time(ms)
 }
 
 /// The second key of a conversation's advisory locks: 32 bits of its key (two conversations

@@ -33,17 +33,18 @@ fn disk_cell(d: Option<&DiskUsage>) -> String {
 }
 
 /// Prints `records` as a table, or as JSON (times in RFC 3339, durations in seconds), with
-/// each one's disk usage from `disks` (same order; bytes and inodes used and allowed).
+/// each one's disk usage from `disks` (same order; bytes and inodes used and allowed). A record
+/// past its expiry at `now` (the store's clock) shows as expired.
 pub(crate) fn print_conversations(
     records: &[sessionbox_store::ConversationRecord],
     disks: &[Option<DiskUsage>],
+    now: chrono::DateTime<chrono::Utc>,
     json: bool,
 ) -> anyhow::Result<()> {
     let disk = |i: usize| disks.get(i).copied().flatten();
     let t = |d: chrono::DateTime<chrono::Utc>| d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let secs = |d: Option<Duration>| d.map(|d| d.as_secs());
     // A record past its expiry shows as expired: its files go at the next use or collection.
-    let now = chrono::Utc::now();
     if json {
         let v: Vec<_> = records
             .iter()

@@ -306,7 +306,7 @@ pub(crate) fn policy(
                 None => PolicyScope::Tenant(tenant.clone()),
             };
             let store = Store::open_configured(store_url, &data_dir.join("sessionbox.db"))?;
-            store.set_egress_policy(&scope, &policy.to_json(), &policy.hash(), Utc::now())?;
+            store.set_egress_policy(&scope, &policy.to_json(), &policy.hash(), store.now())?;
             let whose = match &scope {
                 PolicyScope::Tenant(t) => format!("tenant {t}"),
                 PolicyScope::Conversation(c) => {

@@ -75,13 +75,14 @@ pub(crate) fn keys(
                 )
                 .into());
             };
-            let now = Utc::now();
             let conversations = match (conversation, prefix) {
                 (Some(id), _) => ConversationScope::One(ConversationId::new(id)?),
                 (None, Some(p)) => ConversationScope::prefix(p)?,
                 (None, None) => ConversationScope::All,
             };
-            let expires_at = match expires_in {
+            // Checked before the store is opened (bad input changes nothing); the expiry is
+            // then counted from the store's clock, which decides it.
+            let lifetime = match expires_in {
                 None => None,
                 Some(text) => {
                     let d = humantime::parse_duration(text).map_err(|e| {
@@ -92,12 +93,20 @@ pub(crate) fn keys(
                     let d = chrono::Duration::from_std(d)
                         .ok()
                         .filter(|d| !d.is_zero())
-                        .and_then(|d| now.checked_add_signed(d))
+                        .filter(|d| Utc::now().checked_add_signed(*d).is_some())
                         .ok_or_else(|| {
                             UsageError(format!("--expires-in {text:?} is zero or too long"))
                         })?;
-                    Some(d)
+                    Some((text, d))
                 }
+            };
+            let store = open()?;
+            let now = store.now();
+            let expires_at = match lifetime {
+                None => None,
+                Some((text, d)) => Some(now.checked_add_signed(d).ok_or_else(|| {
+                    UsageError(format!("--expires-in {text:?} is zero or too long"))
+                })?),
             };
             let options = KeyOptions {
                 label: label.clone(),
@@ -107,7 +116,6 @@ pub(crate) fn keys(
                 },
                 expires_at,
             };
-            let store = open()?;
             let k = store.create_scoped_api_key(tenant, &options, now)?;
             store.audit(&AuditEntry {
                 at: now,
@@ -170,7 +178,7 @@ pub(crate) fn keys(
         }
         KeysCommand::Revoke { id } => {
             let store = open()?;
-            let now = Utc::now();
+            let now = store.now();
             store.revoke_api_key(id, now)?;
             if let Some(k) = store.list_api_keys()?.into_iter().find(|k| &k.id == id) {
                 store.audit(&AuditEntry {

@@ -236,7 +236,8 @@ async fn manager_command(
             let tenant = (!all_tenants).then_some(&app.tenant);
             let records = app.manager.list(tenant).await?;
             let disks = conversations::disk_usages(app.manager.runtime().as_ref(), &records).await;
-            conversations::print_conversations(&records, &disks, json)?;
+            let now = app.manager.store().now();
+            conversations::print_conversations(&records, &disks, now, json)?;
             Ok(ExitCode::SUCCESS)
         }
         ManagerCommand::Gc {

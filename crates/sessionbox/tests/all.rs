@@ -28,6 +28,7 @@ mod egress;
 mod egress_sidecar;
 mod faults_agent;
 mod faults_gateway;
+mod faults;
 mod isolated_gc;
 mod isolated_lifecycle;
 mod isolated_pool;

@@ -31,6 +31,7 @@ export type KnownErrorCode =
   | "busy"
   | "timed_out"
   | "runtime_unavailable"
+  | "unavailable"
   | "backend_error"
   | "not_ready";
 
@@ -104,7 +105,10 @@ export class RangeNotSatisfiableError extends SessionboxError {}
 export class UnprocessableError extends SessionboxError {}
 /** 429: a limit reached (`busy`); the message names it. Retry later. */
 export class BusyError extends SessionboxError {}
-/** 5xx: `timed_out` (504), `runtime_unavailable` (503), `backend_error` (500), `not_ready` (503). */
+/**
+ * 5xx: `timed_out` (504), `runtime_unavailable` (503), `unavailable` (503: the store cannot be
+ * reached or its disk is full; retry), `backend_error` (500), `not_ready` (503).
+ */
 export class ServerError extends SessionboxError {}
 /** No answer: the connection failed (`connection_error`, `status` 0). */
 export class SessionboxConnectionError extends SessionboxError {}
@@ -154,6 +158,7 @@ const STATUS_OF_CODE: Record<string, number> = {
   busy: 429,
   backend_error: 500,
   runtime_unavailable: 503,
+  unavailable: 503,
   not_ready: 503,
   timed_out: 504,
 };

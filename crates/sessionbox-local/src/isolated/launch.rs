@@ -522,9 +522,14 @@ pub(super) fn prepare_workspace(dir: &Path, uid: u32) -> Result<()> {
     Ok(())
 }
 
+/// Writes `data` to `path` through a temporary file and a rename. A full disk is
+/// [`Error::Unavailable`] (without the host path), and leaves no temporary file.
 pub(super) fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
     fs::write(&tmp, data)
         .and_then(|()| fs::rename(&tmp, path))
-        .map_err(|e| Error::Backend(format!("cannot write {}: {e}", path.display())))
+        .map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            crate::host::data_dir_error(&format!("cannot write {}", path.display()), &e)
+        })
 }

@@ -1,6 +1,5 @@
 //! A fork's network policy: a fork stays as restrained as its origin.
 
-use chrono::Utc;
 use sessionbox_core::{ConversationRef, Result};
 use sessionbox_store::PolicyScope;
 
@@ -24,7 +23,7 @@ impl Manager {
                 if s.egress_policy(&target)?.is_some() {
                     return Ok(false);
                 }
-                s.set_egress_policy(&target, &own.policy, &own.hash, Utc::now())?;
+                s.set_egress_policy(&target, &own.policy, &own.hash, s.now())?;
                 Ok(true)
             })
             .await

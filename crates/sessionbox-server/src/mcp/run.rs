@@ -238,7 +238,7 @@ impl Tools {
             .await
             .ok()??;
         record
-            .is_expired(Utc::now())
+            .is_expired(state.manager.store().now())
             .then_some(record.expires_at)
             .flatten()
     }

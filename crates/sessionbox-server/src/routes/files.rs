@@ -327,6 +327,9 @@ async fn upload_parts(req: Request, state: &AppState) -> Result<Vec<(String, Byt
 /// Uploads several files at once (`multipart/form-data`), creating parents (and the
 /// conversation). Each file part goes to the path of the `path` field before it, or else to its
 /// filename. Every path is checked before anything is written; each file is written atomically.
+// (Not in the doc comment, which is the OpenAPI document's: when one file cannot be written,
+// the workspace full, the upload stops there; the files before it stay written, and the
+// error's message names them.)
 #[utoipa::path(post, path = "/v1/conversations/{id}/files", tag = "files",
     operation_id = "upload_files",
     params(("id" = String, Path, description = "conversation id")),
@@ -365,7 +368,24 @@ pub(crate) async fn upload(
             })
             .await?;
         if let Some(error) = failed {
-            return Err(error.into());
+            // Each file is written whole or not at all, but the files before the one that
+            // failed stay written: the caller is told which.
+            let mut answer = ApiError::from(error);
+            if !written.is_empty() {
+                let names: Vec<&str> = written.iter().take(10).map(|f| f.path.as_str()).collect();
+                answer.message = format!(
+                    "{}; the upload stopped there, after writing its first {} file(s): {}{}",
+                    answer.message,
+                    written.len(),
+                    names.join(", "),
+                    if written.len() > names.len() {
+                        ", ..."
+                    } else {
+                        ""
+                    }
+                );
+            }
+            return Err(answer);
         }
         Ok(notify_expired(
             Json(UploadView { files: written }).into_response(),

@@ -16,7 +16,6 @@
 //! ([`crate::ServerConfig::max_relays_per_conversation`]).
 
 use std::collections::HashMap;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::extract::{Request, State};
@@ -224,12 +223,12 @@ pub(crate) async fn by_link(
             ));
         };
         let claims = key
-            .verify_preview(&token, now_secs())
+            .verify_preview(&token, now_secs(&state))
             .map_err(|e| ApiError::unauthorized(format!("the preview link is not valid: {e}")))?;
         // The link works only while the key that made it does (not revoked, not expired).
         if let Some(id) = claims.key_id.clone() {
             let record = state.manager.store().run(move |s| s.api_key(&id)).await?;
-            let live = record.is_some_and(|k| k.is_accepted_at(chrono::Utc::now()));
+            let live = record.is_some_and(|k| k.is_accepted_at(state.manager.store().now()));
             if !live {
                 return Err(ApiError::unauthorized(
                     "the preview link is not valid: the key that made it was revoked or expired",
@@ -260,12 +259,11 @@ pub(crate) async fn by_link(
     result.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// Seconds since the Unix epoch now.
-pub(crate) fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+/// Seconds since the Unix epoch now, by the store's clock: preview links and terminal
+/// tickets are signed with their expiry and may be checked by another replica, so every
+/// replica reads their times from the one clock they share (see `sessionbox_store::clock`).
+pub(crate) fn now_secs(state: &AppState) -> u64 {
+    u64::try_from(state.manager.store().now().timestamp()).unwrap_or(0)
 }
 
 /// A request for a preview link.
@@ -320,7 +318,7 @@ pub(crate) async fn issue_link(
     // The conversation must exist and its runtime give previews at all.
     let (_, created) = relay::agent_link_of(state, conv, Operation::Attach, "previews").await?;
     // A link never outlives the key that made it.
-    let mut expires = now_secs().saturating_add(ttl);
+    let mut expires = now_secs(state).saturating_add(ttl);
     if let Some(at) = principal.expires_at {
         expires = expires.min(u64::try_from(at.timestamp()).unwrap_or(0));
     }

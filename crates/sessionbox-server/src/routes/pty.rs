@@ -72,7 +72,7 @@ pub(crate) async fn ticket(
                  directory it may write its preview key to",
             ));
         };
-        let now = crate::routes::preview::now_secs();
+        let now = crate::routes::preview::now_secs(&state);
         let expires = now + TICKET_SECS;
         let ticket = key.issue_terminal(&sessionbox_egress::token::TerminalClaims {
             tenant: conv.tenant.as_str().to_owned(),

@@ -225,3 +225,162 @@ fn start_cluster(tls: Option<(&str, &str)>) -> Result<String, String> {
         }
     }
 }
+
+/// A private cluster of one test's own, which the test may stop, start and restart with
+/// `pg_ctl` (the shared server of [`database`] must never be restarted: other tests use it).
+/// Made with the Debian package's binaries, as the `postgres` user when running as root, on a
+/// free port of 127.0.0.1, its data in a new temporary directory; stopped and removed when
+/// dropped, and by a watchdog when the test process dies first.
+pub struct OwnCluster {
+    /// Its superuser URL (`postgres://postgres@127.0.0.1:PORT/postgres`).
+    pub url: String,
+    bin: PathBuf,
+    dir: PathBuf,
+}
+
+impl OwnCluster {
+    /// A new running cluster, or `None` when PostgreSQL is missing outside CI (under
+    /// `CI=true` it panics instead).
+    pub fn start() -> Option<OwnCluster> {
+        match OwnCluster::try_start() {
+            Ok(c) => Some(c),
+            Err(why) => {
+                if std::env::var("CI").is_ok_and(|v| v == "true") {
+                    panic!(
+                        "PostgreSQL is needed by this test and is missing: {why}. scripts/test \
+                         installs it"
+                    );
+                }
+                eprintln!("SKIPPED (PostgreSQL is missing: {why}; scripts/test installs it)");
+                None
+            }
+        }
+    }
+
+    fn try_start() -> Result<OwnCluster, String> {
+        let bin = pg_bin().ok_or("no /usr/lib/postgresql/*/bin/initdb")?;
+        let dir = tempfile::Builder::new()
+            .prefix("sessionbox-pg-own-")
+            .tempdir()
+            .map_err(|e| e.to_string())?
+            .keep();
+        if rustix::process::geteuid().is_root() {
+            let (uid, gid) = pg_ids().ok_or("no postgres user")?;
+            std::os::unix::fs::chown(&dir, Some(uid), Some(gid))
+                .map_err(|e| format!("cannot give the cluster directory to postgres: {e}"))?;
+        }
+        let out = as_pg_user(&bin.join("initdb"))
+            .arg("-D")
+            .arg(dir.join("data"))
+            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"])
+            .stdout(Stdio::null())
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!(
+                "initdb failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let port = free_port();
+        let cluster = OwnCluster {
+            url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+            bin,
+            dir,
+        };
+        let opts = format!(
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300",
+            cluster.dir.display()
+        );
+        cluster.pg_ctl(&["start", "-w", "-t", "60", "-o", &opts])?;
+        // The watchdog: once this test process is gone, the cluster goes too.
+        let script = format!(
+            "while [ -d /proc/{parent} ]; do sleep 1; done; \
+             {pg_ctl} -D {dir}/data -m immediate stop >/dev/null 2>&1; rm -rf {dir}",
+            parent = std::process::id(),
+            pg_ctl = cluster.bin.join("pg_ctl").display(),
+            dir = cluster.dir.display(),
+        );
+        as_pg_user(Path::new("/bin/sh"))
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        Ok(cluster)
+    }
+
+    /// `pg_ctl -D DATA -l LOG ARGS...` as the postgres user; `Err` with its output on failure.
+    fn pg_ctl(&self, args: &[&str]) -> Result<(), String> {
+        let out = as_pg_user(&self.bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .arg("-l")
+            .arg(self.dir.join("log"))
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "pg_ctl {args:?} failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+
+    /// `pg_ctl restart -m MODE` (`fast`: sessions are ended cleanly; `immediate`: the server
+    /// stops at once and recovers from its log on start), waiting until it accepts connections.
+    pub fn restart(&self, mode: &str) {
+        self.pg_ctl(&["restart", "-m", mode, "-w", "-t", "60"])
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// `pg_ctl stop -m MODE`.
+    pub fn stop(&self, mode: &str) {
+        self.pg_ctl(&["stop", "-m", mode, "-w", "-t", "60"])
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// `pg_ctl start` again after [`OwnCluster::stop`] (with the options it was first started
+    /// with), waiting until it accepts connections.
+    pub fn start_again(&self) {
+        let opts = std::fs::read_to_string(self.dir.join("data/postmaster.opts"))
+            .ok()
+            .and_then(|o| {
+                // `.../postgres "-D" "..." "-p" "N" ...`: the options after the program.
+                let rest = o.trim().split_once(' ')?.1.to_owned();
+                Some(rest.replace('"', ""))
+            })
+            .unwrap_or_default();
+        let opts: Vec<&str> = opts.split_whitespace().collect();
+        // Drop `-D DIR` (pg_ctl gives it).
+        let mut kept = Vec::new();
+        let mut skip = false;
+        for o in opts {
+            if skip {
+                skip = false;
+                continue;
+            }
+            if o == "-D" {
+                skip = true;
+                continue;
+            }
+            kept.push(o);
+        }
+        let joined = kept.join(" ");
+        self.pg_ctl(&["start", "-w", "-t", "60", "-o", &joined])
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+impl Drop for OwnCluster {
+    fn drop(&mut self) {
+        let _ = self.pg_ctl(&["stop", "-m", "immediate", "-w", "-t", "30"]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

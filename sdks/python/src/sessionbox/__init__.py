@@ -43,6 +43,7 @@ from ._errors import (
     TooLarge,
     TransportError,
     Unauthorized,
+    Unavailable,
     UpgradeRequired,
 )
 from ._models import (
@@ -105,6 +106,7 @@ __all__ = [
     "BadGateway",
     "RuntimeUnavailable",
     "NotReady",
+    "Unavailable",
     "TimedOut",
     # models
     "BackgroundCommand",

@@ -35,6 +35,7 @@ __all__ = [
     "BadGateway",
     "RuntimeUnavailable",
     "NotReady",
+    "Unavailable",
     "TimedOut",
     "error_from_code",
     "error_from_response",
@@ -167,6 +168,11 @@ class RuntimeUnavailable(ServerError):
     """503 ``runtime_unavailable``: the runtime cannot do this (or is down)."""
 
 
+class Unavailable(ServerError):
+    """503 ``unavailable``: the server's store cannot be reached or its disk is full; nothing
+    was done, and the same request may succeed later (the answer carries ``Retry-After``)."""
+
+
 class NotReady(ServerError):
     """503 ``not_ready`` from ``/readyz``."""
 
@@ -193,6 +199,7 @@ _BY_CODE: dict[str, type[SessionboxError]] = {
     "backend_error": BackendError,
     "runtime_unavailable": RuntimeUnavailable,
     "not_ready": NotReady,
+    "unavailable": Unavailable,
     "timed_out": TimedOut,
 }
 
