@@ -269,10 +269,7 @@ impl Term {
         Ok(())
     }
 
-    fn resize(&self, cols: u32, rows: u32) {
-        let (Ok(cols), Ok(rows)) = (u16::try_from(cols), u16::try_from(rows)) else {
-            return;
-        };
+    fn resize(&self, cols: u16, rows: u16) {
         if let Some(m) = self.lock_proc().master.clone() {
             let _ = sessionbox_process::set_window_size(m.get_ref(), cols, rows);
         }
@@ -665,8 +662,8 @@ async fn control(term: &Term, ws: &mut WebSocket, f: ClientFrame) -> bool {
             }
         }
         "resize" => {
-            if f.cols > 0 && f.rows > 0 {
-                term.resize(f.cols, f.rows);
+            if let Some((cols, rows)) = f.window_size() {
+                term.resize(cols, rows);
             }
         }
         "signal" => {

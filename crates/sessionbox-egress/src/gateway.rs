@@ -51,7 +51,7 @@ use tokio::net::TcpStream;
 
 use crate::accept::{Admission, Hold};
 use crate::policy::{Policy, Verdict};
-use crate::target::{Host, Target, parse_authority, parse_host};
+use crate::target::{Host, Target, absolute_target, parse_authority};
 use crate::token::{TokenKey, from_proxy_authorization};
 
 /// Gateway settings.
@@ -622,33 +622,6 @@ fn proxy_auth_required(why: &str) -> Response<Body> {
         HeaderValue::from_static("Basic realm=\"sessionbox egress\""),
     );
     r
-}
-
-fn absolute_target(uri: &hyper::Uri) -> Result<Target, crate::policy::PolicyError> {
-    use crate::policy::PolicyError;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some(s) => {
-            return Err(PolicyError(format!(
-                "only http:// may be sent in absolute form ({s}:// goes through CONNECT)"
-            )));
-        }
-        None => {
-            return Err(PolicyError(
-                "this is a proxy: send CONNECT host:port or an absolute http:// URL".into(),
-            ));
-        }
-    }
-    let authority = uri
-        .authority()
-        .ok_or_else(|| PolicyError("the URL has no host".into()))?;
-    if authority.as_str().contains('@') {
-        return Err(PolicyError("user information in the URL is refused".into()));
-    }
-    Ok(Target {
-        host: parse_host(authority.host())?,
-        port: authority.port_u16().unwrap_or(80),
-    })
 }
 
 /// Byte counters and the time of the last byte, shared by a connection's relay and watchdog.

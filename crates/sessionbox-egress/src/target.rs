@@ -102,6 +102,38 @@ pub fn parse_authority(authority: &str) -> Result<Target, PolicyError> {
     })
 }
 
+/// The target of an absolute-form request (`GET http://host:port/path`), from the URI hyper
+/// parsed out of the request line: only `http://`, no user information, port 80 when none is
+/// given; the host as [`parse_host`] reads it.
+///
+/// # Errors
+/// [`PolicyError`] for another scheme, a URI without a host, user information or a bad host.
+pub fn absolute_target(uri: &hyper::Uri) -> Result<Target, PolicyError> {
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some(s) => {
+            return Err(PolicyError(format!(
+                "only http:// may be sent in absolute form ({s}:// goes through CONNECT)"
+            )));
+        }
+        None => {
+            return Err(PolicyError(
+                "this is a proxy: send CONNECT host:port or an absolute http:// URL".into(),
+            ));
+        }
+    }
+    let authority = uri
+        .authority()
+        .ok_or_else(|| PolicyError("the URL has no host".into()))?;
+    if authority.as_str().contains('@') {
+        return Err(PolicyError("user information in the URL is refused".into()));
+    }
+    Ok(Target {
+        host: parse_host(authority.host())?,
+        port: authority.port_u16().unwrap_or(80),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,7 +14,7 @@
 //! - [`archive_ext`]: the workspace as one tar (`/sessionbox/v1/archive`).
 //! - [`bash_session`]: upstream's bash sessions (`/session`).
 //! - [`pty`]: interactive terminals (upstream's `/pty` routes and WebSocket frames).
-//! - [`multipart`]: the upload body, laid out as the SDK lays it out.
+//! - [`multipart`]: the upload body, laid out as the SDK lays it out, and read back.
 //! - `ExecdClient` (feature `client`): every endpoint, over a Unix socket or `http(s)://`. The
 //!   agent (the server side) builds this crate without it, so it links no HTTP client.
 //! - [`ExecdError`]: what can fail; converts into [`sessionbox_core::Error`].

@@ -22,14 +22,20 @@
 //! upstream's Go `MultipartForm` lists only parts with a file name under `File`; the server pairs
 //! the n-th `metadata` part with the n-th `file` part. The data part's file name is the target's
 //! base name, escaped as the SDK escapes it; the server ignores it and uses the metadata path.
+//!
+//! The server side reads such a body with [`upload_boundary`] and [`decode_upload`]: the parts
+//! named `metadata` and `file`, paired by order, each pair one file to write.
 
 use std::collections::hash_map::RandomState;
+use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
+
 use crate::types::{FileMetadata, UploadFile};
-use crate::wire::upload;
+use crate::wire::{error_code, upload};
 
 /// An encoded upload body and its `Content-Type`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,7 +109,10 @@ pub fn encode_upload_with_boundary(files: &[UploadFile], boundary: &str) -> Vec<
 
 /// The base name of `path` for a `filename="..."` parameter: `\` and `"` escaped with a
 /// backslash, CR and LF replaced by `_`, `file` when the base name is empty (SDK
-/// `_multipart_header_filename(os.path.basename(path) or "file")`).
+/// `_multipart_header_filename(os.path.basename(path) or "file")`). Other control characters
+/// are replaced by `_` too, where the SDK keeps them: a header may not hold them (RFC 9110), so
+/// a server's parser refuses the whole body (ours does), and the server reads the path from
+/// the metadata anyway.
 pub fn header_filename(path: &str) -> String {
     let base = path.rsplit('/').next().unwrap_or("");
     let base = if base.is_empty() { "file" } else { base };
@@ -112,7 +121,7 @@ pub fn header_filename(path: &str) -> String {
         match c {
             '\\' => out.push_str("\\\\"),
             '"' => out.push_str("\\\""),
-            '\r' | '\n' => out.push('_'),
+            c if c.is_control() => out.push('_'),
             c => out.push(c),
         }
     }
@@ -158,6 +167,132 @@ fn python_json_string(s: &str) -> String {
     }
     out.push('"');
     out
+}
+
+/// Why an upload body was refused: the execd error code ([`error_code`]) and a message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct UploadError {
+    /// [`error_code::INVALID_FILE`], [`error_code::INVALID_FILE_METADATA`] or
+    /// [`error_code::INVALID_FILE_CONTENT`].
+    pub code: &'static str,
+    /// What is wrong, for the caller.
+    pub message: String,
+}
+
+/// One file of an upload: its `metadata` part (JSON, not yet parsed) and its `file` part.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UploadPart {
+    /// The bytes of the n-th `metadata` part.
+    pub metadata: Bytes,
+    /// The bytes of the n-th `file` part.
+    pub data: Bytes,
+}
+
+/// The boundary of an upload's `Content-Type` (`multipart/form-data; boundary=...`).
+///
+/// # Errors
+/// [`error_code::INVALID_FILE`] when it is not multipart or names no boundary.
+pub fn upload_boundary(content_type: &str) -> Result<String, UploadError> {
+    multer::parse_boundary(content_type).map_err(|e| UploadError {
+        code: error_code::INVALID_FILE,
+        message: format!("the upload must be multipart/form-data with a boundary: {e}"),
+    })
+}
+
+/// Reads a whole upload body: the n-th `metadata` part paired with the n-th `file` part (parts
+/// of other names are skipped), as upstream's server pairs them. At least one pair, and as many
+/// of one as of the other.
+///
+/// ```
+/// use sessionbox_execd::UploadFile;
+/// use sessionbox_execd::multipart::{decode_upload, encode_upload, metadata_json, upload_boundary};
+/// let files = [UploadFile::new("/w/a.txt", &b"hello"[..])];
+/// let body = encode_upload(&files);
+/// let boundary = upload_boundary(&body.content_type()).unwrap();
+/// let parts = decode_upload(&boundary, body.body.into()).unwrap();
+/// assert_eq!(parts[0].data, &b"hello"[..]);
+/// assert_eq!(parts[0].metadata, metadata_json(&files[0].metadata).as_bytes());
+/// ```
+///
+/// # Errors
+/// [`UploadError`] with upstream's code: a malformed form ([`error_code::INVALID_FILE`]), no
+/// metadata part, no file part, or counts that differ.
+pub fn decode_upload(boundary: &str, body: Bytes) -> Result<Vec<UploadPart>, UploadError> {
+    let bad = |code: &'static str, message: String| UploadError { code, message };
+    let (metadata, files) = read_parts(boundary, body)?;
+    if metadata.is_empty() {
+        return Err(bad(
+            error_code::INVALID_FILE_METADATA,
+            "metadata file is missing".into(),
+        ));
+    }
+    if files.is_empty() {
+        return Err(bad(
+            error_code::INVALID_FILE_CONTENT,
+            "file is missing".into(),
+        ));
+    }
+    if metadata.len() != files.len() {
+        return Err(bad(
+            error_code::INVALID_FILE,
+            format!(
+                "metadata and file count mismatch: {} vs {}",
+                metadata.len(),
+                files.len()
+            ),
+        ));
+    }
+    Ok(metadata
+        .into_iter()
+        .zip(files)
+        .map(|(metadata, data)| UploadPart { metadata, data })
+        .collect())
+}
+
+/// The `metadata` parts and the `file` parts of a whole body, in order. The body is all in
+/// memory, so the parser never waits: it is polled to completion here, with no executor.
+fn read_parts(boundary: &str, body: Bytes) -> Result<(Vec<Bytes>, Vec<Bytes>), UploadError> {
+    let malformed = |message: String| UploadError {
+        code: error_code::INVALID_FILE,
+        message,
+    };
+    let stream = futures::stream::once(std::future::ready(Ok::<Bytes, std::convert::Infallible>(
+        body,
+    )));
+    let mut form = multer::Multipart::new(stream, boundary);
+    let read = async move {
+        let mut metadata = Vec::new();
+        let mut files = Vec::new();
+        while let Some(field) = form
+            .next_field()
+            .await
+            .map_err(|e| malformed(format!("malformed multipart form: {e}")))?
+        {
+            let name = field.name().unwrap_or("").to_owned();
+            let data = field
+                .bytes()
+                .await
+                .map_err(|e| malformed(format!("malformed multipart part {name:?}: {e}")))?;
+            if name == upload::METADATA_FIELD {
+                metadata.push(data);
+            } else if name == upload::FILE_FIELD {
+                files.push(data);
+            }
+        }
+        Ok((metadata, files))
+    };
+    let mut read = std::pin::pin!(read);
+    match read
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+    {
+        std::task::Poll::Ready(r) => r,
+        // Only a stream that is not ready makes the parser wait, and this one always is.
+        std::task::Poll::Pending => Err(malformed(
+            "the multipart parser waited for more of a body that was all there".into(),
+        )),
+    }
 }
 
 fn fresh_boundary() -> String {
@@ -231,6 +366,43 @@ mod tests {
         assert_eq!(header_filename("/a/b\\c\"d\r\ne"), "b\\\\c\\\"d__e");
         assert_eq!(header_filename("/a/"), "file");
         assert_eq!(header_filename("plain"), "plain");
+    }
+
+    /// Found by the `upload` fuzz target: a file whose name holds a control character other
+    /// than CR or LF made a body our own reader refused (a header may not hold one).
+    #[test]
+    fn names_with_control_characters_make_a_body_that_reads_back() {
+        assert_eq!(header_filename("/w/a\tb\u{7f}c\u{1}d\u{85}"), "a_b_c_d_");
+        let files = [
+            UploadFile::new("/w/é\u{1F600}\t\u{7f}\"\\", &b"--BND\r\n"[..]),
+            UploadFile::new("/w/\u{1}\u{1b}[31m", &b"x"[..]),
+        ];
+        let body = encode_upload(&files);
+        let parts = decode_upload(&body.boundary, body.body.into()).unwrap();
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts[0].data, &b"--BND\r\n"[..]);
+        assert_eq!(
+            parts[1].metadata,
+            metadata_json(&files[1].metadata).as_bytes()
+        );
+    }
+
+    #[test]
+    fn bodies_that_break_the_pairing_are_refused_with_upstreams_codes() {
+        let one = encode_upload_with_boundary(&[UploadFile::new("/w/a", &b"a"[..])], "B");
+        let text = String::from_utf8(one).unwrap();
+        let only_metadata = text.replace("name=\"file\"", "name=\"other\"");
+        let err = decode_upload("B", only_metadata.into()).unwrap_err();
+        assert_eq!(err.code, error_code::INVALID_FILE_CONTENT);
+        let only_file = text.replace("name=\"metadata\"", "name=\"other\"");
+        let err = decode_upload("B", only_file.into()).unwrap_err();
+        assert_eq!(err.code, error_code::INVALID_FILE_METADATA);
+        let err = decode_upload("B", text[..text.len() / 2].to_owned().into()).unwrap_err();
+        assert_eq!(err.code, error_code::INVALID_FILE);
+        assert_eq!(
+            upload_boundary("text/plain").unwrap_err().code,
+            error_code::INVALID_FILE
+        );
     }
 
     #[test]

@@ -115,7 +115,7 @@ pub struct ClientFrame {
     /// `stdin`: UTF-8 text for the terminal's input.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub data: String,
-    /// `resize`: columns (ignored unless both sizes are above 0).
+    /// `resize`: columns (ignored unless both sizes are 1 to 65535: [`ClientFrame::window_size`]).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cols: u32,
     /// `resize`: rows.
@@ -135,6 +135,19 @@ impl ClientFrame {
             cols: cols.into(),
             rows: rows.into(),
             ..ClientFrame::default()
+        }
+    }
+
+    /// The size a `resize` frame asks for, `(cols, rows)`. `None` for any other frame, and for
+    /// a size that is 0 or larger than a terminal's 16 bits: the server ignores such a frame.
+    #[must_use]
+    pub fn window_size(&self) -> Option<(u16, u16)> {
+        if self.kind != "resize" {
+            return None;
+        }
+        match (u16::try_from(self.cols), u16::try_from(self.rows)) {
+            (Ok(cols @ 1..), Ok(rows @ 1..)) => Some((cols, rows)),
+            _ => None,
         }
     }
 
@@ -271,5 +284,24 @@ mod tests {
         let c: ClientFrame =
             serde_json::from_str(r#"{"type":"signal","signal":"SIGINT"}"#).unwrap();
         assert_eq!(c, ClientFrame::signal("SIGINT"));
+    }
+
+    #[test]
+    fn only_a_resize_to_a_real_size_has_a_window_size() {
+        assert_eq!(ClientFrame::resize(120, 40).window_size(), Some((120, 40)));
+        for (cols, rows) in [(0, 40), (120, 0), (65_536, 40), (120, u32::MAX)] {
+            let f = ClientFrame {
+                cols,
+                rows,
+                ..ClientFrame::resize(1, 1)
+            };
+            assert_eq!(f.window_size(), None, "{cols}x{rows}");
+        }
+        let not_resize = ClientFrame {
+            cols: 80,
+            rows: 24,
+            ..ClientFrame::signal("INT")
+        };
+        assert_eq!(not_resize.window_size(), None);
     }
 }

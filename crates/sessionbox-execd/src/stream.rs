@@ -143,6 +143,13 @@ impl EventStreamParser {
             self.line.extend_from_slice(&rest[..nl]);
             rest = &rest[nl + 1..];
             let line = std::mem::take(&mut self.line);
+            // The same bound as for a line still arriving, so where the chunks end never
+            // changes whether a long line is refused.
+            if line.len() + self.data.len() > self.max_event_bytes {
+                return Err(StreamError::TooLarge {
+                    limit: self.max_event_bytes,
+                });
+            }
             self.line_complete(&line, &mut out)?;
         }
         Ok(out)
@@ -464,6 +471,32 @@ mod tests {
         let mut p = EventStreamParser::with_max_event_bytes(16);
         let err = p.push(&[b'x'; 17]).unwrap_err();
         assert_eq!(err, StreamError::TooLarge { limit: 16 });
+    }
+
+    /// Found by the `event_stream` fuzz target: a line longer than the limit was refused when
+    /// it arrived in pieces and let through when it arrived whole.
+    #[test]
+    fn a_long_line_is_refused_however_the_body_is_cut() {
+        let mut body = vec![b'x'; 300];
+        body.extend_from_slice(b"\n\n");
+        body.extend_from_slice(UPSTREAM.as_bytes());
+        let parse = |chunks: &[&[u8]]| {
+            let mut p = EventStreamParser::with_max_event_bytes(256);
+            let mut ev = Vec::new();
+            for c in chunks {
+                ev.extend(p.push(c)?);
+            }
+            ev.extend(p.finish()?);
+            Ok::<_, StreamError>(ev)
+        };
+        let whole = parse(&[&body]);
+        assert_eq!(whole, Err(StreamError::TooLarge { limit: 256 }));
+        for at in [1, 200, 300, 301] {
+            assert_eq!(parse(&[&body[..at], &body[at..]]), whole, "cut at {at}");
+        }
+        // Under the limit, the same line is an ignored field line, cut or not.
+        let mut p = EventStreamParser::with_max_event_bytes(400);
+        assert_eq!(p.push(&body).unwrap().len(), 5);
     }
 
     #[test]

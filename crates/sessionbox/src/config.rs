@@ -591,23 +591,58 @@ impl FileConfig {
     /// Reads `path`. A missing file is an empty configuration unless `required`.
     pub fn load(path: &Path, required: bool) -> anyhow::Result<Self> {
         match std::fs::read_to_string(path) {
-            // The message and line only: the parser's own display quotes the offending line,
-            // which could be a secret put where it does not belong.
-            Ok(text) => toml::from_str(&text).map_err(|e| {
-                let line = e
-                    .span()
-                    .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
-                anyhow::anyhow!(
-                    "invalid configuration file {}{}: {}",
-                    path.display(),
-                    line.map(|l| format!(" (line {l})")).unwrap_or_default(),
-                    e.message().trim()
-                )
-            }),
+            Ok(text) => Self::parse(&text, path),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => Ok(Self::default()),
             Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
         }
     }
+
+    /// Parses the text of a configuration file; `path` only names it in an error.
+    ///
+    /// An error gives the parser's message and the line, never the text of the line: the
+    /// parser's own display quotes it, and it could be a secret put where it does not belong.
+    pub fn parse(text: &str, path: &Path) -> anyhow::Result<Self> {
+        toml::from_str(text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+            anyhow::anyhow!(
+                "invalid configuration file {}{}: {}",
+                path.display(),
+                line.map(|l| format!(" (line {l})")).unwrap_or_default(),
+                without_values(e.message().trim(), text)
+            )
+        })
+    }
+}
+
+/// `message` with every string value of the file `text` that it quotes taken out. The parser
+/// quotes a value it cannot use (`unknown variant `...``, `invalid type: string "..."`), and
+/// that value may be a secret under the wrong key; keys stay, so a typo is still named.
+fn without_values(message: &str, text: &str) -> String {
+    fn strings(v: &toml::Value, out: &mut Vec<String>) {
+        match v {
+            toml::Value::String(s) => out.push(s.clone()),
+            toml::Value::Array(a) => a.iter().for_each(|v| strings(v, out)),
+            toml::Value::Table(t) => t.values().for_each(|v| strings(v, out)),
+            _ => {}
+        }
+    }
+    // A file that is not TOML at all fails before any value is read, and no value is quoted.
+    let Ok(doc) = text.parse::<toml::Table>() else {
+        return message.to_owned();
+    };
+    let mut values = Vec::new();
+    doc.values().for_each(|v| strings(v, &mut values));
+    // Longest first, so a value inside another is not taken out of it first.
+    values.sort_by_key(|v| std::cmp::Reverse(v.len()));
+    let mut message = message.to_owned();
+    for v in values {
+        for quoted in [format!("`{v}`"), format!("{v:?}")] {
+            message = message.replace(&quoted, "(the value, not shown)");
+        }
+    }
+    message
 }
 
 /// The data directory: `--data-dir`, else `$SESSIONBOX_HOME`, else `$XDG_DATA_HOME/sessionbox`

@@ -7,7 +7,8 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use sessionbox_core::{Error, FileKind};
-use sessionbox_execd::wire::{error_code, query, upload};
+use sessionbox_execd::multipart;
+use sessionbox_execd::wire::{error_code, query};
 
 use super::{PermissionSpec, at, respond};
 use crate::server::{
@@ -34,60 +35,11 @@ async fn upload_inner(state: Arc<AppState>, req: Request) -> Result<Response, Ap
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_owned();
-    let boundary = multer::parse_boundary(&content_type).map_err(|e| {
-        bad(
-            error_code::INVALID_FILE,
-            format!("the upload must be multipart/form-data with a boundary: {e}"),
-        )
-    })?;
+    let boundary = multipart::upload_boundary(&content_type).map_err(|e| bad(e.code, e.message))?;
     let body = read_body(req, state.config.max_upload_bytes).await?;
-    let stream = futures::stream::once(async move { Ok::<Bytes, std::convert::Infallible>(body) });
-    let mut form = multer::Multipart::new(stream, boundary);
-    let mut metadata = Vec::new();
-    let mut files = Vec::new();
-    loop {
-        let field = form.next_field().await.map_err(|e| {
-            bad(
-                error_code::INVALID_FILE,
-                format!("malformed multipart form: {e}"),
-            )
-        })?;
-        let Some(field) = field else { break };
-        let name = field.name().unwrap_or("").to_owned();
-        let data = field.bytes().await.map_err(|e| {
-            bad(
-                error_code::INVALID_FILE,
-                format!("malformed multipart part {name:?}: {e}"),
-            )
-        })?;
-        if name == upload::METADATA_FIELD {
-            metadata.push(data);
-        } else if name == upload::FILE_FIELD {
-            files.push(data);
-        }
-    }
-    if metadata.is_empty() {
-        return Err(bad(
-            error_code::INVALID_FILE_METADATA,
-            "metadata file is missing".into(),
-        ));
-    }
-    if files.is_empty() {
-        return Err(bad(
-            error_code::INVALID_FILE_CONTENT,
-            "file is missing".into(),
-        ));
-    }
-    if metadata.len() != files.len() {
-        return Err(bad(
-            error_code::INVALID_FILE,
-            format!(
-                "metadata and file count mismatch: {} vs {}",
-                metadata.len(),
-                files.len()
-            ),
-        ));
-    }
+    let parts = multipart::decode_upload(&boundary, body).map_err(|e| bad(e.code, e.message))?;
+    let (metadata, files): (Vec<_>, Vec<_>) =
+        parts.into_iter().map(|p| (p.metadata, p.data)).unzip();
     let mut targets = Vec::with_capacity(files.len());
     for m in &metadata {
         let meta: UploadMetadata = parse_json(m).map_err(|e| {

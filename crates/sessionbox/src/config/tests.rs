@@ -11,6 +11,39 @@ fn unknown_keys_are_refused() {
     assert!(format!("{err:#}").contains("runtme"), "{err:#}");
 }
 
+/// Found by the `config` fuzz target: a value the parser could not use was quoted in the
+/// error, and a value under the wrong key may be a secret (a store URL with its password).
+#[test]
+fn an_error_never_shows_a_value_of_the_file() {
+    let secret = "postgres://sessionbox:hunter2@db.example:5432/sb";
+    for text in [
+        format!("runtime = \"{secret}\"\n"),
+        format!("store = \"{secret}\"\n"),
+        format!("[isolated]\npids = \"{secret}\"\n"),
+        format!("[isolated]\nlimits = \"{secret}\"\n"),
+        format!("[egress]\nnameservers = [\"{secret}\"]\n"),
+        format!("[store]\nurl = [\"{secret}\"]\n"),
+        format!("[serve]\ncors_origins = \"{secret}\"\n"),
+        "runtime = \"quote\\\"and\\\\slash hunter2\"\n".to_owned(),
+    ] {
+        let err = format!(
+            "{:#}",
+            FileConfig::parse(&text, Path::new("c.toml")).unwrap_err()
+        );
+        assert!(!err.contains("hunter2"), "{text:?}: {err}");
+        assert!(err.contains("(line 1") || err.contains("(line 2"), "{err}");
+    }
+    // Keys are still named, and so is what was expected.
+    let err = FileConfig::parse("runtme = \"host\"\n", Path::new("c.toml")).unwrap_err();
+    assert!(format!("{err:#}").contains("runtme"), "{err:#}");
+    let err = FileConfig::parse("runtime = \"hots\"\n", Path::new("c.toml")).unwrap_err();
+    let err = format!("{err:#}");
+    assert!(
+        err.contains("not shown") && err.contains("`opensandbox`"),
+        "{err}"
+    );
+}
+
 #[test]
 fn serve_settings_are_read_and_an_unknown_one_is_refused() {
     let dir = tempfile::tempdir().unwrap();
