@@ -89,10 +89,11 @@ pub enum Error {
     /// A backend (file system, process, store, remote server) failed.
     #[error("backend error: {0}")]
     Backend(String),
-    /// A service the operation needs cannot serve it now and nothing was done: the store cannot
-    /// be reached (a PostgreSQL server restarting, a network outage) or cannot take a write (the
-    /// disk holding it is full). The same request may succeed once the service is back; the
-    /// message says what is out of service.
+    /// A service the operation needs cannot serve it now: the store cannot be reached (a
+    /// PostgreSQL server restarting, a network outage) or cannot take a write (the disk holding
+    /// it is full). The same request may succeed once the service is back; the message says
+    /// what is out of service. What failed was not done (a transaction is rolled back), except
+    /// when a connection broke after a commit was sent: then the commit may have taken effect.
     #[error("unavailable: {0}")]
     Unavailable(String),
 }

@@ -403,6 +403,8 @@ pub(crate) fn restore(ws: &Workspace, archive: &mut File) -> Result<ArchiveStats
     rewind(archive)?;
     let stats = check(std::io::BufReader::new(&mut *archive))?;
     rewind(archive)?;
+    // An archive that cannot fit is refused before anything is removed.
+    crate::room::check(ws, &stats)?;
     empty_root(ws)?;
     let mut ar = tar::Archive::new(std::io::BufReader::new(&mut *archive));
     let mut parents = Parents::default();

@@ -31,6 +31,7 @@
 mod archive;
 mod perm;
 mod resolve;
+mod room;
 mod tree;
 mod walk;
 mod write;
@@ -515,8 +516,10 @@ impl Workspace {
     ///
     /// # Errors
     /// [`Error::InvalidRequest`] for an archive that breaks a rule (nothing changed);
-    /// [`Error::TooLarge`] when the workspace's file system is full (the workspace then holds
-    /// part of the archive); [`Error::Conflict`] when a mount point inside cannot be removed.
+    /// [`Error::TooLarge`] when its files cannot fit, even in the room the workspace's own files
+    /// free (nothing changed), or when the file system turns out full while it is written, near
+    /// that edge (the workspace then holds part of the archive); [`Error::Conflict`] when a
+    /// mount point inside cannot be removed.
     pub fn restore(&self, archive: &mut File) -> Result<ArchiveStats> {
         archive::restore(self, archive)
     }

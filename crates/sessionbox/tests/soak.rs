@@ -26,6 +26,9 @@
 //! host: no workspace, volume image, run directory, mount, loop device, cgroup or process of
 //! the data directory.
 //!
+//! The store is SQLite in the data directory, or the PostgreSQL database that
+//! `SESSIONBOX_SOAK_STORE_URL` names (a database of its own: the soak's records go there).
+//!
 //! Its own binary: it measures memory and answers under load, so no other test shares the
 //! machine with it. Needs root (the isolated runtime with cgroups and disk quotas); without it
 //! it prints SKIPPED and passes.
@@ -500,16 +503,18 @@ fn rss(pid: u32) -> u64 {
 }
 
 fn cli(data: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(EXE)
-        .arg("--data-dir")
+    let mut c = Command::new(EXE);
+    c.arg("--data-dir")
         .arg(data)
         .args(args)
         .env_remove("SESSIONBOX_RUNTIME")
         .env_remove("SESSIONBOX_TENANT")
         .env_remove("SESSIONBOX_STORE_URL")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
+        .stdin(Stdio::null());
+    if let Ok(u) = std::env::var("SESSIONBOX_SOAK_STORE_URL") {
+        c.env("SESSIONBOX_STORE_URL", u);
+    }
+    c.output().unwrap()
 }
 
 /// Cgroup directories named in the run directories' `sandbox.json`, as seen so far.
@@ -615,8 +620,12 @@ async fn soak_of_mixed_traffic_ends_with_no_unexpected_answer_flat_memory_and_no
         ),
     )
     .unwrap();
+    let store_url = std::env::var("SESSIONBOX_SOAK_STORE_URL").ok();
     let mut c = serve_command(EXE, &data, &[]);
     c.env_remove("SESSIONBOX_STORE_URL");
+    if let Some(u) = &store_url {
+        c.env("SESSIONBOX_STORE_URL", u);
+    }
     let (serve, base) = spawn_serve(&mut c);
     // Dropped in reverse: the server is killed first, then what it made is cleaned up.
     let _clean_up = CleanUp(data.clone());

@@ -208,6 +208,105 @@ async fn a_full_isolated_workspace_refuses_overwrite_upload_and_edit_as_too_larg
     consistent(&data, None);
 }
 
+/// A restore replaces the whole workspace: one whose archive cannot fit, even in the room the
+/// workspace's own files would free, is refused with 413 `too_large` before anything is removed
+/// (the `host` runtime, on a full 8 MiB tmpfs: B's 3 MiB snapshot into A, which holds 256 KiB).
+/// A's files are intact, byte for byte; once space is freed, the same restore succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_that_cannot_fit_a_full_workspace_is_refused_before_anything_is_removed() {
+    needs_root!();
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("sessionbox.toml"), "runtime = \"host\"\n").unwrap();
+    let _fs = Tmpfs::mount(&data.join("workspaces"), 8 << 20);
+    let s = Served::start(&data, None);
+    let http = http();
+    let old = pattern(7, 256 << 10);
+    let r = http
+        .put(s.url("a", "/files/keep.bin"))
+        .body(old.clone())
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    let big = pattern(8, 3 << 20);
+    let r = http
+        .put(s.url("b", "/files/big.bin"))
+        .body(big.clone())
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    let r = http
+        .post(s.url("b", "/snapshots"))
+        .json(&json!({"name": "big"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{:?}", json_of(r).await);
+    // Full, from B.
+    let r = http
+        .post(s.url("b", "/exec"))
+        .json(&json!({"command": "for b in 1048576 65536 4096 512 1; do \
+            head -c 100000000 /dev/zero | dd of=fill-$b bs=$b 2>/dev/null; done; true"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = http
+        .post(s.url("a", "/restore"))
+        .json(&json!({"snapshot": "big"}))
+        .send()
+        .await
+        .unwrap();
+    let (st, v) = json_of(r).await;
+    eprintln!("restore that cannot fit: {st} {v}");
+    assert_eq!(
+        (st, v["code"].as_str()),
+        (StatusCode::PAYLOAD_TOO_LARGE, Some("too_large")),
+        "{v}"
+    );
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("nothing was changed"),
+        "{v}"
+    );
+    let got = http
+        .get(s.url("a", "/files/keep.bin"))
+        .send()
+        .await
+        .unwrap();
+    assert!(got.bytes().await.unwrap() == old, "A's file changed");
+    // Freed: the same restore replaces A's files with B's.
+    let r = http
+        .post(s.url("b", "/exec"))
+        .json(&json!({"command": "rm -f fill-*"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = http
+        .post(s.url("a", "/restore"))
+        .json(&json!({"snapshot": "big"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{:?}", json_of(r).await);
+    let got = http.get(s.url("a", "/files/big.bin")).send().await.unwrap();
+    assert!(got.bytes().await.unwrap() == big);
+    let r = http
+        .get(s.url("a", "/files/keep.bin"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    s.stop();
+    destroy_all(&data, None);
+}
+
 /// One answer of the load while the store's disk is full: what it was and how it ended.
 #[derive(Debug)]
 #[allow(dead_code)] // Read through `Debug`, in the failure messages.

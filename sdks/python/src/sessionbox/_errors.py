@@ -169,8 +169,8 @@ class RuntimeUnavailable(ServerError):
 
 
 class Unavailable(ServerError):
-    """503 ``unavailable``: the server's store cannot be reached or its disk is full; nothing
-    was done, and the same request may succeed later (the answer carries ``Retry-After``)."""
+    """503 ``unavailable``: the server's store cannot be reached or its disk is full; the same
+    request may succeed later (the answer carries ``Retry-After``)."""
 
 
 class NotReady(ServerError):
