@@ -188,8 +188,10 @@ async fn background_commands_are_paused_while_an_archive_is_taken_and_resume_aft
         "{:?}",
         String::from_utf8_lossy(&head)
     );
+    // A shell blocked in the kernel (state D: a write held back while the disk is busy) takes
+    // its SIGSTOP only when the call returns.
     assert!(
-        eventually(Duration::from_secs(5), || proc_state(pid) == "T").await,
+        eventually(Duration::from_secs(30), || proc_state(pid) == "T").await,
         "the command's shell is stopped: {}",
         proc_state(pid)
     );
