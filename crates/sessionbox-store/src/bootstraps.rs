@@ -119,7 +119,8 @@ impl Store {
         })
     }
 
-    /// Records how a claimed bootstrap ended.
+    /// Records how a claimed bootstrap ended. Only a `running` claim is finished, so the
+    /// statement run again (a connection lost with its answer) counts the run once.
     ///
     /// # Errors
     /// [`Error::Backend`] when the database fails.
@@ -140,7 +141,7 @@ impl Store {
                 "record a bootstrap",
                 "UPDATE skill_bootstraps SET state = $3, exit_code = $4, runs = runs + 1,
                    updated_at = $5
-                 WHERE conversation_key = $1 AND skill = $2",
+                 WHERE conversation_key = $1 AND skill = $2 AND state = 'running'",
                 &[
                     key.as_str().into(),
                     skill.into(),

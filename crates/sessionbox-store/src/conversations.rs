@@ -18,6 +18,11 @@ pub enum OrphanClaim {
     HasRecord,
 }
 
+/// How long [`Store::get_or_create_with`] keeps trying to learn whether a transaction whose
+/// answer was lost committed: a PostgreSQL restart takes a second or two, and every read
+/// already waits up to 3 s for a connection.
+const LOST_COMMIT_PATIENCE: Duration = Duration::from_secs(6);
+
 const RECORD_COLUMNS: &str = "key, tenant, conversation_id, runtime, sandbox_ref, state, \
                               created_at, last_used_at, expires_at, idle_timeout_ms, ttl_ms, \
                               max_lifetime_ms, generation, state_since";
@@ -80,7 +85,7 @@ impl Store {
             .map(|d| now_ms.saturating_add(d))
             .min();
         let generation = random_generation()?;
-        self.write(
+        let made = self.write(
             "commit the conversation record",
             TxLock::Record(&conv.key),
             |db| {
@@ -124,7 +129,49 @@ impl Store {
                 record.check_runtime(runtime)?;
                 Ok((record, inserted == 1))
             },
-        )
+        );
+        match made {
+            Err(Error::Unavailable(why)) => self.settle_lost_commit(conv, runtime, generation, why),
+            made => made,
+        }
+    }
+
+    /// After the connection failed during [`Store::get_or_create_with`]'s transaction, finds out
+    /// whether it committed: a server that ends (`pg_ctl restart -m immediate`, a crash, a cut
+    /// network) may have made the record and lost only its answer. Left unknown, a record made
+    /// that way stays without its workspace, since its caller was told the open failed.
+    ///
+    /// The record is read again while the store stays unavailable, for up to
+    /// [`LOST_COMMIT_PATIENCE`]. A record of `generation` is this call's: it is returned as made
+    /// here. Another record is returned as found. No record means nothing was made, and the
+    /// outage is returned. Still unavailable after the patience, the outage is returned, and
+    /// a record made meanwhile is left to garbage collection (a record without its workspace,
+    /// unused past the grace, is `dangling`).
+    fn settle_lost_commit(
+        &self,
+        conv: &ConversationRef,
+        runtime: &str,
+        generation: i64,
+        why: String,
+    ) -> Result<(ConversationRecord, bool)> {
+        let until = std::time::Instant::now() + LOST_COMMIT_PATIENCE;
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match self.get(&conv.key) {
+                Ok(Some(record)) => {
+                    record.check_runtime(runtime)?;
+                    let mine = record.generation == generation;
+                    return Ok((record, mine));
+                }
+                Ok(None) => return Err(Error::Unavailable(why)),
+                Err(Error::Unavailable(_)) if std::time::Instant::now() + pause < until => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+                Err(Error::Unavailable(_)) => return Err(Error::Unavailable(why)),
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// The record of `key`, or `None`.

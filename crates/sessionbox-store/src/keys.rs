@@ -158,7 +158,8 @@ impl Store {
                 "store the API key",
                 "INSERT INTO api_keys (id, tenant, label, hash, created_at, revoked_at,
                      conversation, id_prefix, read_only, expires_at)
-                 VALUES ($1, $2, $3, $4, $5, NULL, $6, $7, $8, $9)",
+                 VALUES ($1, $2, $3, $4, $5, NULL, $6, $7, $8, $9)
+                 ON CONFLICT (id) DO NOTHING",
                 &[
                     record.id.as_str().into(),
                     record.tenant.as_str().into(),

@@ -123,7 +123,7 @@ impl Store {
             db.execute(
                 "replace the remote sandbox",
                 "UPDATE remote_sandboxes SET sandbox_id = $3, created_at = $4, expires_at = $5
-                 WHERE conversation_key = $1 AND sandbox_id = $2",
+                 WHERE conversation_key = $1 AND sandbox_id IN ($2, $3)",
                 &[
                     key.as_str().into(),
                     old_id.into(),

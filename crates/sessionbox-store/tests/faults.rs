@@ -13,6 +13,9 @@
 #[path = "support/pg.rs"]
 mod pg;
 
+#[path = "faults/lost_answer.rs"]
+mod lost_answer;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -752,6 +752,14 @@ both! {
             (r.state, r.exit_code, r.runs),
             (BootstrapState::Failed, Some(3), 2)
         );
+        // Finished again (the statement repeated after its answer was lost): the run counts once.
+        store.finish_bootstrap(k, "s", 0, now).unwrap();
+        let r = &store.bootstraps(k).unwrap()[0];
+        assert_eq!(
+            (r.state, r.exit_code, r.runs),
+            (BootstrapState::Failed, Some(3), 2),
+            "a finished bootstrap was finished twice"
+        );
         assert!(
             store.claim_bootstrap(k, "s", "d2", now, stale).unwrap(),
             "failed: again"

@@ -171,3 +171,26 @@ pub fn docker_bridge() -> std::net::Ipv4Addr {
         .and_then(|a| a.parse().ok())
         .unwrap_or_else(|| panic!("no docker0 address (is dockerd running?): {text}"))
 }
+
+/// Makes every later panic of this test process print its message and place to the process's
+/// own standard error as well, once per process.
+///
+/// libtest captures what a test prints, and a CI log that keeps only part of a long run loses
+/// the failure section at its end; a line written straight to file descriptor 2 lands next to
+/// the `FAILED` line instead. The default hook still runs after it.
+pub fn echo_panics_to_stderr() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            use std::io::Write as _;
+            let thread = std::thread::current();
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "PANIC in {}: {info}",
+                thread.name().unwrap_or("a test thread")
+            );
+            previous(info);
+        }));
+    });
+}

@@ -24,6 +24,7 @@ const EXE: &str = env!("CARGO_BIN_EXE_sessionbox");
 
 macro_rules! needs_root {
     () => {
+        sessionbox_test_support::echo_panics_to_stderr();
         if !rustix::process::geteuid().is_root() {
             eprintln!("SKIPPED: fault injection tests need root (CI runs them as root)");
             return;
@@ -31,6 +32,16 @@ macro_rules! needs_root {
     };
 }
 pub(crate) use needs_root;
+
+/// `eprintln!` past libtest's capture, straight to file descriptor 2: what these tests measure
+/// reaches a CI log that keeps only the lines around a failure.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+pub(crate) use say;
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()

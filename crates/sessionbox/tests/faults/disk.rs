@@ -83,12 +83,12 @@ async fn workspace_full(s: &Served, id: &str, ws_of: impl Fn(&str) -> std::path:
         .unwrap();
     let (st, v) = json_of(r).await;
     assert_eq!(st, StatusCode::OK, "{v}");
-    eprintln!("workspace filled: {}", v["stdout"]);
+    say!("workspace filled: {}", v["stdout"]);
 
     // An overwrite with larger content: refused, the old content intact, no temporary file.
     let r = put("keep.bin", pattern(2, 512 << 10)).await.unwrap();
     let (st, v) = json_of(r).await;
-    eprintln!("overwrite on a full disk: {st} {v}");
+    say!("overwrite on a full disk: {st} {v}");
     full(st, &v, "overwrite");
     let got = http.get(s.url(id, "/files/keep.bin")).send().await.unwrap();
     assert_eq!(got.status(), StatusCode::OK);
@@ -114,7 +114,7 @@ async fn workspace_full(s: &Served, id: &str, ws_of: impl Fn(&str) -> std::path:
         .await
         .unwrap();
     let (st, v) = json_of(r).await;
-    eprintln!("upload on a full disk: {st} {v}");
+    say!("upload on a full disk: {st} {v}");
     full(st, &v, "upload");
 
     // An edit that grows a file.
@@ -125,7 +125,7 @@ async fn workspace_full(s: &Served, id: &str, ws_of: impl Fn(&str) -> std::path:
         .await
         .unwrap();
     let (st, v) = json_of(r).await;
-    eprintln!("edit on a full disk: {st} {v}");
+    say!("edit on a full disk: {st} {v}");
     full(st, &v, "edit");
     let got = http.get(s.url(id, "/files/edit.txt")).send().await.unwrap();
     assert_eq!(got.bytes().await.unwrap(), &b"short text to grow\n"[..]);
@@ -261,7 +261,7 @@ async fn a_restore_that_cannot_fit_a_full_workspace_is_refused_before_anything_i
         .await
         .unwrap();
     let (st, v) = json_of(r).await;
-    eprintln!("restore that cannot fit: {st} {v}");
+    say!("restore that cannot fit: {st} {v}");
     assert_eq!(
         (st, v["code"].as_str()),
         (StatusCode::PAYLOAD_TOO_LARGE, Some("too_large")),
@@ -477,12 +477,12 @@ async fn store_disk_full(config: &str, new_per_client: usize) {
         *by.entry(class).or_default() += 1;
         assert!(a.took < Duration::from_secs(20), "{a:?} took too long");
     }
-    eprintln!(
+    say!(
         "{} answers while the store's disk was full: {by:?}",
         answers.len()
     );
     for a in bad.iter().take(10) {
-        eprintln!("unexpected: {a:?}");
+        say!("unexpected: {a:?}");
     }
     assert!(
         bad.is_empty(),
@@ -532,7 +532,7 @@ async fn store_disk_full(config: &str, new_per_client: usize) {
         );
         assert_eq!(&r.text().await.unwrap(), content);
     }
-    eprintln!("{} acknowledged writes, all present", acked.len());
+    say!("{} acknowledged writes, all present", acked.len());
     assert!(acked.len() >= 4, "{}", acked.len());
     // A first open undone while the disk was full finishes removing its record once the store
     // can write again (in the background, within seconds); then nothing is half-made.
