@@ -1295,22 +1295,26 @@ async fn a_flood_of_refused_connects_is_a_few_counted_rows_and_host_logs_stay_ca
     // (and gets the relay's 502). The runtime starts a gateway that ended again before the
     // conversation's next command, so this one is killed while the command waits for the word
     // to flood (a file the host makes in the workspace).
+    // The command says when it runs: the runtime checks the gateway before a command starts
+    // (and starts it again), never while it runs, so a gateway killed after that stays gone.
     let cmd = format!(
-        "while [ ! -e gateway-gone ]; do sleep 0.02; done; {}",
+        "touch command-runs; while [ ! -e gateway-gone ]; do sleep 0.02; done; {}",
         connect_flood(N)
     );
     let waiting = {
         let data = data.clone();
         tokio::spawn(async move { data.sh(flood, &cmd).await })
     };
+    let workspace = data.path.join("workspaces").join(key.as_str());
     let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while data.gateways() == 0 {
+    while !workspace.join("command-runs").exists() {
         assert!(
             std::time::Instant::now() < until,
-            "the gateway was not started again"
+            "the command did not start"
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+    assert_eq!(data.gateways(), 1, "the gateway was not started again");
     let record: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run.join("sandbox.json")).unwrap()).unwrap();
     let again = record["gateway_pid"].as_i64().unwrap();
@@ -1325,14 +1329,7 @@ async fn a_flood_of_refused_connects_is_a_few_counted_rows_and_host_logs_stay_ca
     while data.gateways() > 0 {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    std::fs::write(
-        data.path
-            .join("workspaces")
-            .join(key.as_str())
-            .join("gateway-gone"),
-        b"",
-    )
-    .unwrap();
+    std::fs::write(workspace.join("gateway-gone"), b"").unwrap();
     let (code, out) = waiting.await.unwrap();
     assert_eq!((code, out.trim()), (0, format!("[('502', {N})]").as_str()));
     // The relay writes what the agent wrote; give it a moment.
