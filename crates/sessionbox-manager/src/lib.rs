@@ -51,7 +51,8 @@ pub use snapshots::{DEFAULT_TEMPLATE, ForkFrom, SnapshotConfig};
 
 /// Snapshot operations one process runs at once (see `Manager::snapshot_slots`); one more is
 /// refused as busy (never waited for: an operation may hold a conversation, and waiting for a
-/// slot while holding one could wait forever on one that waits for the conversation).
+/// slot while holding one could wait forever on one that waits for the conversation). One tenant
+/// may hold at most half of them.
 const SNAPSHOT_SLOTS: usize = 4;
 
 /// A bootstrap claimed this long ago whose end was never recorded (its process died) may be
@@ -81,7 +82,8 @@ pub struct Manager {
     /// temporary archives at once in this process: each holds at most a few times
     /// `max_archive_bytes` of scratch disk, so this bounds what many conversations at once
     /// can make the host spend.
-    snapshot_slots: Arc<tokio::sync::Semaphore>,
+    /// At most half of them held by one tenant (`snapshots::slots`).
+    snapshot_slots: Arc<snapshots::SnapshotSlots>,
     /// Records made by a first open that failed and that could not be removed then (the
     /// store was unavailable), by key, with their generation: removed by the next open of the
     /// key in this process or by a retry in the background (see `Manager::undo_later`).
@@ -129,7 +131,7 @@ impl Manager {
             logs: sessionbox_store::LogRetention::default(),
             warm: None,
             snapshots: None,
-            snapshot_slots: Arc::new(tokio::sync::Semaphore::new(SNAPSHOT_SLOTS)),
+            snapshot_slots: Arc::new(snapshots::SnapshotSlots::new(SNAPSHOT_SLOTS)),
             pending_undo: Arc::default(),
         }
     }

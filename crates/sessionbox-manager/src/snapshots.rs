@@ -33,7 +33,10 @@ use crate::{Conversation, Manager};
 mod clones;
 mod files;
 mod policy;
+mod slots;
 mod templates;
+
+pub(crate) use slots::SnapshotSlots;
 
 pub(crate) use clones::Start;
 
@@ -106,22 +109,14 @@ impl Manager {
         self.snapshots.as_deref()
     }
 
-    /// One of this process's snapshot slots, held for an operation's length: they bound the
-    /// scratch disk snapshot operations take at once.
+    /// One of this process's snapshot slots for an operation of `tenant`, held for its
+    /// length: they bound the scratch disk snapshot operations take at once, and one tenant
+    /// holds at most half of them.
     ///
     /// # Errors
-    /// [`Error::Busy`] when every slot is taken (retry).
-    pub(crate) fn snapshot_slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit> {
-        self.snapshot_slots
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| {
-                Error::Busy(
-                    "every snapshot slot of this process is in use (snapshots, restores, forks, \
-                 template starts and imports run a few at a time); retry shortly"
-                        .into(),
-                )
-            })
+    /// [`Error::Busy`] when `tenant` holds its share, or every slot is taken (retry).
+    pub(crate) fn snapshot_slot(&self, tenant: &TenantId) -> Result<slots::SnapshotSlot> {
+        self.snapshot_slots.take(tenant)
     }
 
     fn snapshot_dir(&self) -> Result<Arc<SnapshotConfig>> {
@@ -184,8 +179,8 @@ impl Manager {
     ) -> Result<SnapshotRecord> {
         validate_snapshot_name(name)?;
         let config = self.snapshot_dir()?;
-        let _slot = self.snapshot_slot()?;
         let conv = conversation.conversation().clone();
+        let _slot = self.snapshot_slot(&conv.tenant)?;
         let tenant = conv.tenant.clone();
         let (t, n) = (tenant.clone(), name.to_owned());
         if self.store.run(move |s| s.snapshot(&t, &n)).await?.is_some() {
@@ -347,7 +342,7 @@ impl Manager {
         name: &str,
     ) -> Result<ArchiveStats> {
         let config = self.snapshot_dir()?;
-        let _slot = self.snapshot_slot()?;
+        let _slot = self.snapshot_slot(&conversation.tenant)?;
         let record = self.snapshot_record(&conversation.tenant, name).await?;
         let tar = self.unpack(&config, &record).await?;
         let opened = self
@@ -374,7 +369,7 @@ impl Manager {
         name: &str,
     ) -> Result<ArchiveStats> {
         let config = self.snapshot_dir()?;
-        let _slot = self.snapshot_slot()?;
+        let _slot = self.snapshot_slot(&conversation.conversation().tenant)?;
         let record = self
             .snapshot_record(&conversation.conversation().tenant, name)
             .await?;
@@ -394,7 +389,7 @@ impl Manager {
         match from {
             ForkFrom::Snapshot(name) => {
                 let config = self.snapshot_dir()?;
-                let _slot = self.snapshot_slot()?;
+                let _slot = self.snapshot_slot(&to.tenant)?;
                 self.refuse_existing(to).await?;
                 let record = self.snapshot_record(&to.tenant, name).await?;
                 let r = self
@@ -434,7 +429,7 @@ impl Manager {
         to: &ConversationRef,
     ) -> Result<ArchiveStats> {
         let config = self.snapshot_dir()?;
-        let _slot = self.snapshot_slot()?;
+        let _slot = self.snapshot_slot(&to.tenant)?;
         let from = origin.conversation();
         if from.key == to.key {
             return Err(into_itself());
@@ -552,7 +547,7 @@ impl Manager {
     ) -> Result<SnapshotRecord> {
         validate_snapshot_name(name)?;
         let config = self.snapshot_dir()?;
-        let _slot = self.snapshot_slot()?;
+        let _slot = self.snapshot_slot(tenant)?;
         let (t, n) = (tenant.clone(), name.to_owned());
         if self.store.run(move |s| s.snapshot(&t, &n)).await?.is_some() {
             return Err(taken(name));
@@ -763,7 +758,7 @@ fn no_snapshot(name: &str) -> Error {
 mod tests {
     use std::sync::Arc;
 
-    use sessionbox_core::{ConversationRef, Error, Session};
+    use sessionbox_core::{ConversationRef, Error, Session, TenantId};
     use sessionbox_local::host::{HostConfig, HostRuntime};
     use sessionbox_store::Store;
 
@@ -787,7 +782,10 @@ mod tests {
         Box::new(s).close().await.unwrap();
 
         let held: Vec<_> = (0..crate::SNAPSHOT_SLOTS)
-            .map(|_| m.snapshot_slot().unwrap())
+            .map(|i| {
+                m.snapshot_slot(&TenantId::new(format!("t{i}")).unwrap())
+                    .unwrap()
+            })
             .collect();
         let e = m.snapshot(&a, "one", None).await.unwrap_err();
         assert!(matches!(e, Error::Busy(_)), "{e:?}");

@@ -427,3 +427,90 @@ async fn garbage_collection_removes_expired_snapshots_orphans_and_stale_temporar
     assert!(files(&f.snapshots).is_empty(), "{:?}", files(&f.snapshots));
     assert!(f.m.runtime().list().await.unwrap().is_empty());
 }
+
+/// The attack: tenant A keeps as many snapshot operations running as it can, four takes of a
+/// 48 MiB incompressible workspace at once, in a loop. The slots are the process's: before each
+/// tenant had a share, A held all four and tenant B, whose conversations start from a default
+/// template, could not create one (through `serve`, 17 of 19 creations while the attack ran were
+/// refused busy). Now A holds at most half: A's extra operations are refused naming its share,
+/// and each of B's creations meanwhile succeeds and starts from B's template.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_running_snapshots_in_a_loop_leaves_slots_for_another_tenants_template_starts() {
+    let f = fixture(|_| {});
+    let a = TenantId::new("hog").unwrap();
+    let b = TenantId::new("bystander").unwrap();
+    let noise: Vec<u8> = {
+        use std::io::Read;
+        let mut v = vec![0u8; 48 << 20];
+        std::fs::File::open("/dev/urandom")
+            .unwrap()
+            .read_exact(&mut v)
+            .unwrap();
+        v
+    };
+    let a_convs: Vec<ConversationRef> = (0..4)
+        .map(|i| ConversationRef::new(a.clone(), ConversationId::new(format!("big{i}")).unwrap()))
+        .collect();
+    for c in &a_convs {
+        write(&f.m, c, "noise.bin", &noise).await;
+    }
+    let base = ConversationRef::new(b.clone(), ConversationId::new("base").unwrap());
+    write(&f.m, &base, "hello.txt", b"from the template\n").await;
+    f.m.snapshot(&base, "base", None).await.unwrap();
+    f.m.set_template(&b, DEFAULT_TEMPLATE, "base")
+        .await
+        .unwrap();
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let attack: Vec<_> = a_convs
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let (m, c, a, stop) = (f.m.clone(), c.clone(), a.clone(), stop.clone());
+            tokio::spawn(async move {
+                let (mut taken, mut refused) = (0u32, 0u32);
+                let mut n = 0;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    n += 1;
+                    let name = format!("s{i}-{n}");
+                    match m.snapshot(&c, &name, None).await {
+                        Ok(_) => {
+                            taken += 1;
+                            m.delete_snapshot(&a, &name).await.unwrap();
+                        }
+                        Err(Error::Busy(why)) => {
+                            assert!(why.contains("this tenant"), "{why}");
+                            refused += 1;
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                (taken, refused)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for i in 0..10 {
+        let c = ConversationRef::new(b.clone(), ConversationId::new(format!("new{i}")).unwrap());
+        let got = read(&f.m, &c, "hello.txt").await;
+        assert_eq!(
+            got.as_deref().ok(),
+            Some(&b"from the template\n"[..]),
+            "B's creation {i} while A snapshots: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (mut taken, mut refused) = (0, 0);
+    for t in attack {
+        let (t, r) = t.await.unwrap();
+        taken += t;
+        refused += r;
+    }
+    eprintln!("A: {taken} snapshots taken, {refused} refused for its share");
+    assert!(
+        taken > 0 && refused > 0,
+        "the attack ran at its share: {taken} {refused}"
+    );
+}

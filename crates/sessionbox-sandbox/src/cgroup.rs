@@ -447,6 +447,9 @@ impl Cgroups {
                         if d.path.join("memory.memsw.limit_in_bytes").exists() {
                             set(c, "memory.memsw.limit_in_bytes", l.memory_bytes.to_string())?;
                         }
+                        // v1 counts socket buffers only once a TCP limit is set, and only for
+                        // sockets made after: set before any process of the sandbox runs.
+                        set(c, "memory.kmem.tcp.limit_in_bytes", l.tcp_bytes.to_string())?;
                     }
                     (Version::V2, "memory") => {
                         set(c, "memory.max", l.memory_bytes.to_string())?;

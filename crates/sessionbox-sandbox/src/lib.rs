@@ -158,6 +158,14 @@ pub struct SandboxLimits {
     /// `kernel.pty.reserve`, 3072 by default) is shared by every devpts instance, so without a
     /// maximum one sandbox could take every terminal of every other. Default 16.
     pub ptys: u64,
+    /// Bytes of TCP socket buffers the sandbox may hold at once. The kernel's TCP memory is
+    /// one pool for the whole host (`net.ipv4.tcp_mem`), past whose thresholds every TCP
+    /// connection of the host (other sandboxes, the server, its store) is squeezed and then
+    /// refused memory; on cgroup v1 a memory cgroup does not count socket buffers unless told
+    /// to (`memory.kmem.tcp.limit_in_bytes`, set to this), so without it one sandbox's loopback
+    /// connections could take that pool whole beside its memory limit. cgroup v2 counts socket
+    /// buffers in `memory.max`. Default 64 MiB.
+    pub tcp_bytes: u64,
 }
 
 impl Default for SandboxLimits {
@@ -173,6 +181,7 @@ impl Default for SandboxLimits {
             mode: LimitMode::Cgroup,
             cpu_secs: 3600,
             ptys: 16,
+            tcp_bytes: 64 << 20,
         }
     }
 }
@@ -289,9 +298,10 @@ impl SandboxSpec {
             || !(l.cpu.is_finite() && l.cpu >= 0.01)
             || l.cpu_secs == 0
             || !(1..=4096).contains(&l.ptys)
+            || l.tcp_bytes < (1 << 20)
         {
             return bad(format!(
-                "sandbox limits out of range (pids and nproc >= 4, memory >= 16 MiB, nofile >= 16, fsize > 0, tmpfs >= 1 MiB, cpu >= 0.01, cpu_secs > 0, ptys 1 to 4096): {l:?}"
+                "sandbox limits out of range (pids and nproc >= 4, memory >= 16 MiB, nofile >= 16, fsize > 0, tmpfs >= 1 MiB, cpu >= 0.01, cpu_secs > 0, ptys 1 to 4096, tcp >= 1 MiB): {l:?}"
             ));
         }
         for (host, inside) in &self.ro_binds {

@@ -164,6 +164,18 @@ fn holds(decision: Decision, limits: &SandboxLimits, version: &str) -> Vec<Strin
                 l.memory_bytes
             ),
             format!(
+                "TCP buffers: {} bytes for the whole sandbox ({})",
+                match version {
+                    "v1" => l.tcp_bytes.to_string(),
+                    _ => "within the memory".into(),
+                },
+                match version {
+                    "v1" =>
+                        "cgroup v1 memory.kmem.tcp.limit_in_bytes: the host's TCP memory is one pool",
+                    _ => "cgroup v2 counts socket buffers in memory.max",
+                }
+            ),
+            format!(
                 "processes: {} for the whole sandbox (cgroup {version} pids.max), and RLIMIT_NPROC {}",
                 l.pids, l.nproc
             ),
@@ -186,6 +198,8 @@ fn holds(decision: Decision, limits: &SandboxLimits, version: &str) -> Vec<Strin
                 "cpu: RLIMIT_CPU {} s per process, then the kernel kills it (no CPU quota: a sandbox can keep every core busy)",
                 l.cpu_secs
             ),
+            "TCP buffers: not bounded per sandbox (only by the host's pool, net.ipv4.tcp_mem)"
+                .into(),
             per_process,
         ],
         Decision::Refuse => Vec::new(),
@@ -306,6 +320,9 @@ mod tests {
         );
         assert!(c.contains("512 for the whole sandbox"), "{c}");
         assert!(c.contains("1 CPU(s)"), "{c}");
+        assert!(c.contains("TCP buffers: 67108864 bytes"), "{c}");
+        let v2 = holds(Decision::Cgroups, &l, "v2").join("\n");
+        assert!(v2.contains("socket buffers in memory.max"), "{v2}");
         let r = holds(Decision::Rlimits, &l, "v1").join("\n");
         for want in [
             "RLIMIT_AS 2147483648 bytes per process",
@@ -313,6 +330,7 @@ mod tests {
             "RLIMIT_CPU 3600 s per process",
             "RLIMIT_FSIZE 1073741824",
             "no CPU quota",
+            "TCP buffers: not bounded",
         ] {
             assert!(r.contains(want), "{want}: {r}");
         }

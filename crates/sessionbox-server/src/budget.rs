@@ -17,6 +17,11 @@
 //! client has taken its last byte ([`OutputBudget::reserve_body`]): a client that reads slowly
 //! or not at all keeps the file in the server's memory that long, so a tenant's slow readers
 //! are refused (429) before they can make the server hold more than its limit.
+//!
+//! A file upload's body is counted too ([`received`]): the file routes read a body whole
+//! before writing it (up to `max_file_bytes` each), so without it one key sending many uploads
+//! at once (or sending each slowly) made the server hold them all: 20 uploads of 60 MiB took
+//! its memory from 57 MiB to 3 GiB.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -119,6 +124,27 @@ impl OutputBudget {
         )
     }
 
+    /// Reserves the `bytes` of a request body of `tenant` (a file being received), until the
+    /// reservation is dropped.
+    ///
+    /// # Errors
+    /// [`Error::Busy`] naming the limit the reservation would pass (wait for an upload or a
+    /// command to end).
+    pub(crate) fn reserve_upload(
+        self: &Arc<Self>,
+        tenant: &TenantId,
+        bytes: u64,
+    ) -> Result<Reservation, Error> {
+        // Never refused for its size alone (the body limit decides that): at most the budget.
+        let bytes = bytes.min(self.per_tenant).min(self.total);
+        self.take(
+            tenant,
+            bytes,
+            "(a file being received)",
+            "or send fewer files at once",
+        )
+    }
+
     /// Takes `bytes` for `tenant` if both limits allow; `what` and `instead` finish the refusal.
     fn take(
         self: &Arc<Self>,
@@ -216,6 +242,44 @@ pub(crate) fn held_json(
         held_body(data, held),
     )
         .into_response()
+}
+
+/// Middleware of the routes that read a file body whole (`PUT .../files/{path}`, `POST
+/// .../files`): reserves the body's declared length (or, without one, the most the route takes,
+/// `max_file_bytes`) before a byte of it is read, until the answer is made. Over the budget the
+/// request is refused (429) unread. Runs after `scope::authorize`, which leaves the caller.
+pub(crate) async fn received(
+    axum::extract::State(state): axum::extract::State<crate::AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let reads_body = matches!(
+        *req.method(),
+        axum::http::Method::PUT | axum::http::Method::POST
+    );
+    let tenant = req
+        .extensions()
+        .get::<crate::auth::Principal>()
+        .map(|p| p.tenant.clone());
+    let (true, Some(tenant)) = (reads_body, tenant) else {
+        return next.run(req).await;
+    };
+    let limit = u64::try_from(state.config.max_file_bytes).unwrap_or(u64::MAX);
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    // A declared length past the limit is refused by the body limit, unread: nothing to hold.
+    let bytes = declared.unwrap_or(limit).min(limit);
+    let held = match state.budget.reserve_upload(&tenant, bytes) {
+        Ok(r) => r,
+        Err(e) => return crate::error::ApiError::from(e).into_response(),
+    };
+    let response = next.run(req).await;
+    drop(held);
+    response
 }
 
 impl Drop for Reservation {

@@ -1,6 +1,7 @@
 //! What the dashboard needs from the server, end to end over HTTP (the pages themselves are
 //! tested in a browser by `ui-src/test`): its files under a strict content security policy,
-//! `whoami`, the audit trail, the installation, and terminal tickets.
+//! `whoami`, the audit trail, the installation, terminal tickets, and what one tenant may hold of
+//! the server while it sends bodies: import slots, and uploads in its budget.
 
 // Integration tests may unwrap (clippy.toml says so, but clippy counts only `#[test]` functions
 // as tests, not the helpers beside them).
@@ -336,4 +337,165 @@ async fn a_terminal_ticket_opens_one_terminal_of_its_conversation_once() {
     )
     .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "no key");
+}
+
+/// The attack: a tenant starts imports and sends their bodies as slowly as it likes (a body
+/// has no deadline). The server writes two imports at once; before, one tenant holding both
+/// kept every other tenant's imports refused for as long as its uploads lasted. Now a tenant
+/// writes one import at a time: its second is refused naming that, and another tenant's
+/// import goes through while the slow one still waits for its bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_holding_a_slow_import_leaves_room_for_another_tenants_import() {
+    use tokio::io::AsyncWriteExt;
+    let s = Server::start().await;
+    let other = s
+        .store
+        .create_api_key(
+            &sessionbox_core::TenantId::new("other").unwrap(),
+            None,
+            chrono::Utc::now(),
+        )
+        .unwrap()
+        .key;
+    s.put("origin", "f.txt", "exported\n").await;
+    let r = s
+        .req(&s.admin, Method::POST, "/v1/conversations/origin/snapshots")
+        .header("content-type", "application/json")
+        .body(r#"{"name": "s1"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let archive = s
+        .req(&s.admin, Method::GET, "/v1/snapshots/s1/archive")
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+
+    // Two slow imports of acme: the head and a few bytes of a 1 MB body, then nothing.
+    let mut slow = Vec::new();
+    for name in ["slow1", "slow2"] {
+        let mut c = tokio::net::TcpStream::connect(s.base.trim_start_matches("http://"))
+            .await
+            .unwrap();
+        let head = format!(
+            "PUT /v1/snapshots/{name}/archive HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+             Content-Length: 1000000\r\n\r\nabc",
+            s.admin
+        );
+        c.write_all(head.as_bytes()).await.unwrap();
+        slow.push(c);
+    }
+    // The second is answered at once (refused), the first waits for its bytes.
+    let mut answer = vec![0u8; 1024];
+    let n = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        tokio::io::AsyncReadExt::read(&mut slow[1], &mut answer),
+    )
+    .await
+    .expect("acme's second import is answered at once")
+    .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+    assert!(answer.contains("one at a time"), "{answer}");
+
+    let r = s
+        .req(&other, Method::PUT, "/v1/snapshots/mine/archive")
+        .body(archive.to_vec())
+        .send()
+        .await
+        .unwrap();
+    let (status, v) = json_of(r).await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    assert_eq!(v["files"], 1, "{v}");
+    drop(slow);
+}
+
+/// The attack: a key sends many file uploads at once and holds each one unfinished. A file
+/// body is read whole before it is written, so before the server held every one (20 uploads
+/// of 60 MiB took it from 57 MiB to 3 GiB; a few hundred would have ended it for every
+/// tenant). Now each upload's declared length is reserved in the tenant's output budget
+/// before a byte is read: past it an upload is refused (429) unread, naming the limit, and
+/// another tenant's upload goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_held_unfinished_count_in_the_tenants_budget_and_leave_others_room() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const MIB: u64 = 1 << 20;
+    let s = Server::start_with(sessionbox_server::ServerConfig {
+        max_output_bytes_per_tenant: 40 * MIB,
+        ..Default::default()
+    })
+    .await;
+    let other = s
+        .store
+        .create_api_key(
+            &sessionbox_core::TenantId::new("other").unwrap(),
+            None,
+            chrono::Utc::now(),
+        )
+        .unwrap()
+        .key;
+    // Two uploads of 15 MiB each, sent in part and held: 30 MiB of acme's 40 reserved.
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let mut c = tokio::net::TcpStream::connect(s.base.trim_start_matches("http://"))
+            .await
+            .unwrap();
+        let head = format!(
+            "PUT /v1/conversations/up/files/f{i}.bin HTTP/1.1\r\nHost: x\r\nAuthorization: \
+             Bearer {}\r\nContent-Length: {}\r\n\r\n",
+            s.admin,
+            15 * MIB
+        );
+        c.write_all(head.as_bytes()).await.unwrap();
+        c.write_all(&vec![b'x'; 1 << 20]).await.unwrap();
+        held.push(c);
+    }
+    // The third is answered at once, refused; the first two wait for their bytes.
+    let mut answer = vec![0u8; 2048];
+    let n = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        held[2].read(&mut answer),
+    )
+    .await
+    .expect("the upload past the budget is answered at once")
+    .unwrap();
+    let text = String::from_utf8_lossy(&answer[..n]).into_owned();
+    assert!(text.starts_with("HTTP/1.1 429"), "{text}");
+    assert!(text.contains("max_output_bytes_per_tenant"), "{text}");
+    for c in &mut held[..2] {
+        let r = tokio::time::timeout(std::time::Duration::from_millis(300), c.read(&mut answer));
+        assert!(
+            r.await.is_err(),
+            "an upload within the budget is still being received"
+        );
+    }
+
+    let r = s
+        .req(&other, Method::PUT, "/v1/conversations/mine/files/f.bin")
+        .body(vec![b'y'; (15 * MIB) as usize])
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    // Once acme's held uploads end, its budget is whole again.
+    drop(held);
+    let mut ok = false;
+    for _ in 0..50 {
+        let r = s
+            .req(&s.admin, Method::PUT, "/v1/conversations/up/files/g.bin")
+            .body(vec![b'z'; (30 * MIB) as usize])
+            .send()
+            .await
+            .unwrap();
+        if r.status().is_success() {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(ok, "acme's budget came back once its uploads ended");
 }

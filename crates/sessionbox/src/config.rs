@@ -501,6 +501,9 @@ pub struct IsolatedSection {
     pub cpu_secs: Option<u64>,
     /// Pseudo-terminals per conversation at once (its own devpts instance's `max`, default 16).
     pub ptys: Option<u64>,
+    /// Bytes of TCP socket buffers per conversation at once (default 64 MiB, at least 1 MiB;
+    /// cgroup v1's `memory.kmem.tcp.limit_in_bytes`: the host's TCP memory is one pool).
+    pub tcp_bytes: Option<u64>,
     /// Bytes each conversation's workspace may hold (default 1 GiB; at least 16 MiB; 0 turns
     /// the disk quota off). Enforced by the kernel, as root: the workspace is a loop-mounted
     /// ext4 volume of this size, and a write past it fails with `ENOSPC`.
@@ -574,6 +577,9 @@ impl IsolatedSection {
         }
         if let Some(v) = self.ptys {
             sandbox.ptys = v;
+        }
+        if let Some(v) = self.tcp_bytes {
+            sandbox.tcp_bytes = v;
         }
         sandbox
     }

@@ -1320,3 +1320,134 @@ async fn a_pty_flood_in_a_stops_at_its_own_maximum_while_b_still_gets_a_terminal
     })
     .await;
 }
+
+/// The host's TCP memory in use, in pages (`/proc/net/sockstat`): one pool for every network
+/// namespace, squeezed past `net.ipv4.tcp_mem`'s second value and refused past its third.
+fn host_tcp_pages() -> u64 {
+    let s = std::fs::read_to_string("/proc/net/sockstat").unwrap();
+    let line = s.lines().find(|l| l.starts_with("TCP:")).unwrap();
+    let mut words = line.split_whitespace();
+    words.find(|w| *w == "mem").unwrap();
+    words.next().unwrap().parse().unwrap()
+}
+
+/// Fills `n` loopback TCP connections until the kernel takes no more, holds them `secs`.
+fn tcp_fill(n: u32, secs: u32) -> String {
+    format!(
+        r#"python3 - <<'EOF'
+import socket, time
+held, total = [], 0
+for i in range({n}):
+    l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen(1)
+    a = socket.create_connection(l.getsockname()); b, _ = l.accept(); l.close()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 30)
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 30)
+    a.setblocking(False)
+    while True:
+        try:
+            total += a.send(b"x" * 65536)
+        except BlockingIOError:
+            break
+    held.append((a, b))
+print(total, flush=True)
+time.sleep({secs})
+EOF"#
+    )
+}
+
+/// A TCP buffer flood: conversation A opens 100 loopback connections and fills each until the
+/// kernel takes no more. The host's TCP memory is one pool (`net.ipv4.tcp_mem`: on this CI
+/// machine 2.2 GiB, squeezed from 1.5 GiB) and cgroup v1 does not count socket buffers in a
+/// sandbox's memory: before the limit A held 1.06 GiB of it (272 070 pages, its memory cgroup
+/// charged 10 MiB), and 200 connections would have left every TCP connection on the host
+/// (other sandboxes, the server, its store) without memory. Now A's sandbox has a TCP limit
+/// (`tcp_bytes`, 16 MiB here): the host's pool grows by about that, and meanwhile B moves
+/// 64 MiB over its own loopback connection in under 5 s and answers every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tcp_buffer_flood_in_a_stays_within_its_limit_of_the_hosts_pool() {
+    needs_root!();
+    let _heavy = HEAVY.lock().await;
+    bounded(120, async {
+        let limit: u64 = 16 << 20;
+        let env = Env::with_limits(
+            3,
+            SandboxLimits {
+                tcp_bytes: limit,
+                ..bomb_limits()
+            },
+        );
+        let a = env.open("tcp-hog").await;
+        let b = env.open("tcp-bystander").await;
+        let record = env.record(&Env::conv("tcp-hog").key);
+        let memory = record.cgroup("memory");
+        if memory.join("memory.kmem.tcp.limit_in_bytes").exists() {
+            let set = std::fs::read_to_string(memory.join("memory.kmem.tcp.limit_in_bytes"));
+            assert_eq!(set.unwrap().trim(), limit.to_string());
+        }
+        let before = host_tcp_pages();
+        let peak = std::sync::atomic::AtomicU64::new(before);
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let attack = async {
+            let r = a
+                .exec(ExecRequest::new(tcp_fill(100, 4)).timeout(Duration::from_secs(60)))
+                .await;
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            r
+        };
+        let probe = async {
+            let (mut slowest, mut n) = (Duration::ZERO, 0);
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                peak.fetch_max(host_tcp_pages(), std::sync::atomic::Ordering::SeqCst);
+                let t = Instant::now();
+                let r = b
+                    .exec(
+                        ExecRequest::new(
+                            "python3 -c 'import socket,threading\n\
+                             l=socket.socket();l.bind((\"127.0.0.1\",0));l.listen(1)\n\
+                             a=socket.create_connection(l.getsockname());c,_=l.accept()\n\
+                             n=[0]\n\
+                             def rd():\n\
+                             \x20while True:\n\
+                             \x20\x20d=c.recv(1<<20)\n\
+                             \x20\x20if not d: break\n\
+                             \x20\x20n[0]+=len(d)\n\
+                             t=threading.Thread(target=rd);t.start()\n\
+                             [a.sendall(b\"x\"*(1<<20)) for i in range(64)]\n\
+                             a.close();t.join();print(n[0])'",
+                        )
+                        .timeout(Duration::from_secs(30)),
+                    )
+                    .await
+                    .expect("B answers");
+                assert_eq!(text(&r.stdout), format!("{}\n", 64 << 20), "{r:?}");
+                slowest = slowest.max(t.elapsed());
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            (slowest, n)
+        };
+        let (r, (slowest, probes)) = tokio::join!(attack, probe);
+        let r = r.expect("the flood runs");
+        let (peak, held): (u64, u64) = (
+            peak.load(std::sync::atomic::Ordering::SeqCst),
+            text(&r.stdout).trim().parse().unwrap_or(0),
+        );
+        eprintln!(
+            "tcp flood: A held {held} bytes in its buffers; host TCP pages {before} before, {peak} at the peak; B slowest {slowest:?} over {probes} probes"
+        );
+        assert!(held > 0, "{r:?}");
+        assert!(probes >= 3, "{probes}");
+        assert!(slowest < Duration::from_secs(5), "B took {slowest:?}");
+        // A's limit, B's 64 MiB transfers in flight and slack for the rest of the machine.
+        let allowed = (limit + (64 << 20)) / 4096 * 2;
+        assert!(
+            peak <= before + allowed,
+            "the host's TCP pool grew by {} pages, past {allowed}",
+            peak - before
+        );
+        for id in ["tcp-hog", "tcp-bystander"] {
+            env.manager.destroy(&Env::conv(id)).await.unwrap();
+        }
+    })
+    .await;
+}

@@ -45,7 +45,7 @@ impl Manager {
                 else {
                     return Ok(None);
                 };
-                let _slot = self.snapshot_slot()?;
+                let _slot = self.snapshot_slot(&to.tenant)?;
                 self.clone_snapshot(clones, &config, &record, &to.key).await
             }
             Start::Snapshot(record) => {

@@ -104,7 +104,7 @@ impl Manager {
         else {
             return Ok(None);
         };
-        let _slot = self.snapshot_slot()?;
+        let _slot = self.snapshot_slot(&conversation.tenant)?;
         let tar = self.unpack(&config, &record).await?;
         let stats = session.restore_workspace(&tar.0).await?;
         Ok(Some(format!(

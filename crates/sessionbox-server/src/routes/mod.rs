@@ -79,13 +79,20 @@ pub fn router(state: AppState) -> Router {
             &at("/commands/{cmd}/stdin"),
             post(commands::write_stdin).delete(commands::close_stdin),
         )
-        .route(&at("/files"), post(files::upload).layer(file_limit))
+        // A file body is read whole: counted in the tenant's budget while it is held.
+        .route(
+            &at("/files"),
+            post(files::upload)
+                .layer(file_limit)
+                .layer(from_fn_with_state(state.clone(), crate::budget::received)),
+        )
         .route(
             &at("/files/{*path}"),
             get(files::read)
                 .put(files::write)
                 .delete(files::remove)
-                .layer(file_limit),
+                .layer(file_limit)
+                .layer(from_fn_with_state(state.clone(), crate::budget::received)),
         )
         .route(&at("/edit"), post(files::edit))
         .route(&at("/mkdir"), post(files::mkdir))

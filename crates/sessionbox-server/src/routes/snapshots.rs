@@ -12,6 +12,7 @@
 //! Operations on a conversation run in its turn, on its session ([`Operation::Snapshot`],
 //! [`Operation::Restore`]); the manager does the rest.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use axum::Json;
@@ -23,7 +24,7 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use sessionbox_core::{
-    ArchiveStats, ConversationId, ConversationRef, ConversationScope, Error, Operation,
+    ArchiveStats, ConversationId, ConversationRef, ConversationScope, Error, Operation, TenantId,
 };
 use sessionbox_manager::ForkFrom;
 use sessionbox_store::SnapshotRecord;
@@ -39,6 +40,36 @@ use crate::views::Binary;
 
 /// Imports written to disk at once, server-wide: each may be up to the archive limit.
 static IMPORTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
+/// The tenants writing an import now: one each, so that one tenant sending two uploads as
+/// slowly as it likes (a body has no deadline) cannot keep every other tenant's imports
+/// refused.
+static IMPORTING: std::sync::Mutex<BTreeSet<TenantId>> = std::sync::Mutex::new(BTreeSet::new());
+
+/// A tenant's turn to write an import, given back when dropped.
+struct Importing(TenantId);
+
+impl Importing {
+    fn take(tenant: &TenantId) -> Result<Importing, Error> {
+        let mut busy = IMPORTING.lock().unwrap_or_else(|e| e.into_inner());
+        if !busy.insert(tenant.clone()) {
+            return Err(Error::Busy(
+                "this tenant is writing an import already (one at a time); retry when it ends"
+                    .into(),
+            ));
+        }
+        Ok(Importing(tenant.clone()))
+    }
+}
+
+impl Drop for Importing {
+    fn drop(&mut self) {
+        IMPORTING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.0);
+    }
+}
 
 /// A snapshot as the API shows it.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -382,6 +413,7 @@ pub(crate) async fn import(
                 "snapshots are not configured on this server".into(),
             ))
         })?;
+        let _turn = Importing::take(&principal.tenant)?;
         let _slot = IMPORTS.try_acquire().map_err(|_| {
             ApiError::from(Error::Busy(
                 "two imports are being written already; retry later".into(),
