@@ -449,7 +449,12 @@ impl Cgroups {
                         }
                         // v1 counts socket buffers only once a TCP limit is set, and only for
                         // sockets made after: set before any process of the sandbox runs.
-                        set(c, "memory.kmem.tcp.limit_in_bytes", l.tcp_bytes.to_string())?;
+                        // A kernel without kernel-memory accounting (`cgroup.memory=nokmem`)
+                        // has no such file: its sandboxes' TCP buffers are bounded only by the
+                        // host's pool, as with rlimit-only limits.
+                        if d.path.join("memory.kmem.tcp.limit_in_bytes").exists() {
+                            set(c, "memory.kmem.tcp.limit_in_bytes", l.tcp_bytes.to_string())?;
+                        }
                     }
                     (Version::V2, "memory") => {
                         set(c, "memory.max", l.memory_bytes.to_string())?;
