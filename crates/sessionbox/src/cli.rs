@@ -359,7 +359,7 @@ pub(crate) enum ManagerCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Run the isolation experiment (resume, isolation, concurrency, cleanup) on the runtime.
+    /// Run the isolation experiment (resume, isolation, concurrency, fork, cleanup) on the runtime.
     #[command(display_order = 19)]
     Verify(verify::VerifyArgs),
     /// Serve the HTTP API (REST under /v1; see crates/sessionbox-server) until SIGINT or SIGTERM.
