@@ -60,8 +60,30 @@ pub fn status_of(e: &Error) -> StatusCode {
 
 impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
-        ApiError::new(status_of(&e), e.code(), e.to_string())
+        let mut message = e.to_string();
+        if let Error::Conflict(m) = &e
+            && let Some(owner) = owner_runtime(m)
+        {
+            // The library says "destroy it with that runtime"; over HTTP that is a dead end
+            // unless it says where: a server runs one runtime, the CLI can choose any.
+            message.push_str(&format!(
+                ". This server runs one runtime; the conversation is reached or destroyed where \
+                 the {owner} runtime runs, such as `sessionbox --runtime {owner} --tenant TENANT \
+                 destroy -c ID` on this data directory"
+            ));
+        }
+        ApiError::new(status_of(&e), e.code(), message)
     }
+}
+
+/// The runtime named by a conflict "conversation X belongs to the R runtime; ...".
+fn owner_runtime(message: &str) -> Option<&str> {
+    let owner = message
+        .split_once("belongs to the ")?
+        .1
+        .split_once(" runtime")?
+        .0;
+    (!owner.is_empty() && owner.bytes().all(|b| b.is_ascii_lowercase())).then_some(owner)
 }
 
 /// The error code of a response, kept as a response extension for the audit record and the
@@ -103,5 +125,36 @@ pub(crate) fn rejection(status: StatusCode, text: String) -> ApiError {
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(status, "too_large", text),
         StatusCode::UNPROCESSABLE_ENTITY => ApiError::new(status, "invalid_request", text),
         _ => ApiError::bad_request(text),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_conversation_of_another_runtime_says_where_it_can_be_destroyed() {
+        for m in [
+            "conversation acme/c1 belongs to the host runtime; destroy it first to use it with \
+             the isolated runtime",
+            "conversation c1 belongs to the host runtime; destroy it with that runtime",
+        ] {
+            let e = ApiError::from(Error::Conflict(m.into()));
+            assert_eq!((e.status, e.code), (StatusCode::CONFLICT, "conflict"));
+            assert!(
+                e.message.starts_with(&format!("conflict: {m}")),
+                "{}",
+                e.message
+            );
+            assert!(
+                e.message
+                    .contains("`sessionbox --runtime host --tenant TENANT destroy -c ID`"),
+                "{}",
+                e.message
+            );
+        }
+        // Other conflicts are left as they are.
+        let e = ApiError::from(Error::Conflict("the file changed".into()));
+        assert_eq!(e.message, "conflict: the file changed");
     }
 }

@@ -238,8 +238,18 @@ pub(crate) async fn snapshot(app: &App, command: SnapshotCommand) -> anyhow::Res
                 let mut partial = file.clone().into_os_string();
                 partial.push(".partial");
                 let tmp = PathBuf::from(partial);
-                let mut out = std::fs::File::create(&tmp)
-                    .with_context(|| format!("cannot create {}", tmp.display()))?;
+                // Owner-only, as `backup` writes and as workspaces are: the archive holds a
+                // conversation's files.
+                let mut out = {
+                    use std::os::unix::fs::OpenOptionsExt as _;
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(true)
+                        .mode(0o600)
+                        .open(&tmp)
+                }
+                .with_context(|| format!("cannot create {}", tmp.display()))?;
                 std::io::copy(&mut archive, &mut out)
                     .with_context(|| format!("cannot write {}", tmp.display()))?;
                 out.sync_all()?;

@@ -107,6 +107,14 @@ fn the_cli_snapshots_forks_restores_and_templates_on_every_runtime() {
             &rt,
             &["snapshot", "export", "s1", exported.to_str().unwrap()],
         );
+        // It holds the conversation's files: readable by its owner only.
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(
+                &std::fs::metadata(&exported).unwrap().permissions()
+            ) & 0o777,
+            0o600,
+            "{name}: the exported archive's mode"
+        );
         ok(
             &rt,
             &["snapshot", "import", "s2", exported.to_str().unwrap()],
