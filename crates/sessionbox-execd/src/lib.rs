@@ -59,8 +59,8 @@ pub mod wire;
 
 #[cfg(feature = "client")]
 pub use client::{
-    AgentLink, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, Endpoint, EventStream,
-    ExecdClient, ExecdClientBuilder, STREAM_GRACE, WatchStream,
+    AgentLink, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_ANSWER_BYTES, DEFAULT_REQUEST_TIMEOUT,
+    Endpoint, EventStream, ExecdClient, ExecdClientBuilder, STREAM_GRACE, WatchStream,
 };
 pub use error::ExecdError;
 pub use outcome::{CommandOutcome, OutcomeCollector};

@@ -758,3 +758,59 @@ async fn command_status_logs_and_interrupt() {
     let err = c.metrics().await.unwrap_err();
     assert!(err.to_string().contains("HTTP 500: boom"), "{err}");
 }
+
+// ---------- answers past the client's bound ----------
+
+/// An agent runs beside the commands it serves: one that answers without end (replaced by a
+/// command, or broken) must not grow the caller's memory. A declared length past the bound
+/// fails before the body is read; an undeclared one (chunked) fails once it passes it; an answer
+/// at the bound is whole.
+#[tokio::test]
+async fn an_answer_longer_than_the_bound_fails_instead_of_filling_memory() {
+    const BOUND: u64 = 1 << 20;
+    let server = Server::tcp(|req| match req.path() {
+        // Exactly the bound.
+        "/files/download" if req.query().contains("fits") => vec![Step::Write(response(
+            "200 OK",
+            &[],
+            &vec![b'y'; BOUND as usize],
+        ))],
+        // 4 MiB declared.
+        "/files/download" => vec![Step::Write(response(
+            "200 OK",
+            &[("Content-Type", "application/octet-stream")],
+            &vec![b'x'; 4 << 20],
+        ))],
+        // Chunked, 64 KiB at a time, without end (the client hangs up first).
+        "/sessionbox/v1/memory" => {
+            let mut steps = vec![Step::Write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    .to_vec(),
+            )];
+            let piece = " ".repeat(64 << 10);
+            steps.extend((0..1024).map(|_| chunk(&piece)));
+            steps
+        }
+        _ => json("404 Not Found", r#"{"code":"NOT_FOUND","message":"no"}"#),
+    })
+    .await;
+    let client = ExecdClient::builder(server.endpoint.clone())
+        .max_answer_bytes(BOUND)
+        .build()
+        .unwrap();
+    let e = client.download("/workspace/big").await.unwrap_err();
+    assert!(
+        matches!(&e, ExecdError::Protocol { reason, .. } if reason.contains("4194304 bytes")),
+        "{e}"
+    );
+    let e = client.memory_usage().await.unwrap_err();
+    assert!(
+        matches!(&e, ExecdError::Protocol { reason, .. } if reason.contains("bound of 1048576 bytes")),
+        "{e}"
+    );
+    let whole = client
+        .download_lines("/workspace/fits", 1, None)
+        .await
+        .unwrap();
+    assert_eq!(whole.len() as u64, BOUND);
+}

@@ -37,6 +37,11 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long [`ExecdClient::run_command`] waits past a command's own `timeout` before giving up
 /// on the server.
 pub const STREAM_GRACE: Duration = Duration::from_secs(30);
+/// Default bound on a whole answer read into memory (a JSON answer, a file, a log): 192 MiB,
+/// room for a file at the agent's default 64 MiB limit in base64 three times over. The agent
+/// runs beside the commands it serves, so what it sends is bounded here too: an answer past
+/// the bound fails instead of growing the caller's memory.
+pub const DEFAULT_MAX_ANSWER_BYTES: u64 = 192 << 20;
 /// Most bytes of an error body read for the message.
 const MAX_ERROR_BODY: usize = 64 * 1024;
 /// Most characters of an error body quoted in a message (the SDK quotes 512).
@@ -99,9 +104,18 @@ pub struct ExecdClientBuilder {
     token: Option<AccessToken>,
     connect_timeout: Duration,
     request_timeout: Option<Duration>,
+    max_answer_bytes: u64,
 }
 
 impl ExecdClientBuilder {
+    /// The most bytes of one answer read into memory ([`DEFAULT_MAX_ANSWER_BYTES`] by
+    /// default); a longer one fails with [`ExecdError::Protocol`]. Streams (command output,
+    /// archives) have bounds of their own.
+    pub fn max_answer_bytes(mut self, bytes: u64) -> Self {
+        self.max_answer_bytes = bytes;
+        self
+    }
+
     /// Sends `X-EXECD-ACCESS-TOKEN` with every request.
     pub fn token(mut self, token: impl Into<AccessToken>) -> Self {
         self.token = Some(token.into());
@@ -177,6 +191,7 @@ impl ExecdClientBuilder {
             token: self.token,
             token_header,
             request_timeout: self.request_timeout,
+            max_answer_bytes: self.max_answer_bytes,
         })
     }
 }
@@ -193,6 +208,7 @@ pub struct ExecdClient {
     token: Option<AccessToken>,
     token_header: Option<HeaderValue>,
     request_timeout: Option<Duration>,
+    max_answer_bytes: u64,
 }
 
 impl fmt::Debug for ExecdClient {
@@ -213,6 +229,7 @@ impl ExecdClient {
             token: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
+            max_answer_bytes: DEFAULT_MAX_ANSWER_BYTES,
         }
     }
 
@@ -432,8 +449,27 @@ impl ExecdClient {
         }
     }
 
-    async fn body(&self, op: &'static str, r: Response) -> Result<Bytes, ExecdError> {
-        r.bytes().await.map_err(|e| self.transport_error(op, e))
+    /// The whole body of `r`, at most the client's `max_answer_bytes`.
+    async fn body(&self, op: &'static str, mut r: Response) -> Result<Bytes, ExecdError> {
+        let max = self.max_answer_bytes;
+        let too_long = |len: u64| ExecdError::Protocol {
+            operation: op,
+            reason: format!(
+                "an answer of {len} bytes or more is over this client's bound of {max} bytes"
+            ),
+        };
+        if let Some(len) = r.content_length().filter(|l| *l > max) {
+            return Err(too_long(len));
+        }
+        let mut out = bytes::BytesMut::new();
+        while let Some(chunk) = r.chunk().await.map_err(|e| self.transport_error(op, e))? {
+            let len = (out.len() + chunk.len()) as u64;
+            if len > max {
+                return Err(too_long(len));
+            }
+            out.extend_from_slice(&chunk);
+        }
+        Ok(out.freeze())
     }
 
     pub(crate) async fn json<T: DeserializeOwned>(
