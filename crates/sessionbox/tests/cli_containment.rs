@@ -267,3 +267,113 @@ fn two_installations_on_one_host_never_share_a_sandbox_uid() {
         std::fs::remove_file(claim).unwrap();
     }
 }
+
+/// README's "Sizing the host": a sandbox's cgroups are made beneath the cgroups of the process
+/// that starts it, so a limit there bounds all of its sandboxes together. The attack: under a
+/// `sessionbox` started in a pids cgroup of the test's own capped at 80, conversation A keeps 50
+/// sleeping processes in the background, then conversation B starts 50 more. Each is far
+/// within its own limit of 512, yet B's forks are refused (its `pids.events` counts them) and
+/// the two together never pass the cap. As root, on cgroup v1 (this host and CI).
+#[test]
+fn a_pids_limit_on_the_starting_process_bounds_all_its_sandboxes_together() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIPPED: sandbox cgroups need root (CI runs as root)");
+        return;
+    }
+    let pids_root = Path::new("/sys/fs/cgroup/pids");
+    if !pids_root.join("cgroup.procs").exists() {
+        eprintln!("SKIPPED: no cgroup v1 pids hierarchy here");
+        return;
+    }
+    let parent = pids_root.join(format!("sbtest-bound-{}", std::process::id()));
+    std::fs::create_dir(&parent).unwrap();
+    std::fs::write(parent.join("pids.max"), "80").unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(
+        data.join("sessionbox.toml"),
+        "runtime = \"isolated\"\n[isolated]\nuid_count = 64\nidle_timeout_secs = 60\n",
+    )
+    .unwrap();
+    // `sessionbox` joins the capped cgroup before it starts (the shell moves itself, then execs).
+    let in_parent = |args: &[&str]| {
+        Command::new("sh")
+            .arg("-c")
+            .arg("echo $$ > \"$0/cgroup.procs\" && exec \"$@\"")
+            .arg(&parent)
+            .arg(env!("CARGO_BIN_EXE_sessionbox"))
+            .arg("--data-dir")
+            .arg(&data)
+            .args(args)
+            .env_remove("SESSIONBOX_RUNTIME")
+            .env_remove("SESSIONBOX_TENANT")
+            .output()
+            .unwrap()
+    };
+    let flood = "i=0; while [ $i -lt 50 ]; do sleep 60 & i=$((i+1)); done; wait";
+    let pids_of = |id: &str| -> PathBuf {
+        let key = sessionbox_core::ConversationKey::derive(
+            &sessionbox_core::TenantId::new("default").unwrap(),
+            &sessionbox_core::ConversationId::new(id).unwrap(),
+        );
+        let record: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(data.join("run").join(key.as_str()).join("sandbox.json")).unwrap(),
+        )
+        .unwrap();
+        record["cgroups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| PathBuf::from(c.as_str().unwrap()))
+            .find(|c| c.starts_with(pids_root))
+            .unwrap()
+    };
+    let read = |dir: &Path, file: &str| -> u64 {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        let value = text.split_whitespace().last().unwrap();
+        value.parse().unwrap()
+    };
+
+    let out = in_parent(&["exec", "-c", "bound-a", "--background", "--", flood]);
+    assert!(out.status.success(), "{out:?}");
+    let a = pids_of("bound-a");
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while read(&a, "pids.current") < 50 {
+        assert!(std::time::Instant::now() < until, "A did not start its 50");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = in_parent(&["exec", "-c", "bound-b", "--timeout", "10", "--", flood]);
+    let b = pids_of("bound-b");
+    let (held_a, held_b, total) = (
+        read(&a, "pids.current"),
+        read(&b, "pids.current"),
+        read(&parent, "pids.current"),
+    );
+    let refused_b = read(&b, "pids.events");
+    eprintln!(
+        "under a cap of 80: A holds {held_a}, B {held_b} ({refused_b} forks refused), {total} in all; B's exec: {:?}",
+        out.status.code()
+    );
+    for s in [&a, &b] {
+        assert!(
+            s.starts_with(&parent),
+            "the sandbox's pids cgroup {} is not beneath the starting process's {}",
+            s.display(),
+            parent.display()
+        );
+        assert_eq!(read(s, "pids.max"), 512, "{}", s.display());
+    }
+    for id in ["bound-a", "bound-b"] {
+        let out = cli(&data).args(["destroy", "-c", id]).output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    let claim = std::fs::read_to_string(data.join("uid-range")).unwrap();
+    let base = claim.split_whitespace().next().unwrap().to_owned();
+    let _ = std::fs::remove_file(Path::new("/var/lib/sessionbox/uid-ranges").join(base));
+    // Empty now: the sandboxes' cgroups went with them.
+    std::fs::remove_dir(&parent).unwrap();
+    assert!(held_a >= 50, "A holds {held_a}");
+    assert!(refused_b > 0, "B's forks were not refused");
+    assert!(total <= 80, "{total} processes under a cap of 80");
+}
