@@ -164,7 +164,8 @@ pub struct SandboxLimits {
     /// refused memory; on cgroup v1 a memory cgroup does not count socket buffers unless told
     /// to (`memory.kmem.tcp.limit_in_bytes`, set to this), so without it one sandbox's loopback
     /// connections could take that pool whole beside its memory limit. cgroup v2 counts socket
-    /// buffers in `memory.max`. Default 64 MiB.
+    /// buffers in `memory.max`. Default 256 MiB: a quarter of it already stalled 256 busy
+    /// tunnels through the conversation's own egress gateway (whose sockets count here too).
     pub tcp_bytes: u64,
 }
 
@@ -181,7 +182,7 @@ impl Default for SandboxLimits {
             mode: LimitMode::Cgroup,
             cpu_secs: 3600,
             ptys: 16,
-            tcp_bytes: 64 << 20,
+            tcp_bytes: 256 << 20,
         }
     }
 }

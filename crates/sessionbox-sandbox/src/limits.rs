@@ -320,7 +320,7 @@ mod tests {
         );
         assert!(c.contains("512 for the whole sandbox"), "{c}");
         assert!(c.contains("1 CPU(s)"), "{c}");
-        assert!(c.contains("TCP buffers: 67108864 bytes"), "{c}");
+        assert!(c.contains("TCP buffers: 268435456 bytes"), "{c}");
         let v2 = holds(Decision::Cgroups, &l, "v2").join("\n");
         assert!(v2.contains("socket buffers in memory.max"), "{v2}");
         let r = holds(Decision::Rlimits, &l, "v1").join("\n");

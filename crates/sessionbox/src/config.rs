@@ -501,7 +501,7 @@ pub struct IsolatedSection {
     pub cpu_secs: Option<u64>,
     /// Pseudo-terminals per conversation at once (its own devpts instance's `max`, default 16).
     pub ptys: Option<u64>,
-    /// Bytes of TCP socket buffers per conversation at once (default 64 MiB, at least 1 MiB;
+    /// Bytes of TCP socket buffers per conversation at once (default 256 MiB, at least 1 MiB;
     /// cgroup v1's `memory.kmem.tcp.limit_in_bytes`: the host's TCP memory is one pool).
     pub tcp_bytes: Option<u64>,
     /// Bytes each conversation's workspace may hold (default 1 GiB; at least 16 MiB; 0 turns
